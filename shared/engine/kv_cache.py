@@ -1,0 +1,59 @@
+"""The paged KV cache tensors, and copies of whole blocks in and out of them.
+
+One tensor per layer: [num_blocks, block_size, 2, kv_heads, head_dim] (K at index 0, V at 1),
+so a block of one layer is one contiguous run of memory and a gather by block id is cheap.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shared.engine.model_config import ModelConfig
+
+
+class KVCache:
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+    ) -> None:
+        self.block_shape = (block_size, 2, config.num_kv_heads, config.head_dim)
+        self.dtype = dtype
+        self.layers = [
+            torch.zeros(num_blocks, *self.block_shape, dtype=dtype)
+            for _ in range(config.num_layers)
+        ]
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        per_layer = block_size * 2 * config.num_kv_heads * config.head_dim
+        return per_layer * config.num_layers * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def read_blocks(self, block_ids: list[int], layers: range) -> torch.Tensor:
+        """A copy of the blocks: [len(layers), len(block_ids), block_size, 2, kv_heads, d]."""
+        index = torch.tensor(block_ids, dtype=torch.int64)
+        return torch.stack([self.layers[i].index_select(0, index) for i in layers])
+
+    def write_blocks(self, block_ids: list[int], layers: range, data: torch.Tensor) -> None:
+        expected = (len(layers), len(block_ids), *self.block_shape)
+        if tuple(data.shape) != expected or data.dtype != self.dtype:
+            raise ValueError(
+                f"KV blocks of shape {tuple(data.shape)} {data.dtype} do not fit "
+                f"{expected} {self.dtype}"
+            )
+        if layers.start < 0 or layers.stop > self.num_layers:
+            raise ValueError(f"layers {layers} outside [0, {self.num_layers})")
+        num_blocks = self.layers[0].shape[0]
+        if any(not 0 <= b < num_blocks for b in block_ids):
+            raise ValueError(f"block ids outside [0, {num_blocks})")
+        index = torch.tensor(block_ids, dtype=torch.int64)
+        for offset, layer in enumerate(layers):
+            self.layers[layer].index_copy_(0, index, data[offset])
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy block src to block dst in every layer (copy-on-write after a fork)."""
+        for layer in self.layers:
+            for src, dst in pairs:
+                layer[dst].copy_(layer[src])

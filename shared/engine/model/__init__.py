@@ -1,0 +1,1 @@
+"""The Llama-family decoder the engine runs, and its weight loader."""

@@ -1,0 +1,56 @@
+"""The Llama-family decoder over a flat, unpadded batch of tokens and a paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shared.engine.attention import AttentionBackend
+from shared.engine.attention.metadata import AttentionMetadata
+from shared.engine.model.rope import apply_rope_, rope_table
+from shared.engine.model.weights import ModelWeights
+from shared.engine.model_config import ModelConfig
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        attention: AttentionBackend,
+        max_len: int,
+    ) -> None:
+        self.config = config
+        self.weights = weights
+        self.attention = attention
+        self.rotations = rope_table(config, max_len)  # [max_len, head_dim/2] complex64
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        kv_cache: list[torch.Tensor],  # per layer [num_blocks, block_size, 2, kv_heads, d]
+        logits_rows: torch.Tensor,  # [S] int64: the rows whose next-token logits are wanted
+    ) -> torch.Tensor:  # [S, vocab] float32
+        c, w = self.config, self.weights
+        t = input_ids.shape[0]
+        heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
+        inter = c.intermediate_size
+        eps = c.rms_norm_eps
+        norm_shape = (c.hidden_size,)
+        rotations = self.rotations[positions].unsqueeze(1)  # [T, 1, d/2]
+        h = F.embedding(input_ids, w.embed)  # [T, hidden]
+        for layer, cache in zip(w.layers, kv_cache, strict=True):
+            x = F.rms_norm(h, norm_shape, layer.input_norm, eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(t, heads + 2 * kv_heads, d)
+            apply_rope_(qkv[:, : heads + kv_heads], rotations)
+            q, kv = qkv[:, :heads], qkv[:, heads:].view(t, 2, kv_heads, d)
+            self.attention.write_kv(cache, kv, meta)
+            attn = self.attention.attend(q, kv, cache, meta)  # [T, heads, d]
+            h = h + F.linear(attn.view(t, heads * d), layer.o_proj)
+            gate_up = F.linear(F.rms_norm(h, norm_shape, layer.post_norm, eps), layer.gate_up)
+            h = h + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.down)
+        h = F.rms_norm(h[logits_rows], norm_shape, w.norm, eps)
+        return F.linear(h, w.lm_head).float()

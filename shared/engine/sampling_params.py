@@ -1,0 +1,79 @@
+"""Per-request sampling parameters, checked once when the request enters the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """What a request asks of the sampler; names and defaults follow the OpenAI API and vLLM.
+
+    `top_k <= 0`, `top_p == 1`, `min_p == 0` and penalties of 1 (repetition) or 0
+    (frequency, presence) switch the corresponding step off. `temperature == 0` is greedy.
+    `seed=None` lets the engine pick a seed when the request arrives.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    max_tokens: int = 16
+    logprobs: int | None = None  # None: no logprobs; k: the chosen token's plus the top k
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]")
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        _check(self.top_k >= -1, "top_k", "must be -1, 0 (off) or positive")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        for token_id, bias in self.logit_bias.items():
+            _check(isinstance(token_id, int) and token_id >= 0, "logit_bias", "keys are token ids")
+            _check(-100.0 <= bias <= 100.0, "logit_bias", "values must be in [-100, 100]")
+        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
+        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be token ids")
+        _check(self.min_tokens >= 0, "min_tokens", "must be >= 0")
+        _check(self.max_tokens >= 1, "max_tokens", "must be >= 1")
+        _check(self.min_tokens <= self.max_tokens, "min_tokens", "must be <= max_tokens")
+        _check(
+            self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+            "logprobs",
+            f"must be in [0, {MAX_TOP_LOGPROBS}]",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+
+class InvalidParameter(ValueError):
+    """A sampling parameter out of range; `field` names it for the API's error message."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name} {message}")
+        self.field = field_name
+
+
+def _check(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise InvalidParameter(field_name, message)

@@ -1,0 +1,117 @@
+"""Continuous batching: which sequences compute how many tokens in the next step.
+
+Queues, in order: waiting → running → (finished, or back to waiting when preempted).
+Each step spends a token budget (`max_num_batched_tokens`): running sequences first, oldest
+first — one token for a decode, a chunk for an unfinished prompt — then waiting sequences
+join while budget and `max_num_seqs` allow, a long prompt being cut into chunks across
+steps. When blocks run out, the newest running sequence is preempted by recompute: its
+blocks are freed and it waits again, keeping its tokens; its prefix may still be cached.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from shared.engine.block_manager import BlockManager
+from shared.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    seq: Sequence
+    num_tokens: int  # new tokens computed for `seq` this step, from seq.num_computed_tokens on
+
+    @property
+    def completes(self) -> bool:
+        """True when this chunk reaches the end of the sequence, so a token is sampled."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)  # decodes first, then prefills
+    preempted: list[Sequence] = field(default_factory=list)  # blocks freed, back in waiting
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int):
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Join a sequence whose KV is already in the cache (imported from a prefill worker)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Forget `seq` (finished, aborted or held); the caller owns its blocks from now on."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        decodes: list[ScheduledChunk] = []
+        prefills: list[ScheduledChunk] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self._make_room(seq, num_tokens, out.preempted):
+                break  # `seq` itself was preempted; it was the newest, so nothing follows
+            self.block_manager.allocate_slots(seq, num_tokens)
+            (decodes if num_tokens == 1 else prefills).append(ScheduledChunk(seq, num_tokens))
+            budget -= num_tokens
+            index += 1
+
+        # Admit waiting sequences, unless this step already had to preempt.
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+            and not out.preempted
+        ):
+            seq = self.waiting[0]
+            self.block_manager.allocate(seq)  # claims its cached prefix
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_allocate_slots(seq, num_tokens):
+                self.block_manager.free(seq)
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate_slots(seq, num_tokens)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            (decodes if num_tokens == 1 else prefills).append(ScheduledChunk(seq, num_tokens))
+            budget -= num_tokens
+
+        out.chunks = decodes + prefills
+        return out
+
+    def _make_room(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
+        """Preempt the newest running sequences until `seq` fits. False if `seq` went too."""
+        while not self.block_manager.can_allocate_slots(seq, num_tokens):
+            victim = self.running.pop()
+            self.block_manager.free(victim)
+            victim.status = SequenceStatus.WAITING
+            self.waiting.appendleft(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
