@@ -125,7 +125,9 @@ def run_engine_bench(cfg: BenchConfig) -> None:
     for name, offline, single in rows:
         print(f"{name:34} {offline:18.1f} {single:20.1f}")
     if cfg.with_transformers:
-        print(f"{'ratio (ours / transformers)':34} {rows[0][1] / rows[1][1]:17.2f}x "
-              f"{rows[0][2] / rows[1][2]:19.2f}x")
+        print(
+            f"{'ratio (ours / transformers)':34} {rows[0][1] / rows[1][1]:17.2f}x "
+            f"{rows[0][2] / rows[1][2]:19.2f}x"
+        )
     if cfg.profile:
         profile_decode(engine, prompts[1])

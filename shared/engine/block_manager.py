@@ -46,7 +46,9 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
-        return max(0, self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table))
+        return max(
+            0, self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        )
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
@@ -69,7 +71,9 @@ class BlockManager:
         """Grow the block table so the next `num_new_tokens` tokens have slots."""
         needed = self.num_new_blocks(seq, num_new_tokens)
         if needed > self.num_free_blocks:
-            raise MemoryError(f"{seq.request_id}: needs {needed} blocks, {self.num_free_blocks} free")
+            raise MemoryError(
+                f"{seq.request_id}: needs {needed} blocks, {self.num_free_blocks} free"
+            )
         for _ in range(needed):
             block_id = self._pop_free()
             self.ref_counts[block_id] = 1
@@ -81,7 +85,10 @@ class BlockManager:
             return
         known = len(seq.block_hashes)
         seq.block_hashes = hash_full_blocks(
-            seq.token_ids[: seq.num_computed_tokens], self.block_size, self.model_id, seq.block_hashes
+            seq.token_ids[: seq.num_computed_tokens],
+            self.block_size,
+            self.model_id,
+            seq.block_hashes,
         )
         for index in range(known, len(seq.block_hashes)):
             block_id, block_hash = seq.block_table[index], seq.block_hashes[index]

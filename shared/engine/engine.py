@@ -35,7 +35,8 @@ class LLMEngine:
         self.model_config = ModelConfig.from_dir(config.model_dir)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         num_blocks = config.num_kv_blocks or int(
-            config.kv_cache_gib * 2**30
+            config.kv_cache_gib
+            * 2**30
             // KVCache.bytes_per_block(self.model_config, config.block_size, config.torch_dtype)
         )
         self.block_manager = BlockManager(

@@ -63,9 +63,7 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=bool(
-                raw.get("attention_bias", architecture == "Qwen2ForCausalLM")
-            ),
+            attention_bias=bool(raw.get("attention_bias", architecture == "Qwen2ForCausalLM")),
             rope_scaling=dict(raw.get("rope_scaling") or {}),
             eos_token_ids=_eos_ids(Path(model_dir), raw),
         )

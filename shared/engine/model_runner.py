@@ -21,7 +21,9 @@ class ModelRunner:
     ) -> None:
         self.block_size = config.block_size
         weights = load_weights(config.model_dir, model_config, config.torch_dtype)
-        self.model = LlamaModel(model_config, weights, get_backend(config.attention_backend), max_len)
+        self.model = LlamaModel(
+            model_config, weights, get_backend(config.attention_backend), max_len
+        )
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, config.torch_dtype)
         self.sampler = Sampler(weights.lm_head.shape[0], model_config.eos_token_ids)
 

@@ -95,8 +95,11 @@ def test_stop_conditions_and_finish_reasons(tiny_model_dir):
     engine = make_engine(tiny_model_dir)
     free_run = run_all(engine, {"a": PROMPTS["short"]})["a"]
     stop_at = free_run[3]
-    engine.add_request("stop", PROMPTS["short"], SamplingParams(
-        temperature=0.0, max_tokens=12, stop_token_ids=(stop_at,)))
+    engine.add_request(
+        "stop",
+        PROMPTS["short"],
+        SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=(stop_at,)),
+    )
     engine.add_request("length", PROMPTS["short"], SamplingParams(temperature=0.0, max_tokens=2))
     reasons = {}
     while engine.has_unfinished_requests():

@@ -34,7 +34,8 @@ class TorchAttention:
     def _decode(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         d_rows, heads, d = q.shape
         kv_heads = cache.shape[3]
-        ctx = cache[meta.decode_block_tables]  # [D, max_blocks, block_size, 2, kv_heads, d]
+        tables = meta.decode_block_tables  # [D, max_blocks]
+        ctx = cache.index_select(0, tables.view(-1))  # [D * max_blocks, block_size, 2, kvh, d]
         ctx = ctx.view(d_rows, -1, 2, kv_heads, d).permute(2, 0, 3, 1, 4)  # [2, D, kvh, S, d]
         grouped = q.view(d_rows, kv_heads, heads // kv_heads, d)  # [D, kvh, q_per_kv, d]
         out = F.scaled_dot_product_attention(grouped, ctx[0], ctx[1], attn_mask=meta.decode_mask)
@@ -49,7 +50,7 @@ class TorchAttention:
             keys, values = kv[:, 0], kv[:, 1]  # [n, kvh, d]
             mask, causal = None, True
         else:
-            ctx = cache[chunk.block_table].flatten(0, 1)[: chunk.context_len]  # [C, 2, kvh, d]
+            ctx = cache.index_select(0, chunk.block_table).flatten(0, 1)[: chunk.context_len]
             keys, values = ctx[:, 0], ctx[:, 1]
             # query i sits at position context_len - n + i and sees keys up to there
             offset = chunk.context_len - n

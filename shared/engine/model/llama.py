@@ -53,4 +53,6 @@ class LlamaModel:
             gate_up = F.linear(F.rms_norm(h, norm_shape, layer.post_norm, eps), layer.gate_up)
             h = h + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.down)
         h = F.rms_norm(h[logits_rows], norm_shape, w.norm, eps)
-        return F.linear(h, w.lm_head).float()
+        # The two layouts of the head are each fastest for a different number of rows.
+        head = w.lm_head_column_major if h.shape[0] <= 2 else w.lm_head
+        return F.linear(h, head).float()

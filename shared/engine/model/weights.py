@@ -12,6 +12,12 @@ from shared.engine.model.rope import interleave_permutation
 from shared.engine.model_config import ModelConfig
 
 
+def column_major(w: torch.Tensor) -> torch.Tensor:
+    """The same [out, in] matrix stored as [in, out]: F.linear then streams it in the order
+    that is fastest for the few-row products of decoding (measured: ~1.4x at one row)."""
+    return w.t().contiguous().t()
+
+
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
@@ -29,6 +35,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
     lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
+    lm_head_column_major: torch.Tensor  # the same, laid out for one- or two-row products
 
 
 def load_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> ModelWeights:
@@ -67,20 +74,26 @@ def load_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> Mo
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
-                qkv=torch.cat([q, k, v]).contiguous(),
+                qkv=column_major(torch.cat([q, k, v])),
                 qkv_bias=bias,
-                o_proj=take(p + "self_attn.o_proj.weight"),
+                o_proj=column_major(take(p + "self_attn.o_proj.weight")),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat(
-                    [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
-                ).contiguous(),
-                down=take(p + "mlp.down_proj.weight"),
+                gate_up=column_major(
+                    torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+                ),
+                down=column_major(take(p + "mlp.down_proj.weight")),
             )
         )
     embed = take("model.embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings else take("lm_head.weight")
     tensors.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
-    weights = ModelWeights(embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=lm_head)
+    weights = ModelWeights(
+        embed=embed,
+        layers=layers,
+        norm=take("model.norm.weight"),
+        lm_head=lm_head,
+        lm_head_column_major=column_major(lm_head),
+    )
     unused = [name for name in tensors if "rotary_emb" not in name]
     if unused:
         raise ValueError(f"{model_dir}: unexpected tensors {unused[:5]}")

