@@ -53,6 +53,15 @@ class BlockManager:
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
 
+    def can_allocate(self, seq: Sequence, token_budget: int) -> bool:
+        """Would `allocate` then `allocate_slots` for up to `token_budget` new tokens fit?
+        Changes nothing, so a refused admission leaves the cache and its counters alone."""
+        hits = self._lookup(seq.token_ids) if self.enable_prefix_caching else []
+        num_tokens = min(seq.num_tokens - len(hits) * self.block_size, token_budget)
+        needed = self.blocks_for(len(hits) * self.block_size + num_tokens) - len(hits)
+        reclaimed = sum(1 for block_id, _ in hits if self.ref_counts[block_id] == 0)
+        return needed <= self.num_free_blocks - reclaimed
+
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, seq: Sequence) -> None:
         """Admit `seq`: claim the longest cached prefix of its tokens (never all of them, so at
@@ -116,15 +125,14 @@ class BlockManager:
         diverge); returns the (source, destination) block pairs whose KV the caller copies."""
         assert not child.block_table, "fork() needs a child that holds no blocks"
         num_full = parent.num_computed_tokens // self.block_size
+        if len(parent.block_table) - num_full > self.num_free_blocks:
+            raise MemoryError(f"{child.request_id}: too few free blocks to fork into")
         copies = []
         for index, block_id in enumerate(parent.block_table):
             if index < num_full:
                 self.ref_counts[block_id] += 1
                 child.block_table.append(block_id)
             else:
-                if not self.num_free_blocks:
-                    self.free(child)
-                    raise MemoryError(f"{child.request_id}: no free block to fork into")
                 new_block = self._pop_free()
                 self.ref_counts[new_block] = 1
                 child.block_table.append(new_block)

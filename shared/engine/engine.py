@@ -123,11 +123,10 @@ class LLMEngine:
     ) -> Reservation:
         """Hold blocks for the prompt; its cached prefix counts and needs no transfer."""
         seq = self._new_sequence(request_id, prompt_token_ids, params, output_token_ids)
+        if not self.block_manager.can_allocate(seq, seq.num_tokens):
+            raise OutOfBlocks(f"{request_id}: {self.block_manager.num_free_blocks} blocks free")
         self.block_manager.allocate(seq)
         num_cached = len(seq.block_table)
-        if not self.block_manager.can_allocate_slots(seq, seq.num_uncomputed_tokens):
-            self.block_manager.free(seq)
-            raise OutOfBlocks(f"{request_id}: {self.block_manager.num_free_blocks} blocks free")
         self.block_manager.allocate_slots(seq, seq.num_uncomputed_tokens)
         seq.status = SequenceStatus.RESERVED
         self.requests[request_id] = seq

@@ -89,11 +89,10 @@ class Scheduler:
             and not out.preempted
         ):
             seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq, budget):
+                break
             self.block_manager.allocate(seq)  # claims its cached prefix
             num_tokens = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_allocate_slots(seq, num_tokens):
-                self.block_manager.free(seq)
-                break
             self.waiting.popleft()
             self.block_manager.allocate_slots(seq, num_tokens)
             seq.status = SequenceStatus.RUNNING
