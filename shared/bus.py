@@ -1,0 +1,153 @@
+"""The NATS connection every service uses: typed publish / request / subscribe / serve.
+
+- Connects with endless reconnects and a short wait between tries; `on_disconnect` and
+  `on_reconnect` callbacks let a service react (the scheduler counts a worker's
+  disconnect as a lost heartbeat).
+- Messages are `shared.protocol` dataclasses; a frame that does not decode is logged and
+  dropped (or answered with an error for request/reply), never a crash of the service.
+- Headers carry the W3C `traceparent`: callers pass `headers=`; handlers receive them.
+- `close()` drains: in-flight handlers finish, then the connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shared.wire_codec import WireError, decode, encode
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Headers = dict[str, str]
+
+
+class Bus:
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        name: str,
+        on_disconnect: Callable[[], Awaitable[None]] | None = None,
+        on_reconnect: Callable[[], Awaitable[None]] | None = None,
+        connect_timeout: float = 10.0,
+    ) -> Bus:
+        async def disconnected() -> None:
+            log.warning("%s: disconnected from NATS", name)
+            if on_disconnect:
+                await on_disconnect()
+
+        async def reconnected() -> None:
+            log.warning("%s: reconnected to NATS", name)
+            if on_reconnect:
+                await on_reconnect()
+
+        async def error(exc: Exception) -> None:
+            log.debug("%s: NATS error: %s", name, exc)
+
+        deadline = asyncio.get_running_loop().time() + connect_timeout
+        while True:  # the first connection too is retried, so start order does not matter
+            try:
+                nc = await nats.connect(
+                    url,
+                    name=name,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    ping_interval=5,
+                    max_outstanding_pings=2,
+                    disconnected_cb=disconnected,
+                    reconnected_cb=reconnected,
+                    error_cb=error,
+                )
+                return cls(nc)
+            except Exception as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ConnectionError(f"{name}: cannot reach NATS at {url}: {exc}") from exc
+                await asyncio.sleep(0.5)
+
+    @property
+    def max_payload(self) -> int:
+        return self.nc.max_payload
+
+    async def publish(self, subject: str, message: Any, headers: Headers | None = None) -> None:
+        await self.nc.publish(subject, encode(message), headers=headers)
+
+    async def request(
+        self,
+        subject: str,
+        message: Any,
+        reply_type: type[T],
+        timeout: float,
+        headers: Headers | None = None,
+    ) -> T:
+        """Send and wait for one typed reply; raises TimeoutError, NoRespondersError,
+        or WireError when the reply does not decode."""
+        reply = await self.nc.request(subject, encode(message), timeout=timeout, headers=headers)
+        return decode(reply.data, reply_type)
+
+    async def subscribe(
+        self,
+        subject: str,
+        message_type: type[T],
+        handler: Callable[[T, Headers], Awaitable[None]],
+        queue: str = "",
+    ) -> Subscription:
+        async def on_message(msg: Msg) -> None:
+            try:
+                message = decode(msg.data, message_type)
+            except WireError as exc:
+                log.warning("dropped a bad frame on %s: %s", msg.subject, exc)
+                return
+            try:
+                await handler(message, msg.headers or {})
+            except Exception:
+                log.exception("handler for %s failed", msg.subject)
+
+        return await self.nc.subscribe(subject, queue=queue, cb=on_message)
+
+    async def serve(
+        self,
+        subject: str,
+        request_type: type[T],
+        handler: Callable[[T, Headers], Awaitable[Any]],
+        on_bad_request: Callable[[str], Any],
+        queue: str = "",
+    ) -> Subscription:
+        """Answer requests: the handler's return value is the reply. A request that does not
+        decode is answered with `on_bad_request(reason)`, so the caller learns at once."""
+
+        async def on_message(msg: Msg) -> None:
+            try:
+                message = decode(msg.data, request_type)
+            except WireError as exc:
+                log.warning("bad request on %s: %s", msg.subject, exc)
+                reply = on_bad_request(str(exc))
+            else:
+                try:
+                    reply = await handler(message, msg.headers or {})
+                except Exception as exc:
+                    log.exception("handler for %s failed", msg.subject)
+                    reply = on_bad_request(f"internal error: {exc}")
+            if msg.reply:
+                await msg.respond(encode(reply))
+
+        return await self.nc.subscribe(subject, queue=queue, cb=on_message)
+
+    async def close(self) -> None:
+        if self.nc.is_closed:
+            return
+        try:
+            await self.nc.drain()
+        except Exception:  # already disconnected: nothing left to drain
+            await self.nc.close()

@@ -1,0 +1,49 @@
+"""Settings shared by every service, filled from CLI flags with `SPLITSERVE_*` env defaults.
+
+Each service's own frozen config dataclass lives in its package (services/<name>/config.py)
+and builds on `add_common_args` / `env`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from shared.subjects import DEFAULT_NAMESPACE
+
+T = TypeVar("T")
+
+
+def env(name: str, default: T, parse: Callable[[str], T] = str) -> T:
+    """`SPLITSERVE_<NAME>` parsed, or `default` when unset."""
+    raw = os.environ.get(f"SPLITSERVE_{name.upper()}")
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise SystemExit(f"SPLITSERVE_{name.upper()}={raw!r}: {exc}") from None
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nats", default=env("nats", "nats://127.0.0.1:4222"), help="NATS server URL"
+    )
+    parser.add_argument(
+        "--namespace", default=env("namespace", DEFAULT_NAMESPACE), help="subject prefix"
+    )
+    parser.add_argument("--log-level", default=env("log_level", "INFO"))
+
+
+@dataclass(frozen=True, slots=True)
+class CommonConfig:
+    nats_url: str
+    namespace: str
+    log_level: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CommonConfig:
+        return cls(nats_url=args.nats, namespace=args.namespace, log_level=args.log_level)

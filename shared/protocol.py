@@ -1,0 +1,184 @@
+"""Every message that crosses a process boundary: one dataclass each (DESIGN.md section 3).
+
+Encode with `encode(msg)`, decode with `decode(data, Cls)` (strict: see shared/wire_codec.py).
+Times are Unix seconds (float). The W3C `traceparent` travels in NATS headers, not here.
+No torch here: the gateway and the scheduler import this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.engine.sampling_params import SamplingParams
+from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
+
+__all__ = ["SCHEMA_VERSION", "WireError", "decode", "decode_one_of", "encode"]
+
+ROLES = ("prefill", "decode", "both")
+
+
+# -- gateway ⇄ scheduler ------------------------------------------------------------------
+@dataclass(slots=True)
+class SubmitRequest:
+    request_id: str
+    gateway_id: str  # tokens go to <ns>.gateway.<gateway_id>.tokens
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    deadline: float  # absolute; every stage gives up after it
+    attempt: int = 0  # 0 first time; +1 on each migration
+    delivered_token_ids: list[int] = field(default_factory=list)  # already streamed (migration)
+
+
+@dataclass(slots=True)
+class SubmitAck:
+    request_id: str
+    accepted: bool
+    error: str = ""
+    retry_after: float = 0.0  # seconds, when refused for load
+    prefill_worker: str = ""  # "" when the decode worker prefills itself
+    decode_worker: str = ""
+
+
+# -- workers → scheduler ------------------------------------------------------------------
+@dataclass(slots=True)
+class Heartbeat:
+    worker_id: str
+    role: str  # one of ROLES
+    model: str
+    num_running: int
+    num_waiting: int
+    free_blocks: int
+    total_blocks: int
+    block_size: int
+    draining: bool = False
+    metrics_port: int = 0
+
+
+@dataclass(slots=True)
+class KVEvents:
+    worker_id: str
+    seq_no: int  # per worker, +1 each message; a gap means the scheduler missed some
+    stored: list[int] = field(default_factory=list)  # block hashes now in its prefix cache
+    removed: list[int] = field(default_factory=list)  # block hashes evicted
+
+
+# -- scheduler → workers ------------------------------------------------------------------
+@dataclass(slots=True)
+class Reserve:
+    request_id: str
+    prompt_token_ids: list[int]  # prompt + delivered tokens: all that needs KV
+    deadline: float  # the reservation is dropped if no KV arrives by then
+
+
+@dataclass(slots=True)
+class Reservation:
+    request_id: str
+    ok: bool
+    num_blocks: int = 0
+    num_cached_blocks: int = 0  # leading blocks decode already holds: not to be sent
+    error: str = ""
+
+
+@dataclass(slots=True)
+class PrefillTask:
+    request: SubmitRequest
+    decode_worker: str  # where the KV goes
+    skip_blocks: int  # = the reservation's num_cached_blocks
+
+
+@dataclass(slots=True)
+class DecodeTask:
+    """Decode-only path (conditional disaggregation): the decode worker prefills itself."""
+
+    request: SubmitRequest
+
+
+@dataclass(slots=True)
+class TaskAck:
+    request_id: str
+    ok: bool
+    error: str = ""
+
+
+# -- prefill → decode (KV transfer) ---------------------------------------------------------
+@dataclass(slots=True)
+class KVChunk:
+    request_id: str
+    chunk_index: int
+    layer_start: int
+    layer_end: int  # exclusive
+    first_block: int  # index in the request's block table
+    block_hashes: list[int | None]
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    shape: list[int]  # [layers, blocks, block_size, 2, kv_heads, head_dim]
+    data: bytes
+
+
+@dataclass(slots=True)
+class KVDone:
+    request_id: str
+    num_chunks: int
+    first_token_id: int  # the token the prefill worker sampled and already streamed
+    ok: bool = True
+    error: str = ""
+
+
+# -- workers → gateway --------------------------------------------------------------------
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TokenChunk:
+    request_id: str
+    index: int  # position in the output of token_ids[0]; lets the gateway drop duplicates
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    error: str = ""  # a failure the gateway reports to the client
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+# -- anyone → all -------------------------------------------------------------------------
+@dataclass(slots=True)
+class Cancel:
+    request_id: str
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class WorkerLost:
+    worker_id: str
+    request_ids: list[str]
+
+
+@dataclass(slots=True)
+class RequestFailed:
+    request_id: str
+    error: str
+    retryable: bool = False
+
+
+# -- status -------------------------------------------------------------------------------
+@dataclass(slots=True)
+class StatusQuery:
+    pass
+
+
+@dataclass(slots=True)
+class WorkerStatus:
+    heartbeat: Heartbeat
+    last_seen: float
+    assigned: list[str] = field(default_factory=list)  # request ids placed on it
+
+
+@dataclass(slots=True)
+class MeshStatus:
+    workers: list[WorkerStatus]
+    queue_length: int
+    admitted: int
+    rejected: int
