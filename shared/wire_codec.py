@@ -96,7 +96,8 @@ def _from_plain(value: Any, hint: Any, where: str) -> Any:
             if len(value) != len(args):
                 raise WireError(f"{where}: expected {len(args)} items, got {len(value)}")
             return tuple(
-                _from_plain(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args))
+                _from_plain(v, a, f"{where}[{i}]")
+                for i, (v, a) in enumerate(zip(value, args, strict=True))
             )
         item = args[0] if args else Any
         items = [_from_plain(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
