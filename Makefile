@@ -19,10 +19,10 @@ install: $(STAMP)
 pull: install
 	$(VENV)/bin/splitserve pull $(MODEL)
 
-# Until the mesh lands (gateway, scheduler, workers), `up` answers one chat prompt with the
-# engine on the real model, so the whole model path is exercised end to end.
+# The whole mesh on this machine: embedded nats-server, scheduler, gateway on :8000,
+# one prefill and one decode worker. Ctrl-C stops everything in order.
 up: pull
-	$(VENV)/bin/splitserve generate --model $(MODEL) "What is the capital of France?"
+	$(VENV)/bin/splitserve up --model $(MODEL)
 
 lint: install
 	$(VENV)/bin/ruff check .

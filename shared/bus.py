@@ -123,11 +123,14 @@ class Bus:
         handler: Callable[[T, Headers], Awaitable[Any]],
         on_bad_request: Callable[[str], Any],
         queue: str = "",
+        concurrent: bool = False,
     ) -> Subscription:
         """Answer requests: the handler's return value is the reply. A request that does not
-        decode is answered with `on_bad_request(reason)`, so the caller learns at once."""
+        decode is answered with `on_bad_request(reason)`, so the caller learns at once.
+        nats-py runs one subscription's callbacks one at a time; `concurrent=True` answers
+        each request in its own task, so a slow one does not hold up those behind it."""
 
-        async def on_message(msg: Msg) -> None:
+        async def answer(msg: Msg) -> None:
             try:
                 message = decode(msg.data, request_type)
             except WireError as exc:
@@ -141,6 +144,16 @@ class Bus:
                     reply = on_bad_request(f"internal error: {exc}")
             if msg.reply:
                 await msg.respond(encode(reply))
+
+        tasks: set[asyncio.Task] = set()
+
+        async def on_message(msg: Msg) -> None:
+            if not concurrent:
+                await answer(msg)
+                return
+            task = asyncio.create_task(answer(msg))
+            tasks.add(task)  # keep a reference until it is done
+            task.add_done_callback(tasks.discard)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_message)
 

@@ -65,9 +65,15 @@ class KVEvents:
 # -- scheduler → workers ------------------------------------------------------------------
 @dataclass(slots=True)
 class Reserve:
-    request_id: str
-    prompt_token_ids: list[int]  # prompt + delivered tokens: all that needs KV
-    deadline: float  # the reservation is dropped if no KV arrives by then
+    """Hold decode blocks for request.prompt_token_ids + request.delivered_token_ids (all that
+    needs KV); the decode worker keeps the request (sampling, gateway, deadline) with them.
+    The reservation is dropped if no KVDone arrives by the request's deadline."""
+
+    request: SubmitRequest
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
 
 
 @dataclass(slots=True)

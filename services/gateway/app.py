@@ -1,0 +1,148 @@
+"""The gateway's aiohttp application: `init_app(config)`, `setup_routes(app)`, `run(config)`.
+
+One NATS connection per process (opened in `cleanup_ctx`, drained on shutdown) and one
+token subscription for all requests. Errors leave in the OpenAI shape. With API keys
+configured, /v1/* needs `Authorization: Bearer <key>`; /health and /ready stay open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from services.gateway.completions import chat_completions, completions
+from services.gateway.config import GatewayConfig
+from services.gateway.errors import ApiError
+from services.gateway.generation import Mesh
+from services.gateway.keys import CONFIG, MESH
+from services.gateway.prompting import ModelText
+from services.gateway.streams import TokenStreams
+from shared.bus import Bus
+from shared.protocol import MeshStatus, StatusQuery
+from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+STATUS_TIMEOUT_S = 2.0
+
+
+def init_app(config: GatewayConfig) -> web.Application:
+    app = web.Application(middlewares=[_errors, _auth])
+    app[CONFIG] = config
+    text = ModelText.load(config.model_dir)
+
+    async def mesh_connection(app: web.Application) -> AsyncIterator[None]:
+        bus = await Bus.connect(config.common.nats_url, f"gateway-{config.gateway_id}")
+        streams = TokenStreams(bus, Subjects(config.common.namespace), config.gateway_id)
+        await streams.start()
+        app[MESH] = Mesh(config, bus, streams, text)
+        yield
+        await streams.stop()
+        await bus.close()
+
+    app.cleanup_ctx.append(mesh_connection)
+    setup_routes(app)
+    return app
+
+
+def setup_routes(app: web.Application) -> None:
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+
+
+def create_runner(config: GatewayConfig) -> web.AppRunner:
+    # A client that disconnects cancels its handler, and Mesh.events then sends Cancel.
+    return web.AppRunner(init_app(config), handler_cancellation=True, access_log=None)
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then stop intake and drain the NATS connection."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = create_runner(config)
+    await runner.setup()
+    await web.TCPSite(runner, config.host, config.port).start()
+    log.info("gateway %s on http://%s:%d", config.gateway_id, config.host, config.port)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def run(config: GatewayConfig) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 once the scheduler knows a prefill-capable and a decode-capable worker."""
+    mesh = request.app[MESH]
+    try:
+        status = await mesh.bus.request(
+            mesh.subjects.status, StatusQuery(), MeshStatus, timeout=STATUS_TIMEOUT_S
+        )
+    except Exception as exc:
+        return web.json_response({"ready": False, "reason": f"no scheduler: {exc!r}"}, status=503)
+    roles = {w.heartbeat.role for w in status.workers if not w.heartbeat.draining}
+    missing = [
+        need
+        for need, serving in (("prefill", {"prefill", "both"}), ("decode", {"decode", "both"}))
+        if not roles & serving
+    ]
+    if missing:
+        reason = f"no {' and no '.join(missing)} worker"
+        return web.json_response({"ready": False, "reason": reason}, status=503)
+    return web.json_response({"ready": True, "workers": len(status.workers)})
+
+
+async def models(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    card = {
+        "id": config.served_model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "splitserve",
+        "max_model_len": config.max_model_len,
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        return ApiError(exc.status, exc.reason).response()
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return ApiError(500, "internal server error").response()
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    keys = request.app[CONFIG].api_keys
+    if keys and request.path.startswith("/v1/"):
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
+        # Compare against every key, so the time taken says nothing about which matched.
+        matches = [hmac.compare_digest(given, key.encode()) for key in keys]
+        if not any(matches):
+            raise ApiError(401, "invalid or missing API key", code="invalid_api_key")
+    return await handler(request)

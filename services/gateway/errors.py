@@ -1,0 +1,57 @@
+"""ApiError: what the client sees, in the OpenAI shape {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from aiohttp import web
+
+TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+
+
+class ApiError(Exception):
+    """Raised anywhere in request handling; the middleware turns it into a JSON response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": TYPE_BY_STATUS.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> web.Response:
+        headers = {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        return web.json_response(self.body(), status=self.status, headers=headers)
+
+
+def invalid(message: str, param: str | None = None) -> ApiError:
+    """A 400 naming the offending field."""
+    return ApiError(400, message, param=param, code="invalid_value" if param else None)

@@ -1,0 +1,60 @@
+"""The model's text side: tokenizer, chat template, special tokens (no torch, no transformers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from services.gateway.errors import invalid
+from services.gateway.openai_schema import Prompt
+from shared.models.chat_template import (
+    ChatTemplateError,
+    load_chat_template,
+    load_special_tokens,
+    render_chat,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelText:
+    tokenizer: Tokenizer
+    chat_template: str | None  # None: the model has none, chat requests are refused
+    special_tokens: dict[str, str]
+
+    @classmethod
+    def load(cls, model_dir: Path) -> ModelText:
+        try:
+            template: str | None = load_chat_template(model_dir)
+        except ChatTemplateError:
+            template = None
+        special = load_special_tokens(model_dir) if template else {}
+        return cls(Tokenizer.from_file(str(model_dir / "tokenizer.json")), template, special)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Rendered as HF does, tokenized without adding special tokens (the template has them)."""
+        if self.chat_template is None:
+            raise invalid("this model has no chat template: use /v1/completions", "messages")
+        try:
+            text = render_chat(self.chat_template, messages, True, **self.special_tokens)
+        except ChatTemplateError as exc:
+            raise invalid(f"the chat template refused the messages: {exc}", "messages") from None
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def completion_prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt).ids
+        if max(prompt) >= self.vocab_size:
+            raise invalid(
+                f"prompt token ids must be below the vocab size {self.vocab_size}", "prompt"
+            )
+        return prompt
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text, for logprobs."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)

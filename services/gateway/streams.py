@@ -1,0 +1,99 @@
+"""One subscription on the gateway's token subject, demultiplexed into per-request queues.
+
+Workers publish TokenChunks to <ns>.gateway.<id>.tokens; each open request has a queue
+that its HTTP handler drains. A chunk whose tokens were all delivered already (same
+`index`) is dropped, a partly repeated one is trimmed. Scheduler events (RequestFailed,
+WorkerLost) for an open request arrive in its queue as a chunk carrying `error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shared.bus import Bus, Headers
+from shared.protocol import RequestFailed, TokenChunk, WireError, WorkerLost, decode_one_of
+from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestStream:
+    request_id: str
+    queue: asyncio.Queue[TokenChunk] = field(default_factory=asyncio.Queue)
+    next_index: int = 0  # output position of the next token not yet delivered
+
+    def offer(self, chunk: TokenChunk) -> None:
+        """Queue `chunk` minus any tokens already delivered."""
+        repeated = self.next_index - chunk.index
+        if repeated > 0:
+            if repeated >= len(chunk.token_ids) and chunk.token_ids:
+                return
+            chunk = dataclasses.replace(
+                chunk,
+                index=self.next_index,
+                token_ids=chunk.token_ids[repeated:],
+                logprobs=chunk.logprobs[repeated:],
+            )
+        elif repeated < 0:
+            log.warning("%s: tokens %d..%d missing", self.request_id, self.next_index, chunk.index)
+        self.next_index = chunk.index + len(chunk.token_ids)
+        self.queue.put_nowait(chunk)
+
+    def fail(self, error: str) -> None:
+        self.queue.put_nowait(TokenChunk(self.request_id, self.next_index, [], error=error))
+
+
+class TokenStreams:
+    def __init__(self, bus: Bus, subjects: Subjects, gateway_id: str) -> None:
+        self.bus = bus
+        self.subjects = subjects
+        self.gateway_id = gateway_id
+        self.open: dict[str, RequestStream] = {}
+        self.subscriptions: list[Subscription] = []
+
+    async def start(self) -> None:
+        self.subscriptions = [
+            await self.bus.subscribe(
+                self.subjects.tokens(self.gateway_id), TokenChunk, self._on_chunk
+            ),
+            await self.bus.nc.subscribe(self.subjects.events, cb=self._on_event),
+        ]
+        await self.bus.nc.flush()
+
+    async def stop(self) -> None:
+        for subscription in self.subscriptions:
+            await subscription.unsubscribe()
+        self.subscriptions = []
+
+    def open_stream(self, request_id: str) -> RequestStream:
+        stream = self.open[request_id] = RequestStream(request_id)
+        return stream
+
+    def close_stream(self, request_id: str) -> None:
+        self.open.pop(request_id, None)
+
+    async def _on_chunk(self, chunk: TokenChunk, headers: Headers) -> None:
+        stream = self.open.get(chunk.request_id)
+        if stream is not None:  # else: a late chunk of a finished or cancelled request
+            stream.offer(chunk)
+
+    async def _on_event(self, msg: Msg) -> None:
+        try:
+            event = decode_one_of(msg.data, RequestFailed, WorkerLost)
+        except WireError as exc:
+            log.warning("dropped a bad event: %s", exc)
+            return
+        if isinstance(event, RequestFailed):
+            failures = {event.request_id: f"request failed: {event.error}"}
+        else:
+            failures = {r: f"worker {event.worker_id} was lost" for r in event.request_ids}
+        for request_id, error in failures.items():
+            if request_id in self.open:
+                self.open[request_id].fail(error)

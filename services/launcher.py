@@ -1,0 +1,304 @@
+"""`splitserve up`: one command for the whole mesh on one machine.
+
+Starts nats-server (unless `--nats URL` names one), then one process per service — the
+scheduler, the workers (N prefill + M decode, or N of role "both" with `--aggregated`) and
+the gateway — each as `python -m services.cli <service> ...` in its own session, so Ctrl-C
+reaches only the launcher and shutdown keeps its order.
+
+Supervision: a child that exits unexpectedly is logged and restarted after a backoff that
+doubles with each recent restart; past `max_restarts_per_minute` the launcher gives up on it
+(and says so). Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each group SIGTERM,
+`grace` seconds, then SIGKILL), nats-server last. Once the gateway's `/ready` answers 200 it
+prints `splitserve is up: http://HOST:PORT/v1`; if that takes longer than `ready_timeout`
+it names the children not running and keeps going.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from shared.config import env
+from shared.nats_server import start_nats_server
+from shared.subjects import DEFAULT_NAMESPACE
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherConfig:
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    nats_url: str = ""  # "" → start our own nats-server
+    nats_port: int = 0  # 0 → a free port
+    namespace: str = DEFAULT_NAMESPACE
+    model: str = DEFAULT_MODEL
+    model_dir: Path | None = None  # set: used as is; unset: `model` is pulled
+    prefill: int = 1
+    decode: int = 1
+    aggregated: bool = False  # `prefill` workers of role "both", no decode pool
+    ready_timeout: float = 300.0
+    grace: float = 10.0  # seconds between SIGTERM and SIGKILL, per group
+    restart_backoff: float = 1.0
+    max_restarts_per_minute: int = 5
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if self.prefill < (1 if self.aggregated else 0) or self.decode < 0:
+            raise ValueError("worker counts must be >= 0 (and >= 1 with --aggregated)")
+        if not self.aggregated and self.decode < 1:
+            raise ValueError("a disaggregated mesh needs at least one decode worker")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    name: str  # unique, shown in logs
+    role: str  # "scheduler" | "worker" | "gateway": decides the shutdown order
+    argv: tuple[str, ...]
+
+
+def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
+    """The command table, in start order."""
+    service = (sys.executable, "-m", "services.cli")
+    common = ("--nats", nats_url, "--namespace", config.namespace)
+    specs = [ChildSpec("scheduler", "scheduler", (*service, "scheduler", *common))]
+    pools = [("both", config.prefill)] if config.aggregated else []
+    pools = pools or [("prefill", config.prefill), ("decode", config.decode)]
+    for role, count in pools:
+        for i in range(count):
+            worker_id = f"{role}-{i}"
+            argv = (*service, "worker", "--role", role, "--model-dir", str(config.model_dir))
+            argv += ("--worker-id", worker_id, "--num-threads", "1", *common)
+            specs.append(ChildSpec(f"worker {worker_id}", "worker", argv))
+    gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))
+    gateway += ("--model-dir", str(config.model_dir), *common)
+    specs.append(ChildSpec("gateway", "gateway", gateway))
+    return specs
+
+
+class Child:
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts: deque[float] = deque()  # monotonic times of recent restarts
+        self.restart_at: float | None = None  # when a crashed child is due to start again
+        self.gave_up = False
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        environment = os.environ | {"PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            self.spec.argv, stdin=subprocess.DEVNULL, start_new_session=True, env=environment
+        )
+        self.restart_at = None
+        log.info("started %s (role %s) pid %d", self.spec.name, self.spec.role, self.process.pid)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        specs: list[ChildSpec],
+        restart_backoff: float,
+        max_restarts_per_minute: int,
+        grace: float,
+    ) -> None:
+        self.children = [Child(spec) for spec in specs]
+        self.restart_backoff = restart_backoff
+        self.max_restarts_per_minute = max_restarts_per_minute
+        self.grace = grace
+
+    def start_all(self) -> None:
+        for child in self.children:
+            child.start()
+
+    def poll(self) -> None:
+        """Notice crashed children and restart those that are due."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.gave_up or child.running:
+                continue
+            if child.restart_at is None:
+                self._schedule_restart(child, now)
+            elif now >= child.restart_at:
+                child.restarts.append(now)
+                child.start()
+
+    def _schedule_restart(self, child: Child, now: float) -> None:
+        code = child.process.returncode if child.process else None
+        while child.restarts and now - child.restarts[0] > 60:
+            child.restarts.popleft()
+        if len(child.restarts) >= self.max_restarts_per_minute:
+            child.gave_up = True
+            log.error(
+                "%s exited with %s and was restarted %d times within a minute: giving up on it",
+                child.spec.name,
+                code,
+                len(child.restarts),
+            )
+            return
+        delay = min(MAX_BACKOFF_S, self.restart_backoff * 2 ** len(child.restarts))
+        child.restart_at = now + delay
+        log.warning("%s exited with %s; restarting in %.1fs", child.spec.name, code, delay)
+
+    def missing(self) -> list[str]:
+        return [child.spec.name for child in self.children if not child.running]
+
+    def stop_all(self) -> None:
+        for role in STOP_ORDER:
+            self._stop_group([c for c in self.children if c.spec.role == role and c.running])
+
+    def _stop_group(self, group: list[Child]) -> None:
+        for child in group:
+            log.info("stopping %s (pid %d)", child.spec.name, child.process.pid)
+            child.process.terminate()
+        deadline = time.monotonic() + self.grace
+        for child in group:
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM for %.0fs: killing it", child.spec.name, self.grace)
+                child.process.kill()
+                child.process.wait()
+
+
+def http_ready(host: str, port: int) -> Callable[[], bool]:
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/ready"
+
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=0.5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    return probe
+
+
+def run_mesh(
+    config: LauncherConfig,
+    stop: threading.Event,
+    children: Callable[[str], list[ChildSpec]] | None = None,
+    probe: Callable[[], bool] | None = None,
+    poll_interval: float = 0.1,
+) -> None:
+    """Run the mesh until `stop` is set; `children(nats_url)` and `probe` default to the real
+    services and the gateway's `/ready`."""
+    children = children or (lambda url: child_specs(config, url))
+    probe = probe or http_ready(config.host, config.port)
+    nats = None
+    nats_url = config.nats_url
+    if not nats_url:
+        nats = start_nats_server(config.home / "nats", config.nats_port or None)
+        nats_url = nats.url
+        log.info("started nats-server (pid %d) at %s", nats.process.pid, nats_url)
+    supervisor = Supervisor(
+        children(nats_url), config.restart_backoff, config.max_restarts_per_minute, config.grace
+    )
+    try:
+        supervisor.start_all()
+        _supervise(config, supervisor, stop, probe, poll_interval)
+    finally:
+        supervisor.stop_all()
+        if nats is not None:
+            log.info("stopping nats-server")
+            nats.stop()
+
+
+def _supervise(
+    config: LauncherConfig,
+    supervisor: Supervisor,
+    stop: threading.Event,
+    probe: Callable[[], bool],
+    poll_interval: float,
+) -> None:
+    ready_deadline = time.monotonic() + config.ready_timeout
+    waiting_for_ready = True
+    next_probe = 0.0
+    while not stop.wait(poll_interval):
+        supervisor.poll()
+        now = time.monotonic()
+        if not waiting_for_ready or now < next_probe:
+            continue
+        next_probe = now + 0.5
+        if probe():
+            print(f"splitserve is up: http://{config.host}:{config.port}/v1", flush=True)
+            waiting_for_ready = False
+        elif now > ready_deadline:
+            missing = ", ".join(supervisor.missing()) or "none (all running)"
+            log.warning(
+                "gateway not ready after %.0fs; children not running: %s; still supervising",
+                config.ready_timeout,
+                missing,
+            )
+            waiting_for_ready = False
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("up", help="start nats-server, scheduler, workers, gateway")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
+    parser.add_argument("--nats", default="", help="use this NATS URL instead of starting one")
+    parser.add_argument("--nats-port", type=int, default=0, help="embedded server port")
+    parser.add_argument("--namespace", default=env("namespace", DEFAULT_NAMESPACE))
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    parser.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    parser.add_argument("--prefill", type=int, default=1, help="prefill workers (or 'both')")
+    parser.add_argument("--decode", type=int, default=1, help="decode workers")
+    parser.add_argument(
+        "--aggregated", action="store_true", help="--prefill N workers of role both"
+    )
+    parser.add_argument("--ready-timeout", type=float, default=300.0)
+    parser.add_argument("--grace", type=float, default=10.0, help="SIGTERM → SIGKILL seconds")
+    parser.add_argument("--max-restarts-per-minute", type=int, default=5)
+    parser.add_argument("--log-level", default=env("log_level", "INFO"))
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> None:
+    from shared.models.pull import default_home, pull_model
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s up: %(message)s"
+    )
+    config = LauncherConfig(
+        home=default_home(),
+        host=args.host,
+        port=args.port,
+        nats_url=args.nats,
+        nats_port=args.nats_port,
+        namespace=args.namespace,
+        model=args.model,
+        model_dir=args.model_dir,
+        prefill=args.prefill,
+        decode=0 if args.aggregated else args.decode,
+        aggregated=args.aggregated,
+        ready_timeout=args.ready_timeout,
+        grace=args.grace,
+        max_restarts_per_minute=args.max_restarts_per_minute,
+        log_level=args.log_level,
+    )
+    if config.model_dir is None:
+        config = replace(config, model_dir=pull_model(config.model))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    run_mesh(config, stop)

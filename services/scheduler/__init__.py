@@ -1,0 +1,1 @@
+"""The scheduler: worker registry from heartbeats, KV- and load-aware placement, admission."""

@@ -1,0 +1,114 @@
+"""Soft state about the workers, rebuilt from what they publish (a restarted scheduler
+refills within one heartbeat interval).
+
+- Heartbeats register a worker and refresh it; one silent for `heartbeat_timeout` (3 missed
+  1 s beats) is expired and handed back to the caller with the requests placed on it.
+- KV events keep a set of cached block hashes per worker. They apply in seq order; anything
+  but the next seq no. (a gap: events were lost, or a lower one: the worker restarted)
+  clears the set first, so the set can under-report but never invent blocks.
+- Placements are remembered per worker (request id → deadline) until a Cancel or the
+  deadline, and counted as load until the worker's next heartbeat reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.scheduler.routing import WorkerView, blocks_for
+from shared.protocol import Heartbeat, KVEvents, WorkerStatus
+
+
+@dataclass(slots=True)
+class WorkerState:
+    heartbeat: Heartbeat
+    last_seen: float
+    cached: set[int] = field(default_factory=set)
+    kv_seq: int = -1  # last KV event seq no. applied; -1 before the first
+    assigned: dict[str, float] = field(default_factory=dict)  # request id → deadline
+    placed_since_heartbeat: int = 0
+    blocks_since_heartbeat: int = 0
+
+
+class Registry:
+    def __init__(self, heartbeat_timeout: float = 3.0) -> None:
+        self.heartbeat_timeout = heartbeat_timeout
+        self._workers: dict[str, WorkerState] = {}
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __contains__(self, worker_id: str) -> bool:
+        return worker_id in self._workers
+
+    def on_heartbeat(self, heartbeat: Heartbeat, now: float) -> None:
+        state = self._workers.get(heartbeat.worker_id)
+        if state is None:
+            self._workers[heartbeat.worker_id] = WorkerState(heartbeat, now)
+            return
+        state.heartbeat = heartbeat
+        state.last_seen = now
+        state.placed_since_heartbeat = 0
+        state.blocks_since_heartbeat = 0
+
+    def on_kv_events(self, events: KVEvents) -> None:
+        """Apply one KV event message; ignored for a worker not (yet) heard from."""
+        state = self._workers.get(events.worker_id)
+        if state is None:
+            return
+        if events.seq_no != state.kv_seq + 1:
+            state.cached.clear()
+        state.kv_seq = events.seq_no
+        state.cached.difference_update(events.removed)
+        state.cached.update(events.stored)
+
+    def touch_all(self, now: float) -> None:
+        """After the scheduler's own NATS outage, its silence is not the workers' fault."""
+        for state in self._workers.values():
+            state.last_seen = max(state.last_seen, now)
+
+    def expire(self, now: float) -> list[WorkerState]:
+        """Remove and return the workers silent for longer than `heartbeat_timeout`."""
+        lost = [s for s in self._workers.values() if now - s.last_seen > self.heartbeat_timeout]
+        for state in lost:
+            del self._workers[state.heartbeat.worker_id]
+        return lost
+
+    def assign(self, worker_id: str, request_id: str, deadline: float, num_tokens: int = 0) -> None:
+        state = self._workers.get(worker_id)
+        if state is None:
+            return
+        state.assigned[request_id] = deadline
+        state.placed_since_heartbeat += 1
+        state.blocks_since_heartbeat += blocks_for(num_tokens, state.heartbeat.block_size or 1)
+
+    def forget(self, request_id: str) -> None:
+        for state in self._workers.values():
+            state.assigned.pop(request_id, None)
+
+    def forget_past_deadline(self, now: float) -> None:
+        for state in self._workers.values():
+            for request_id in [r for r, deadline in state.assigned.items() if deadline < now]:
+                del state.assigned[request_id]
+
+    def model_id(self, default: str) -> str:
+        """The model the workers hash their blocks with (one model per namespace)."""
+        return next((s.heartbeat.model for s in self._workers.values()), default)
+
+    def views(self) -> list[WorkerView]:
+        return [
+            WorkerView(
+                worker_id=worker_id,
+                role=s.heartbeat.role,
+                draining=s.heartbeat.draining,
+                free_blocks=max(0, s.heartbeat.free_blocks - s.blocks_since_heartbeat),
+                load=s.heartbeat.num_running + s.heartbeat.num_waiting + s.placed_since_heartbeat,
+                cached=s.cached,
+            )
+            for worker_id, s in self._workers.items()
+        ]
+
+    def status(self) -> list[WorkerStatus]:
+        return [
+            WorkerStatus(s.heartbeat, s.last_seen, sorted(s.assigned))
+            for _, s in sorted(self._workers.items())
+        ]

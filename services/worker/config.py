@@ -1,0 +1,61 @@
+"""`WorkerConfig`: every setting of one worker process, checked at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shared.protocol import ROLES
+
+if TYPE_CHECKING:  # the engine (and torch) load when the worker starts, not at flag parsing
+    from shared.engine.engine_config import EngineConfig
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    worker_id: str
+    role: str  # one of ROLES
+    model_dir: Path
+    model_name: str  # what heartbeats report
+    nats_url: str = "nats://127.0.0.1:4222"
+    namespace: str = "ss"
+    num_threads: int = 1  # torch intra-op threads
+    kv_cache_gib: float = 2.0
+    num_kv_blocks: int | None = None  # overrides kv_cache_gib when set
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    heartbeat_interval: float = 1.0  # seconds between heartbeats (and KV event checks)
+    transfer_timeout: float = 30.0  # seconds one KV transfer may take at most
+    kv_window: int = 4  # KV chunks in flight, unacknowledged
+    kv_headroom: int = 64 * 1024  # bytes left under max_payload for a chunk's other fields
+    grace_period: float = 30.0  # seconds in-flight work may take after SIGTERM
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {self.role!r}")
+        if self.num_threads < 1 or self.kv_window < 1:
+            raise ValueError("num_threads and kv_window must be positive")
+        if self.heartbeat_interval <= 0 or self.transfer_timeout <= 0:
+            raise ValueError("heartbeat_interval and transfer_timeout must be positive")
+
+    @property
+    def prefills(self) -> bool:
+        return self.role in ("prefill", "both")
+
+    @property
+    def decodes(self) -> bool:
+        return self.role in ("decode", "both")
+
+    def engine_config(self) -> EngineConfig:
+        from shared.engine.engine_config import EngineConfig
+
+        return EngineConfig(
+            model_dir=self.model_dir,
+            kv_cache_gib=self.kv_cache_gib,
+            num_kv_blocks=self.num_kv_blocks,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            model_id=self.model_name,
+            num_threads=self.num_threads,
+        )

@@ -1,0 +1,234 @@
+"""The whole mesh as users run it: `splitserve up` (real nats-server, separate processes),
+called with the official OpenAI SDK, checked against the engine run directly."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from services.offline import chat_prompt_ids
+from shared.engine.engine import LLMEngine
+from shared.engine.engine_config import EngineConfig
+from shared.engine.sampling_params import SamplingParams
+from shared.nats_server import free_port
+from tests.conftest import write_tiny_model
+from tests.engine_harness import run_to_completion
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about autumn leaves falling in the park.",
+    "Explain in one sentence why the sky is blue.",
+]
+
+
+@pytest.fixture(scope="module")
+def mesh_model_dir(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with the real tokenizer and chat template: fast, yet text."""
+    model_dir = write_tiny_model(
+        tmp_path_factory.mktemp("mesh-model"),
+        seed=3,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(real_model_dir / name, model_dir / name)
+    return model_dir
+
+
+class Mesh:
+    def __init__(self, model_dir: Path, home: Path, extra: list[str]) -> None:
+        self.port = free_port()
+        self.log_path = home / "up.log"
+        env = {**os.environ, "SPLITSERVE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "up",
+                "--model-dir",
+                str(model_dir),
+                "--port",
+                str(self.port),
+                *extra,
+            ],
+            stdout=self.log_path.open("w"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key="none", timeout=60)
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"splitserve up exited:\n{self.log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/ready", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"mesh not ready in {timeout}s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def post(self, path: str, body: bytes) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            self.base + path, data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+
+def start_mesh(model_dir: Path, home: Path, extra: list[str]) -> Iterator[Mesh]:
+    mesh = Mesh(model_dir, home, extra)
+    try:
+        mesh.wait_ready()
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+@pytest.fixture(scope="module")
+def mesh(mesh_model_dir, tmp_path_factory) -> Iterator[Mesh]:
+    yield from start_mesh(mesh_model_dir, tmp_path_factory.mktemp("home"), [])
+
+
+def engine_text(model_dir: Path, message: str, max_tokens: int) -> tuple[str, int, int]:
+    """(text, prompt tokens, completion tokens) of a greedy chat run on the engine alone."""
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    prompt = chat_prompt_ids(model_dir, tokenizer, message)
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=256))
+    engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    tokens = run_to_completion(engine)["r"]
+    return tokenizer.decode(tokens, skip_special_tokens=True), len(prompt), len(tokens)
+
+
+def test_streaming_and_plain_chat_equal_the_engine(mesh, mesh_model_dir):
+    model = mesh.client.models.list().data[0].id
+    for message in PROMPTS:
+        text, prompt_tokens, completion_tokens = engine_text(mesh_model_dir, message, 24)
+        reply = mesh.client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": message}],
+            max_tokens=24,
+            temperature=0,
+        )
+        assert reply.choices[0].message.content == text
+        assert reply.usage.prompt_tokens == prompt_tokens
+        assert reply.usage.completion_tokens == completion_tokens
+        stream = mesh.client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": message}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces, usage = [], None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            usage = chunk.usage or usage
+        assert "".join(pieces) == text
+        assert usage.completion_tokens == completion_tokens
+
+
+def test_sixteen_concurrent_streams_complete(mesh):
+    model = mesh.client.models.list().data[0].id
+
+    def one(i: int) -> tuple[int, int, str]:
+        stream = mesh.client.completions.create(
+            model=model,
+            prompt=f"Request number {i}: " + "tell me a story " * (i % 5 + 1),
+            max_tokens=8 + 3 * i,
+            temperature=0.8,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        finish, usage = None, None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            usage = chunk.usage or usage
+        return i, usage.completion_tokens, finish
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(16)))
+    for i, completion_tokens, finish in results:
+        assert finish in ("stop", "length"), i
+        if finish == "length":
+            assert completion_tokens == 8 + 3 * i
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}',
+            "max_tokens",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 5}',
+            "temperature",
+        ),
+        (b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}', "model"),
+    ],
+)
+def test_bad_inputs_get_a_400_naming_the_field(mesh, body, param):
+    model = mesh.client.models.list().data[0].id
+    status, reply = mesh.post("/v1/chat/completions", body.replace(b'"m"', f'"{model}"'.encode()))
+    assert status == 400
+    assert reply["error"]["message"]
+    if param:
+        assert reply["error"]["param"] == param
+    assert mesh.client.completions.create(model=model, prompt="still there?", max_tokens=2)
+
+
+def test_over_long_prompt_is_refused_and_the_mesh_keeps_serving(mesh):
+    model = mesh.client.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError):
+        mesh.client.completions.create(model=model, prompt="word " * 3000, max_tokens=4)
+    assert mesh.client.completions.create(model=model, prompt="hello", max_tokens=2)
+
+
+def test_aggregated_mode_serves_the_same_tokens(mesh, mesh_model_dir, tmp_path):
+    model = mesh.client.models.list().data[0].id
+    request = {"model": model, "prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0}
+    disaggregated = mesh.client.completions.create(**request).choices[0].text
+    for aggregated in start_mesh(mesh_model_dir, tmp_path, ["--aggregated"]):
+        assert aggregated.client.completions.create(**request).choices[0].text == disaggregated

@@ -1,0 +1,142 @@
+"""`splitserve up` supervision with stand-in children (small Python scripts): crashed
+children restart up to the per-minute limit, shutdown goes gateway → workers → scheduler →
+nats-server (killing what ignores SIGTERM), and the readiness probe has a deadline."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from services.launcher import ChildSpec, LauncherConfig, child_specs, run_mesh
+from shared.nats_server import free_port
+
+# A stand-in service: records its start (name pid), and on SIGTERM records its stop.
+STAND_IN = """
+import os, signal, sys, time
+name, starts, stops, mode = sys.argv[1:5]
+with open(starts, "a") as f:
+    f.write(f"{name} {os.getpid()}\\n")
+def bye(*_):
+    with open(stops, "a") as f:
+        f.write(name + "\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else bye)
+if mode == "crash":
+    time.sleep(0.1)
+    sys.exit(3)
+while True:
+    time.sleep(0.02)
+"""
+
+
+def stand_in(tmp: Path, name: str, role: str, mode: str = "serve") -> ChildSpec:
+    argv = (sys.executable, "-c", STAND_IN, name, str(tmp / "starts"), str(tmp / "stops"), mode)
+    return ChildSpec(name, role, argv)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_restart_limit_ordered_shutdown_and_ready_deadline(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="services.launcher")
+    nats_port = free_port()
+    config = LauncherConfig(
+        home=tmp_path / "home",
+        nats_port=nats_port,
+        ready_timeout=3.0,  # past the crashing child's last restart
+        grace=0.5,
+        restart_backoff=0.05,
+        max_restarts_per_minute=2,
+    )
+    seen_urls: list[str] = []
+
+    def children(nats_url: str) -> list[ChildSpec]:
+        seen_urls.append(nats_url)
+        return [
+            stand_in(tmp_path, "sched", "scheduler"),
+            stand_in(tmp_path, "stubborn", "worker", "stubborn"),
+            stand_in(tmp_path, "crashy", "worker", "crash"),
+            stand_in(tmp_path, "gw", "gateway"),
+        ]
+
+    stop = threading.Event()
+    runner = threading.Thread(target=run_mesh, args=(config, stop, children, lambda: False))
+    runner.start()
+    try:
+        wait_for(lambda: "giving up on it" in caplog.text)
+        wait_for(lambda: "gateway not ready after 3s" in caplog.text)
+        assert "children not running: crashy;" in caplog.text
+        socket.create_connection(("127.0.0.1", nats_port), timeout=1).close()
+    finally:
+        stop.set()
+        runner.join(20)
+    assert not runner.is_alive()
+    starts = [line.split()[0] for line in lines(tmp_path / "starts")]
+    assert starts.count("crashy") == 3  # first start + 2 restarts
+    assert starts.count("sched") == starts.count("gw") == 1
+    assert lines(tmp_path / "stops") == ["gw", "sched"]  # stubborn worker was killed between
+    assert "stubborn ignored SIGTERM" in caplog.text
+    assert seen_urls == [f"nats://127.0.0.1:{nats_port}"]
+    try:
+        socket.create_connection(("127.0.0.1", nats_port), timeout=1).close()
+        raise AssertionError("nats-server still listening")
+    except ConnectionRefusedError:
+        pass
+
+
+def test_external_nats_and_ready_banner(tmp_path, capsys, nats_server):
+    config = LauncherConfig(home=tmp_path, nats_url=nats_server.url, port=8123)
+    probes = iter([False, True])
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=run_mesh,
+        args=(config, stop, lambda url: [stand_in(tmp_path, url, "gateway")], probes.__next__),
+    )
+    runner.start()
+    try:
+        wait_for(lambda: "splitserve is up" in capsys.readouterr().out)
+    finally:
+        stop.set()
+        runner.join(20)
+    assert lines(tmp_path / "starts")[0].startswith(nats_server.url)
+    assert not (tmp_path / "nats").exists()  # no embedded server
+
+
+def test_command_table():
+    config = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), prefill=2, decode=1)
+    specs = child_specs(config, "nats://x:1")
+    assert [s.name for s in specs] == [
+        "scheduler",
+        "worker prefill-0",
+        "worker prefill-1",
+        "worker decode-0",
+        "gateway",
+    ]
+    assert specs[1].argv[3:] == (
+        "worker",
+        *("--role", "prefill", "--model-dir", "/m", "--worker-id", "prefill-0"),
+        *("--num-threads", "1", "--nats", "nats://x:1", "--namespace", "ss"),
+    )
+    assert specs[-1].argv[3:9] == (
+        "gateway",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--model-dir",
+    )
+    aggregated = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), prefill=3, aggregated=True)
+    roles = [s.argv[5] for s in child_specs(aggregated, "u") if s.role == "worker"]
+    assert roles == ["both", "both", "both"]

@@ -1,0 +1,228 @@
+"""A prefill worker and a decode worker over a real nats-server; the test plays scheduler
+and gateway with `Bus`. Workers run in-process (engine threads, one torch thread each)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from nats.aio.msg import Msg
+
+from services.worker.config import WorkerConfig
+from services.worker.runtime import Worker
+from shared.bus import Bus
+from shared.engine.engine import LLMEngine
+from shared.engine.sampling_params import SamplingParams
+from shared.protocol import (
+    Cancel,
+    DecodeTask,
+    Heartbeat,
+    KVChunk,
+    KVDone,
+    PrefillTask,
+    Reservation,
+    Reserve,
+    SubmitRequest,
+    TaskAck,
+    TokenChunk,
+    decode_one_of,
+)
+from shared.subjects import Subjects
+from tests.engine_harness import run_to_completion
+
+NUM_BLOCKS = 64
+PROMPT = [(7 * i) % 250 + 3 for i in range(50)]  # 3 full blocks of 16, and 2 tokens
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.8, seed=7, max_tokens=8, ignore_eos=True, logprobs=2)
+
+
+def worker_config(url: str, namespace: str, role: str, model_dir: Path) -> WorkerConfig:
+    return WorkerConfig(
+        worker_id=role,
+        role=role,
+        model_dir=model_dir,
+        model_name="tiny",
+        nats_url=url,
+        namespace=namespace,
+        num_kv_blocks=NUM_BLOCKS,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        heartbeat_interval=0.1,
+        transfer_timeout=10.0,
+        grace_period=2.0,
+    )
+
+
+def reference(model_dir: Path, prompt: list[int], params: SamplingParams) -> list[int]:
+    engine = LLMEngine(worker_config("", "x", "both", model_dir).engine_config())
+    engine.add_request("ref", prompt, params)
+    return run_to_completion(engine)["ref"]
+
+
+class Mesh:
+    """Two workers plus the test's scheduler/gateway connection."""
+
+    def __init__(self, bus: Bus, subjects: Subjects) -> None:
+        self.bus = bus
+        self.subjects = subjects
+        self.chunks: dict[str, list[TokenChunk]] = {}
+        self.beats: dict[str, Heartbeat] = {}
+        self.blocks_sent: dict[str, int] = {}  # per request, counted on the KV subject
+
+    async def on_tokens(self, chunk: TokenChunk, headers: dict[str, str]) -> None:
+        self.chunks.setdefault(chunk.request_id, []).append(chunk)
+
+    async def on_beat(self, beat: Heartbeat, headers: dict[str, str]) -> None:
+        self.beats[beat.worker_id] = beat
+
+    def request(self, request_id: str, params: SamplingParams, prompt=PROMPT) -> SubmitRequest:
+        return SubmitRequest(request_id, "gw", list(prompt), params, time.time() + 30)
+
+    async def split(self, request: SubmitRequest) -> Reservation:
+        """Reserve on decode, then prefill on prefill: the scheduler's disaggregated path."""
+        reserve = Reserve(request)
+        res = await self.bus.request(self.subjects.reserve("decode"), reserve, Reservation, 5)
+        assert res.ok, res.error
+        task = PrefillTask(request, "decode", res.num_cached_blocks)
+        ack = await self.bus.request(self.subjects.prefill("prefill"), task, TaskAck, 5)
+        assert ack.ok, ack.error
+        return res
+
+    async def tokens(self, request_id: str) -> list[int]:
+        await until(lambda: any(c.finish_reason for c in self.chunks.get(request_id, [])))
+        chunks = self.chunks[request_id]
+        assert all(not c.error for c in chunks), chunks
+        assert [c.index for c in chunks] == list(range(len(chunks)))  # one token per chunk
+        return [t for c in chunks for t in c.token_ids]
+
+
+async def until(condition: Callable[[], bool], timeout: float = 15.0) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < give_up, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def run_mesh(nats_url: str, model_dir: Path, scenario: Callable[[Mesh], Awaitable[None]]):
+    async def main() -> None:
+        namespace = f"t{time.monotonic_ns()}"
+        workers = [
+            Worker(worker_config(nats_url, namespace, r, model_dir)) for r in ("prefill", "decode")
+        ]
+        for worker in workers:
+            await worker.start()
+        bus = await Bus.connect(nats_url, "test")
+        mesh = Mesh(bus, Subjects(namespace))
+        await bus.subscribe(mesh.subjects.tokens("gw"), TokenChunk, mesh.on_tokens)
+        await bus.subscribe(mesh.subjects.heartbeat, Heartbeat, mesh.on_beat)
+
+        async def count_blocks(msg: Msg) -> None:
+            message = decode_one_of(msg.data, KVChunk, KVDone)
+            if isinstance(message, KVChunk) and message.layer_start == 0:
+                sent = mesh.blocks_sent.get(message.request_id, 0)
+                mesh.blocks_sent[message.request_id] = sent + len(message.block_hashes)
+
+        await bus.nc.subscribe(mesh.subjects.kv("decode"), cb=count_blocks)
+        try:
+            await scenario(mesh)
+        finally:
+            for worker in workers:
+                await worker.shutdown()
+            await bus.close()
+
+    asyncio.run(main())
+
+
+def test_split_requests_stream_what_one_engine_would(nats_server, tiny_model_dir):
+    async def scenario(mesh: Mesh) -> None:
+        for name, params in (("greedy", GREEDY), ("seeded", SEEDED)):
+            await mesh.split(mesh.request(name, params))
+            assert await mesh.tokens(name) == reference(tiny_model_dir, PROMPT, params), name
+        seeded = mesh.chunks["seeded"]
+        assert all(len(c.logprobs) == 1 and len(c.logprobs[0].top) == 2 for c in seeded)
+        assert seeded[-1].finish_reason == "length"
+        assert seeded[0].num_prompt_tokens == len(PROMPT)
+
+    run_mesh(nats_server.url, tiny_model_dir, scenario)
+
+
+def test_shared_prefix_is_not_sent_again(nats_server, tiny_model_dir):
+    second = PROMPT[:48] + [9, 9, 9]  # shares the first 3 blocks
+
+    async def scenario(mesh: Mesh) -> None:
+        first = await mesh.split(mesh.request("first", GREEDY))
+        assert first.num_cached_blocks == 0
+        await mesh.tokens("first")
+        res = await mesh.split(mesh.request("second", GREEDY, second))
+        assert res.num_cached_blocks == 3
+        assert await mesh.tokens("second") == reference(tiny_model_dir, second, GREEDY)
+        assert mesh.blocks_sent == {"first": 4, "second": 1}
+
+    run_mesh(nats_server.url, tiny_model_dir, scenario)
+
+
+def test_cancel_mid_stream_frees_every_block(nats_server, tiny_model_dir):
+    long = SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
+
+    async def scenario(mesh: Mesh) -> None:
+        await mesh.split(mesh.request("long", long))
+        await until(lambda: len(mesh.chunks.get("long", [])) >= 3)
+        await mesh.bus.publish(mesh.subjects.cancel, Cancel("long", "client gone"))
+        mesh.beats.clear()
+
+        def all_free() -> bool:
+            beats = [mesh.beats.get(w) for w in ("prefill", "decode")]
+            return all(b is not None and b.free_blocks == b.total_blocks for b in beats)
+
+        await until(all_free, timeout=5)
+        assert not any(c.finish_reason == "length" for c in mesh.chunks["long"])
+
+    run_mesh(nats_server.url, tiny_model_dir, scenario)
+
+
+def test_decode_task_alone_streams_the_answer_and_bad_kv_is_refused(nats_server, tiny_model_dir):
+    async def scenario(mesh: Mesh) -> None:
+        task = DecodeTask(mesh.request("solo", SEEDED))
+        ack = await mesh.bus.request(mesh.subjects.decode("decode"), task, TaskAck, 5)
+        assert ack.ok, ack.error
+        assert await mesh.tokens("solo") == reference(tiny_model_dir, PROMPT, SEEDED)
+
+        bogus = KVChunk("nobody", 0, 0, 1, 0, [None], "float32", [1, 1, 16, 2, 2, 16], b"")
+        ack = await mesh.bus.request(mesh.subjects.kv("decode"), bogus, TaskAck, 5)
+        assert not ack.ok and "no reservation" in ack.error
+        await mesh.split(mesh.request("victim", GREEDY))
+        await mesh.tokens("victim")  # the worker is unharmed
+        await until(lambda: "decode" in mesh.beats)
+        beat = mesh.beats["decode"]
+        assert beat.role == "decode" and beat.model == "tiny" and not beat.draining
+
+    run_mesh(nats_server.url, tiny_model_dir, scenario)
+
+
+def test_sigterm_drains_refuses_new_work_and_exits_zero(nats_server, tiny_model_dir):
+    namespace = f"t{time.monotonic_ns()}"
+    command = [sys.executable, "-m", "services.worker.cli", "--role", "decode"]
+    command += ["--model-dir", str(tiny_model_dir), "--worker-id", "w1", "--num-kv-blocks", "16"]
+    command += ["--nats", nats_server.url, "--namespace", namespace]
+    process = subprocess.Popen(command, cwd=Path(__file__).parents[2])
+
+    async def main() -> None:
+        bus = await Bus.connect(nats_server.url, "test")
+        mesh = Mesh(bus, Subjects(namespace))
+        await bus.subscribe(mesh.subjects.heartbeat, Heartbeat, mesh.on_beat)
+        await until(lambda: "w1" in mesh.beats, timeout=30)
+        assert mesh.beats["w1"].total_blocks == 16
+        process.send_signal(signal.SIGTERM)
+        await until(lambda: mesh.beats["w1"].draining, timeout=5)
+        await bus.close()
+
+    try:
+        asyncio.run(main())
+        assert process.wait(timeout=10) == 0
+    finally:
+        process.kill()

@@ -1,0 +1,69 @@
+"""Worker registry: heartbeats, expiry after three missed beats, KV events in seq order,
+placements as load until the next heartbeat."""
+
+from __future__ import annotations
+
+from services.scheduler.registry import Registry
+from shared.protocol import Heartbeat, KVEvents
+
+
+def beat(worker_id: str = "w1", role: str = "decode", free: int = 100, running: int = 0):
+    return Heartbeat(worker_id, role, "m", running, 0, free, 200, 16)
+
+
+def test_expiry_after_three_missed_heartbeats():
+    registry = Registry(heartbeat_timeout=3.0)
+    registry.on_heartbeat(beat("w1"), now=100.0)
+    registry.on_heartbeat(beat("w2"), now=100.0)
+    registry.on_heartbeat(beat("w2"), now=102.5)
+    registry.assign("w1", "r1", deadline=200.0)
+    assert registry.expire(now=102.9) == []
+    lost = registry.expire(now=103.1)
+    assert [s.heartbeat.worker_id for s in lost] == ["w1"]
+    assert list(lost[0].assigned) == ["r1"]
+    assert "w1" not in registry and "w2" in registry
+
+
+def test_touch_all_after_own_outage_spares_workers():
+    registry = Registry(heartbeat_timeout=3.0)
+    registry.on_heartbeat(beat(), now=100.0)
+    registry.touch_all(now=110.0)
+    assert registry.expire(now=112.0) == []
+
+
+def test_kv_events_in_order_and_gap_resets():
+    registry = Registry()
+    registry.on_kv_events(KVEvents("w1", 0, stored=[1]))  # unknown worker: ignored
+    registry.on_heartbeat(beat(), now=0.0)
+    registry.on_kv_events(KVEvents("w1", 5, stored=[1, 2, 3]))  # first seen: starts here
+    registry.on_kv_events(KVEvents("w1", 6, stored=[4], removed=[2]))
+    assert registry.views()[0].cached == {1, 3, 4}
+    registry.on_kv_events(KVEvents("w1", 8, stored=[9]))  # 7 was lost: start over
+    assert registry.views()[0].cached == {9}
+    registry.on_kv_events(KVEvents("w1", 0, stored=[7]))  # the worker restarted
+    assert registry.views()[0].cached == {7}
+    registry.on_kv_events(KVEvents("w1", 1, removed=[7], stored=[8]))
+    assert registry.views()[0].cached == {8}
+
+
+def test_placements_count_as_load_until_next_heartbeat():
+    registry = Registry()
+    registry.on_heartbeat(beat(free=100, running=1), now=0.0)
+    registry.assign("w1", "r1", deadline=50.0, num_tokens=40)  # 3 blocks
+    view = registry.views()[0]
+    assert (view.load, view.free_blocks) == (2, 97)
+    registry.on_heartbeat(beat(free=97, running=2), now=1.0)
+    view = registry.views()[0]
+    assert (view.load, view.free_blocks) == (2, 97)
+    assert registry.status()[0].assigned == ["r1"]
+
+
+def test_forget_on_cancel_and_after_deadline():
+    registry = Registry()
+    registry.on_heartbeat(beat(), now=0.0)
+    registry.assign("w1", "r1", deadline=10.0)
+    registry.assign("w1", "r2", deadline=20.0)
+    registry.assign("w1", "r3", deadline=30.0)
+    registry.forget("r3")
+    registry.forget_past_deadline(now=15.0)
+    assert registry.status()[0].assigned == ["r2"]

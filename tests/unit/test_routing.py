@@ -1,0 +1,90 @@
+"""Placement rules as pure functions: prefix overlap minus load, decode by free blocks and
+batch, conditional disaggregation, draining and full workers skipped."""
+
+from __future__ import annotations
+
+from services.scheduler.routing import (
+    WorkerView,
+    prefills_locally,
+    prefix_overlap,
+    rank_decode,
+    rank_prefill,
+)
+
+HASHES = [11, 22, 33, 44]  # a 64-token prompt in 16-token blocks
+
+
+def worker(
+    worker_id: str,
+    role: str = "prefill",
+    cached: set[int] | None = None,
+    load: int = 0,
+    free_blocks: int = 100,
+    draining: bool = False,
+) -> WorkerView:
+    return WorkerView(worker_id, role, draining, free_blocks, load, cached or set())
+
+
+def test_prefix_overlap_counts_leading_blocks_only():
+    assert prefix_overlap(HASHES, {11, 22, 44}) == 2
+    assert prefix_overlap(HASHES, {22, 33}) == 0
+    assert prefix_overlap([], {11}) == 0
+
+
+def test_prefill_prefers_overlap_minus_load():
+    workers = [
+        worker("a", cached={11}),
+        worker("b", cached={11, 22, 33}),
+        worker("c", cached={11, 22, 33, 44}, load=3),  # 4 - 3 = 1 < b's 3
+    ]
+    ranked = rank_prefill(workers, HASHES, load_penalty=1.0)
+    assert [c.worker_id for c in ranked] == ["b", "a", "c"]
+    assert ranked[0].overlap == 3
+    # with no penalty the full overlap wins
+    assert rank_prefill(workers, HASHES, load_penalty=0.0)[0].worker_id == "c"
+
+
+def test_prefill_skips_draining_and_non_prefill_roles():
+    workers = [
+        worker("d", role="decode", cached={11, 22}),
+        worker("both", role="both", cached={11, 22}),
+        worker("drain", cached={11, 22, 33, 44}, draining=True),
+        worker("p"),
+    ]
+    assert [c.worker_id for c in rank_prefill(workers, HASHES, 1.0)] == ["p"]
+
+
+def test_decode_by_running_batch_then_free_blocks():
+    workers = [
+        worker("busy", role="decode", load=2, free_blocks=500),
+        worker("small", role="decode", free_blocks=20),
+        worker("big", role="both", free_blocks=80),
+        worker("pre", role="prefill", free_blocks=900),
+    ]
+    ranked = rank_decode(workers, HASHES, 64, block_size=16, load_penalty=1.0)
+    assert [c.worker_id for c in ranked] == ["big", "small", "busy"]
+
+
+def test_decode_skips_draining_and_workers_without_room():
+    workers = [
+        worker("drain", role="decode", draining=True),
+        worker("full", role="decode", free_blocks=4),  # 64 tokens + 1 need 5 blocks
+        worker("cached", role="decode", free_blocks=2, cached={11, 22, 33, 44}),  # needs 1
+        worker("ok", role="decode", free_blocks=5),
+    ]
+    ranked = rank_decode(workers, HASHES, 64, block_size=16, load_penalty=1.0)
+    assert [c.worker_id for c in ranked] == ["cached", "ok"]
+    assert ranked[0].overlap == 4
+
+
+def test_conditional_disaggregation_threshold():
+    # 20 tokens, nothing cached: 20 uncached > 16 → disaggregate
+    assert not prefills_locally(20, 0, 16, local_prefill_tokens=16, have_prefill_workers=True)
+    # 16 tokens fit the threshold → the decode worker prefills itself
+    assert prefills_locally(16, 0, 16, local_prefill_tokens=16, have_prefill_workers=True)
+    # a long prompt mostly cached on decode: 70 - 4*16 = 6 uncached
+    assert prefills_locally(70, 4, 16, local_prefill_tokens=16, have_prefill_workers=True)
+    # threshold 0: always disaggregate when a prefill pool exists
+    assert not prefills_locally(5, 0, 16, local_prefill_tokens=0, have_prefill_workers=True)
+    # no prefill pool: always local
+    assert prefills_locally(5000, 0, 16, local_prefill_tokens=0, have_prefill_workers=False)
