@@ -35,7 +35,7 @@ from shared.protocol import (
 from shared.subjects import Subjects
 
 PROMPT = list(range(100, 170))  # 70 tokens: 4 full blocks of 16
-HASHES = hash_full_blocks(PROMPT, 16, "")
+HASHES = hash_full_blocks(PROMPT, 16, "m")  # "m": the model the fake workers report
 
 
 @dataclass
