@@ -52,6 +52,8 @@ class Heartbeat:
     block_size: int
     draining: bool = False
     metrics_port: int = 0
+    kv_blocks_sent: int = 0  # since start: blocks shipped to decode workers (prefill side)
+    kv_blocks_received: int = 0  # since start: blocks written from prefill workers (decode side)
 
 
 @dataclass(slots=True)

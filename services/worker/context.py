@@ -31,6 +31,8 @@ class WorkerContext:
     engine: EngineThread
     layout: KVLayout
     draining: bool = False  # set on SIGTERM: new tasks are refused
+    kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
+    kv_blocks_received: int = 0
 
 
 def loop_deadline(unix_deadline: float, limit: float | None = None) -> float:

@@ -81,6 +81,8 @@ class DecodeSide:
             raise KeyError(f"no reservation for {chunk.request_id!r}")
         blocks = from_chunk(chunk, self.ctx.layout, reserved.num_blocks)
         await self.ctx.engine.call(lambda e: e.import_kv(chunk.request_id, blocks))
+        if chunk.layer_start == 0:  # the first layer group carries every block once
+            self.ctx.kv_blocks_received += len(chunk.block_hashes)
 
     async def on_done(self, done: KVDone) -> None:
         request_id = done.request_id

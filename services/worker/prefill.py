@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from services.worker.context import WorkerContext, error_chunk, loop_deadline, token_chunk
 from shared.engine.outputs import RequestOutput
@@ -107,6 +108,7 @@ class PrefillSide:
         num_blocks = -(-num_tokens // layout.block_size) - task.skip_blocks
         max_bytes = ctx.bus.max_payload - ctx.config.kv_headroom
         group = max(1, max_bytes // max(1, num_blocks * layout.block_bytes))
+        started = time.perf_counter()
         try:
             for start in range(0, layout.num_layers if num_blocks > 0 else 0, group):
                 layers = range(start, min(layout.num_layers, start + group))
@@ -117,6 +119,17 @@ class PrefillSide:
                     await sender.send(chunk)
             done = KVDone(request_id, sender.num_chunks, first_token)
             await sender.finish(done)
+            ctx.kv_blocks_sent += max(0, num_blocks)
+            seconds = time.perf_counter() - started
+            megabytes = max(0, num_blocks) * layout.block_bytes * layout.num_layers / 1e6
+            log.info(
+                "%s: KV transfer of %d blocks, %.1f MB in %.1f ms (%.0f MB/s)",
+                request_id,
+                num_blocks,
+                megabytes,
+                seconds * 1e3,
+                megabytes / max(seconds, 1e-9),
+            )
             await ctx.engine.call(lambda e: e.release(request_id))
         except (TransferError, KeyError, ValueError) as exc:
             reason = "cancelled" if request_id in self.cancelled else str(exc)

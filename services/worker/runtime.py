@@ -168,6 +168,8 @@ class Worker:
             total_blocks=stats.total_blocks,
             block_size=stats.block_size,
             draining=self.ctx.draining,
+            kv_blocks_sent=self.ctx.kv_blocks_sent,
+            kv_blocks_received=self.ctx.kv_blocks_received,
         )
         await bus.publish(subjects.heartbeat, beat)
         if stats.cached != self._cached:

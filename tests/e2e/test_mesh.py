@@ -3,6 +3,7 @@ called with the official OpenAI SDK, checked against the engine run directly."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -21,10 +22,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from services.offline import chat_prompt_ids
+from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams
 from shared.nats_server import free_port
+from shared.protocol import Heartbeat, MeshStatus, StatusQuery
+from shared.subjects import Subjects
 from tests.conftest import write_tiny_model
 from tests.engine_harness import run_to_completion
 
@@ -56,6 +60,7 @@ def mesh_model_dir(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
 class Mesh:
     def __init__(self, model_dir: Path, home: Path, extra: list[str]) -> None:
         self.port = free_port()
+        self.nats_port = free_port()
         self.log_path = home / "up.log"
         env = {**os.environ, "SPLITSERVE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
@@ -68,6 +73,8 @@ class Mesh:
                 str(model_dir),
                 "--port",
                 str(self.port),
+                "--nats-port",
+                str(self.nats_port),
                 *extra,
             ],
             stdout=self.log_path.open("w"),
@@ -100,6 +107,23 @@ class Mesh:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+    def status(self) -> MeshStatus:
+        """The scheduler's view of the workers, from their latest heartbeats."""
+
+        async def ask() -> MeshStatus:
+            bus = await Bus.connect(f"nats://127.0.0.1:{self.nats_port}", "test")
+            try:
+                return await bus.request(Subjects().status, StatusQuery(), MeshStatus, 5)
+            finally:
+                await bus.close()
+
+        return asyncio.run(ask())
+
+    def next_heartbeats(self) -> list[Heartbeat]:
+        """Heartbeats sent after this call (each worker beats once a second)."""
+        time.sleep(1.5)
+        return [w.heartbeat for w in self.status().workers]
 
     def post(self, path: str, body: bytes) -> tuple[int, dict]:
         request = urllib.request.Request(
@@ -224,6 +248,61 @@ def test_over_long_prompt_is_refused_and_the_mesh_keeps_serving(mesh):
     with pytest.raises(openai.BadRequestError):
         mesh.client.completions.create(model=model, prompt="word " * 3000, max_tokens=4)
     assert mesh.client.completions.create(model=model, prompt="hello", max_tokens=2)
+
+
+def test_a_shared_prefix_transfers_fewer_kv_blocks(mesh):
+    model = mesh.client.models.list().data[0].id
+    prefix = "You are a careful assistant. Here is the shared context: " + "lorem ipsum " * 60
+
+    def blocks_sent_for(prompt: str) -> int:
+        before = sum(b.kv_blocks_sent for b in mesh.next_heartbeats())
+        mesh.client.completions.create(model=model, prompt=prompt, max_tokens=2)
+        return sum(b.kv_blocks_sent for b in mesh.next_heartbeats()) - before
+
+    first = blocks_sent_for(prefix + "First question: why?")
+    second = blocks_sent_for(prefix + "Second question: how?")
+    assert first >= 8, "the first prompt's blocks travel from prefill to decode"
+    assert second < first / 2, (first, second)
+    received = sum(b.kv_blocks_received for b in mesh.next_heartbeats())
+    assert received >= first + second
+
+
+def test_real_model_client_disconnect_frees_every_block(real_model_dir, tmp_path):
+    """The real model (one end-to-end run at its real speed): the answer is right, and a
+    client that leaves mid-stream gets every block freed on both workers."""
+    for mesh in start_mesh(real_model_dir, tmp_path, []):
+        _check_real_answer_then_disconnect(mesh)
+
+
+def _check_real_answer_then_disconnect(mesh: Mesh) -> None:
+    model = mesh.client.models.list().data[0].id
+    reply = mesh.client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+    )
+    assert reply.choices[0].message.content == "The capital of France is Paris."
+    assert reply.choices[0].finish_reason == "stop"
+    stream = mesh.client.completions.create(
+        model=model,
+        prompt="Count slowly: one, two, three,",
+        max_tokens=1500,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for number, _ in enumerate(stream):
+        if number == 5:
+            break
+    busy = mesh.next_heartbeats()
+    assert any(b.free_blocks < b.total_blocks and b.role == "decode" for b in busy)
+    stream.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        beats = mesh.next_heartbeats()
+        if all(b.free_blocks == b.total_blocks and b.num_running == 0 for b in beats):
+            return
+    raise AssertionError(f"blocks still held after the client left: {beats}")
 
 
 def test_aggregated_mode_serves_the_same_tokens(mesh, mesh_model_dir, tmp_path):
