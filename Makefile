@@ -7,11 +7,17 @@ MODEL ?= smollm2-135m-instruct
 
 .PHONY: install pull up test lint bench clean
 
+# The images (compose/Dockerfile*) run this same recipe: `make install VENV=/opt/splitserve
+# INSTALL_SPEC=. TORCH_INDEX=<their torch build's index>`.
+TORCH_INDEX ?=
+INSTALL_SPEC ?= -e '.[dev]'
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first; pyproject's range then keeps pip from swapping it out.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
+	$(PY) -m pip install --quiet $(INSTALL_SPEC)
+	$(PY) -m shared.engine.native
 	touch $@
 
 install: $(STAMP)
@@ -30,8 +36,11 @@ lint: install
 test: install lint
 	$(VENV)/bin/pytest
 
+# The engine alone, then the serving matrix through `splitserve up` (disaggregated and
+# aggregated, concurrency 1-16, plus a shared-prefix pair); results in artifacts/loadtest/.
 bench: pull
 	$(VENV)/bin/splitserve bench engine --model $(MODEL)
+	$(VENV)/bin/splitserve bench matrix --model $(MODEL)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,1 +1,8 @@
-"""Load harness for OpenAI-compatible endpoints (see the load-harness issue; not built yet)."""
+"""Load harness for any OpenAI-compatible endpoint.
+
+Open loop like `vllm bench serve` (`python -m loadtest serve`): requests from a dataset
+arrive at a gamma-distributed rate, optionally capped by a concurrency limit.
+Closed loop like Locust (`python -m loadtest users`): N users run weighted tasks with
+wait times. Both stream with `stream_options.include_usage` and measure with vLLM's
+definitions (see `metrics.py`); results go to a terminal table, a JSON file and a PNG.
+"""

@@ -55,11 +55,39 @@ def _bench_engine(args: argparse.Namespace) -> None:
             hf_batch_size=args.hf_batch_size,
             with_transformers=not args.skip_transformers,
             profile=args.profile,
+            attention_backend=args.attention_backend,
+        )
+    )
+
+
+def _bench_attention(args: argparse.Namespace) -> None:
+    from services.bench.attention import AttentionBenchConfig, run_attention_bench
+
+    run_attention_bench(AttentionBenchConfig(backends=tuple(args.backends)))
+
+
+def _bench_quant(args: argparse.Namespace) -> None:
+    from services.bench.quant import QuantBenchConfig, run_quant_bench
+    from shared.models.pull import pull_model
+
+    model_dir = args.model_dir or pull_model(args.model)
+    run_quant_bench(QuantBenchConfig(model_dir=model_dir, num_threads=args.threads))
+
+
+def _bench_spec(args: argparse.Namespace) -> None:
+    from services.bench.spec import SpecBenchConfig, run_spec_bench
+    from shared.models.pull import pull_model
+
+    model_dir = args.model_dir or pull_model(args.model)
+    run_spec_bench(
+        SpecBenchConfig(
+            model_dir=model_dir, k=args.num_speculative_tokens, quantization=args.quantization
         )
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from loadtest import cli as loadtest_cli
     from services import launcher
     from services.gateway import cli as gateway_cli
     from services.scheduler import cli as scheduler_cli
@@ -102,7 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--hf-batch-size", type=int, default=32)
     engine.add_argument("--skip-transformers", action="store_true")
     engine.add_argument("--profile", action="store_true", help="print the top ops of a decode")
+    engine.add_argument("--attention-backend", default="auto", help="auto|torch|cpu|triton")
     engine.set_defaults(func=_bench_engine)
+    attention = targets.add_parser("attention", help="attention ms per decode step by backend")
+    attention.add_argument("--backends", nargs="+", default=["torch", "cpu"])
+    attention.set_defaults(func=_bench_attention)
+    quant = targets.add_parser("quant", help="perplexity, greedy agreement, tok/s: fp32/int8/int4")
+    quant.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    quant.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    quant.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    quant.set_defaults(func=_bench_quant)
+    spec = targets.add_parser("spec", help="n-gram speculative decoding: acceptance, speed-up")
+    spec.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    spec.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    spec.add_argument("--num-speculative-tokens", type=int, default=4)
+    spec.add_argument("--quantization", choices=("int8", "int4"), help="weights of both runs")
+    spec.set_defaults(func=_bench_spec)
+    loadtest_cli.add_subcommands(targets)  # serve | users | plot | matrix
     return parser
 
 

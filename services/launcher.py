@@ -7,10 +7,17 @@ reaches only the launcher and shutdown keeps its order.
 
 Supervision: a child that exits unexpectedly is logged and restarted after a backoff that
 doubles with each recent restart; past `max_restarts_per_minute` the launcher gives up on it
-(and says so). Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each group SIGTERM,
+(and says so). A restarted worker registers as a new incarnation, `<worker id>-r<n>`: the
+scheduler then expires the old one and reports its requests lost (`WorkerLost`), so the
+gateway migrates them at once even when the restart beats the heartbeat timeout.
+Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each group SIGTERM,
 `grace` seconds, then SIGKILL), nats-server last. Once the gateway's `/ready` answers 200 it
 prints `splitserve is up: http://HOST:PORT/v1`; if that takes longer than `ready_timeout`
 it names the children not running and keeps going.
+
+Observability: `--otlp-endpoint URL` goes to every service; the scheduler and each worker
+get a `--metrics-port` (from `--metrics-port BASE` upwards, or free ports when 0), listed
+at start; the gateway serves /metrics on its own port.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shared.config import env
-from shared.nats_server import start_nats_server
+from shared.nats_server import free_port, start_nats_server
 from shared.subjects import DEFAULT_NAMESPACE
 
 log = logging.getLogger(__name__)
@@ -58,6 +65,8 @@ class LauncherConfig:
     restart_backoff: float = 1.0
     max_restarts_per_minute: int = 5
     log_level: str = "INFO"
+    otlp_endpoint: str = ""  # passed to every service; "": no trace export
+    metrics_port: int = 0  # first /metrics port of scheduler and workers; 0: free ports
 
     def __post_init__(self) -> None:
         if self.prefill < (1 if self.aggregated else 0) or self.decode < 0:
@@ -77,14 +86,21 @@ def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
     """The command table, in start order."""
     service = (sys.executable, "-m", "services.cli")
     common = ("--nats", nats_url, "--namespace", config.namespace)
-    specs = [ChildSpec("scheduler", "scheduler", (*service, "scheduler", *common))]
+    if config.otlp_endpoint:
+        common += ("--otlp-endpoint", config.otlp_endpoint)
+    ports = iter(range(config.metrics_port, config.metrics_port + 1_000))
+
+    def metrics() -> tuple[str, ...]:
+        return ("--metrics-port", str(next(ports) if config.metrics_port else free_port()))
+
+    specs = [ChildSpec("scheduler", "scheduler", (*service, "scheduler", *common, *metrics()))]
     pools = [("both", config.prefill)] if config.aggregated else []
     pools = pools or [("prefill", config.prefill), ("decode", config.decode)]
     for role, count in pools:
         for i in range(count):
             worker_id = f"{role}-{i}"
             argv = (*service, "worker", "--role", role, "--model-dir", str(config.model_dir))
-            argv += ("--worker-id", worker_id, "--num-threads", "1", *common)
+            argv += ("--worker-id", worker_id, "--num-threads", "1", *common, *metrics())
             specs.append(ChildSpec(f"worker {worker_id}", "worker", argv))
     gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))
     gateway += ("--model-dir", str(config.model_dir), *common)
@@ -99,6 +115,7 @@ class Child:
         self.restarts: deque[float] = deque()  # monotonic times of recent restarts
         self.restart_at: float | None = None  # when a crashed child is due to start again
         self.gave_up = False
+        self.incarnation = 0  # starts so far
 
     @property
     def running(self) -> bool:
@@ -107,10 +124,19 @@ class Child:
     def start(self) -> None:
         environment = os.environ | {"PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
-            self.spec.argv, stdin=subprocess.DEVNULL, start_new_session=True, env=environment
+            self.argv(), stdin=subprocess.DEVNULL, start_new_session=True, env=environment
         )
+        self.incarnation += 1
         self.restart_at = None
         log.info("started %s (role %s) pid %d", self.spec.name, self.spec.role, self.process.pid)
+
+    def argv(self) -> tuple[str, ...]:
+        """The spec's command; a restarted worker's id gets the suffix `-r<incarnation>`."""
+        argv = self.spec.argv
+        if not self.incarnation or "--worker-id" not in argv:
+            return argv
+        at = argv.index("--worker-id") + 1
+        return (*argv[:at], f"{argv[at]}-r{self.incarnation}", *argv[at + 1 :])
 
 
 class Supervisor:
@@ -210,8 +236,13 @@ def run_mesh(
         nats = start_nats_server(config.home / "nats", config.nats_port or None)
         nats_url = nats.url
         log.info("started nats-server (pid %d) at %s", nats.process.pid, nats_url)
+    specs = children(nats_url)
+    for spec in specs:
+        if "--metrics-port" in spec.argv:
+            port = spec.argv[spec.argv.index("--metrics-port") + 1]
+            log.info("%s: metrics on http://%s:%s/metrics", spec.name, config.host, port)
     supervisor = Supervisor(
-        children(nats_url), config.restart_backoff, config.max_restarts_per_minute, config.grace
+        specs, config.restart_backoff, config.max_restarts_per_minute, config.grace
     )
     try:
         supervisor.start_all()
@@ -270,6 +301,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grace", type=float, default=10.0, help="SIGTERM → SIGKILL seconds")
     parser.add_argument("--max-restarts-per-minute", type=int, default=5)
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
+    parser.add_argument("--otlp-endpoint", default="", help="OTLP/HTTP URL for every service")
+    parser.add_argument(
+        "--metrics-port", type=int, default=0, help="first scheduler/worker /metrics port"
+    )
     parser.set_defaults(func=main)
 
 
@@ -295,6 +330,8 @@ def main(args: argparse.Namespace) -> None:
         grace=args.grace,
         max_restarts_per_minute=args.max_restarts_per_minute,
         log_level=args.log_level,
+        otlp_endpoint=args.otlp_endpoint,
+        metrics_port=args.metrics_port,
     )
     if config.model_dir is None:
         config = replace(config, model_dir=pull_model(config.model))

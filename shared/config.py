@@ -36,6 +36,21 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         "--namespace", default=env("namespace", DEFAULT_NAMESPACE), help="subject prefix"
     )
     parser.add_argument("--log-level", default=env("log_level", "INFO"))
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+        help="OTLP/HTTP base URL for traces (default: OTEL_EXPORTER_OTLP_ENDPOINT; none: off)",
+    )
+
+
+def add_metrics_port_arg(parser: argparse.ArgumentParser) -> None:
+    """`--metrics-port` of the services without an HTTP port of their own."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=env("metrics_port", 0, int),
+        help="Prometheus /metrics port (0: a free one, printed at start)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +58,8 @@ class CommonConfig:
     nats_url: str
     namespace: str
     log_level: str
+    otlp_endpoint: str = ""  # "": traces are not exported
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CommonConfig:
-        return cls(nats_url=args.nats, namespace=args.namespace, log_level=args.log_level)
+        return cls(args.nats, args.namespace, args.log_level, args.otlp_endpoint)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from shared.engine.attention import resolve_backend
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams
@@ -28,6 +29,7 @@ class BenchConfig:
     hf_batch_size: int = 32
     with_transformers: bool = True
     profile: bool = False
+    attention_backend: str = "auto"
 
 
 def random_prompts(num: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -104,10 +106,11 @@ def run_engine_bench(cfg: BenchConfig) -> None:
         from shared.models.pull import pull_model
 
         model_dir = pull_model(cfg.model)
-    engine = LLMEngine(EngineConfig(model_dir=model_dir))
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, attention_backend=cfg.attention_backend))
     vocab = engine.model_config.vocab_size
     prompts = random_prompts(cfg.num_requests, cfg.input_len, vocab)
-    print(f"model {model_dir} fp32, torch threads {torch.get_num_threads()}")
+    backend = resolve_backend(cfg.attention_backend)
+    print(f"model {model_dir} fp32, torch threads {torch.get_num_threads()}, attention {backend}")
     print(f"workload: {cfg.num_requests} requests x {cfg.input_len} prompt -> {cfg.output_len}")
     engine_single_stream(engine, prompts[0][:16], 8)  # warm-up
     ours_single = engine_single_stream(engine, prompts[0], cfg.output_len)

@@ -2,7 +2,9 @@
 
 One NATS connection per process (opened in `cleanup_ctx`, drained on shutdown) and one
 token subscription for all requests. Errors leave in the OpenAI shape. With API keys
-configured, /v1/* needs `Authorization: Bearer <key>`; /health and /ready stay open.
+configured, /v1/* needs `Authorization: Bearer <key>`; /health, /ready and /metrics stay
+open. Every POST to /v1/* runs in a `gateway.request` span (continuing the client's
+`traceparent`), marked ERROR when it answers 4xx/5xx or the generation fails.
 """
 
 from __future__ import annotations
@@ -14,36 +16,48 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from opentelemetry.trace import SpanKind
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.gateway.completions import chat_completions, completions
 from services.gateway.config import GatewayConfig
+from services.gateway.cors import cors_headers, cors_preflight
 from services.gateway.errors import ApiError
 from services.gateway.generation import Mesh
 from services.gateway.keys import CONFIG, MESH
+from services.gateway.pages import setup_pages
 from services.gateway.prompting import ModelText
 from services.gateway.streams import TokenStreams
 from shared.bus import Bus
 from shared.protocol import MeshStatus, StatusQuery
 from shared.subjects import Subjects
+from shared.telemetry.metrics import GatewayMetrics
+from shared.telemetry.tracing import Tracing, extract, fail, setup_tracing
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATUS_TIMEOUT_S = 2.0
+TRACING = web.AppKey("tracing", Tracing)
+METRICS = web.AppKey("metrics", GatewayMetrics)
 
 
 def init_app(config: GatewayConfig) -> web.Application:
-    app = web.Application(middlewares=[_errors, _auth])
+    app = web.Application(middlewares=[cors_preflight, _trace, _errors, _auth])
+    app.on_response_prepare.append(cors_headers)
     app[CONFIG] = config
+    app[TRACING] = tracing = setup_tracing("gateway", config.common.otlp_endpoint)
+    app[METRICS] = metrics = GatewayMetrics()
     text = ModelText.load(config.model_dir)
 
     async def mesh_connection(app: web.Application) -> AsyncIterator[None]:
         bus = await Bus.connect(config.common.nats_url, f"gateway-{config.gateway_id}")
         streams = TokenStreams(bus, Subjects(config.common.namespace), config.gateway_id)
         await streams.start()
-        app[MESH] = Mesh(config, bus, streams, text)
+        app[MESH] = Mesh(config, bus, streams, text, metrics)
         yield
         await streams.stop()
         await bus.close()
+        tracing.shutdown()
 
     app.cleanup_ctx.append(mesh_connection)
     setup_routes(app)
@@ -53,9 +67,11 @@ def init_app(config: GatewayConfig) -> web.Application:
 def setup_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", prometheus_metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    setup_pages(app)
 
 
 def create_runner(config: GatewayConfig) -> web.AppRunner:
@@ -111,6 +127,11 @@ async def ready(request: web.Request) -> web.Response:
     return web.json_response({"ready": True, "workers": len(status.workers)})
 
 
+async def prometheus_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
 async def models(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     card = {
@@ -121,6 +142,29 @@ async def models(request: web.Request) -> web.Response:
         "max_model_len": config.max_model_len,
     }
     return web.json_response({"object": "list", "data": [card]})
+
+
+@web.middleware
+async def _trace(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method != "POST" or not request.path.startswith("/v1/"):
+        return await handler(request)
+    config = request.app[CONFIG]
+    with request.app[TRACING].tracer.start_as_current_span(
+        "gateway.request", extract(request.headers), kind=SpanKind.SERVER
+    ) as span:
+        span.set_attributes(
+            {
+                "http.request.method": request.method,
+                "url.path": request.path,
+                "server.port": config.port,
+                "gen_ai.request.model": config.served_model_name,
+            }
+        )
+        response = await handler(request)
+        span.set_attribute("http.response.status_code", response.status)
+        if response.status >= 400:
+            fail(span, f"HTTP {response.status}")
+        return response
 
 
 @web.middleware

@@ -23,11 +23,33 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="repeatable; also SPLITSERVE_API_KEYS (comma-separated); none: no auth",
     )
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
-    parser.add_argument("--stall-timeout", type=float, default=60.0, help="seconds without a token")
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=env("stall_timeout", 60.0, float),
+        help="seconds without a token before the request migrates (or fails)",
+    )
     parser.add_argument(
         "--max-model-len", type=int, help="default: max_position_embeddings of config.json"
     )
-    parser.add_argument("--max-pending", type=int, default=256, help="requests in flight")
+    parser.add_argument(
+        "--max-pending", type=int, default=env("max_pending", 256, int), help="requests in flight"
+    )
+    parser.add_argument(
+        "--migration-limit",
+        type=int,
+        default=env("migration_limit", 3, int),
+        help="resubmits of a request whose worker failed; 0: none",
+    )
+    parser.add_argument(
+        "--cors-origins",
+        default=env("cors_origins", ""),
+        help="comma-separated origins allowed to call /v1/* from a browser; '*': any; "
+        "also SPLITSERVE_CORS_ORIGINS; default: none",
+    )
+    parser.add_argument(
+        "--sse-heartbeat", type=float, default=15.0, help="seconds of stream silence per comment"
+    )
     add_common_args(parser)
     parser.set_defaults(func=_run)
     return parser

@@ -8,11 +8,12 @@ from contextlib import aclosing
 
 from aiohttp import web
 
+from services.gateway.choices import merged_events, submit_choices
 from services.gateway.errors import ApiError, invalid
 from services.gateway.generation import Delta, Finish, GenerationFailed, Mesh, Submitted
 from services.gateway.keys import CONFIG, MESH
 from services.gateway.openai_schema import GenerationRequest, Kind, parse_request, with_max_tokens
-from services.gateway.responses import ResponseBuilder
+from services.gateway.responses import ResponseBuilder, total_usage
 from services.gateway.sse import SSEWriter
 
 
@@ -38,11 +39,15 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     prompt_ids = _prompt_ids(mesh, parsed)
     sampling = with_max_tokens(parsed, len(prompt_ids), config.max_model_len)
     request_id = uuid.uuid4().hex
-    job = await mesh.submit(request_id, prompt_ids, sampling, parsed.stop)
-    builder = ResponseBuilder(kind, request_id, config.served_model_name, mesh.text)
+    jobs = await submit_choices(mesh, request_id, prompt_ids, sampling, parsed.stop, parsed.n)
+    echo = _echo_text(mesh, parsed, prompt_ids)
+    builders = [
+        ResponseBuilder(kind, request_id, config.served_model_name, mesh.text, index, echo)
+        for index in range(parsed.n)
+    ]
     if parsed.stream:
-        return await _stream(request, mesh, job, builder, parsed.include_usage)
-    return await _complete(mesh, job, builder)
+        return await _stream(request, mesh, jobs, builders, parsed.include_usage)
+    return await _complete(mesh, jobs, builders)
 
 
 def _prompt_ids(mesh: Mesh, parsed: GenerationRequest) -> list[int]:
@@ -52,41 +57,62 @@ def _prompt_ids(mesh: Mesh, parsed: GenerationRequest) -> list[int]:
     return mesh.text.completion_prompt_ids(parsed.prompt)
 
 
-async def _complete(mesh: Mesh, job: Submitted, builder: ResponseBuilder) -> web.Response:
-    deltas: list[Delta] = []
+def _echo_text(mesh: Mesh, parsed: GenerationRequest, prompt_ids: list[int]) -> str:
+    """The prompt as text, when a completion asks for echo; else nothing."""
+    if not parsed.echo:
+        return ""
+    if isinstance(parsed.prompt, str):
+        return parsed.prompt
+    return mesh.text.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+
+
+async def _complete(
+    mesh: Mesh, jobs: list[Submitted], builders: list[ResponseBuilder]
+) -> web.Response:
+    deltas: list[list[Delta]] = [[] for _ in jobs]
+    finishes: dict[int, Finish] = {}
     try:
-        async with aclosing(mesh.events(job)) as events:
-            async for event in events:
+        async with aclosing(merged_events(mesh, jobs)) as events:
+            async for index, event in events:
                 if isinstance(event, Finish):
-                    return web.json_response(builder.full(deltas, event))
-                deltas.append(event)
+                    finishes[index] = event
+                else:
+                    deltas[index].append(event)
     except GenerationFailed as exc:
         raise ApiError(exc.status, str(exc), code="generation_failed") from None
-    raise ApiError(500, "the token stream ended without a finish", code="generation_failed")
+    if len(finishes) < len(jobs):
+        raise ApiError(500, "the token stream ended without a finish", code="generation_failed")
+    bodies = [b.full(deltas[i], finishes[i]) for i, b in enumerate(builders)]
+    usage = total_usage([finishes[i] for i in range(len(jobs))])
+    choices = [body["choices"][0] for body in bodies]
+    return web.json_response(bodies[0] | {"choices": choices, "usage": usage.as_dict()})
 
 
 async def _stream(
     request: web.Request,
     mesh: Mesh,
-    job: Submitted,
-    builder: ResponseBuilder,
+    jobs: list[Submitted],
+    builders: list[ResponseBuilder],
     include_usage: bool,
 ) -> web.StreamResponse:
     """Client disconnect cancels this handler (handler_cancellation); Mesh.events then
     publishes Cancel as it closes."""
     sse = SSEWriter(request)
     await sse.start()
-    first = True
+    first = [True] * len(jobs)
+    finishes: list[Finish] = []
     try:
-        async with aclosing(mesh.events(job)) as events:
-            async for event in events:
+        async with aclosing(merged_events(mesh, jobs)) as events:
+            async for index, event in events:
+                builder = builders[index]
                 if isinstance(event, Finish):
-                    await sse.send(builder.chunk(None, event, first))
-                    if include_usage:
-                        await sse.send(builder.usage_chunk(event))
+                    await sse.send(builder.chunk(None, event, first[index]))
+                    finishes.append(event)
                 else:
-                    await sse.send(builder.chunk(event, None, first))
-                first = False
+                    await sse.send(builder.chunk(event, None, first[index]))
+                first[index] = False
+        if include_usage:
+            await sse.send(builders[0].usage_chunk(total_usage(finishes)))
     except GenerationFailed as exc:
         await sse.send(ApiError(exc.status, str(exc), code="generation_failed").body())
     return await sse.done()

@@ -23,16 +23,25 @@ class GatewayConfig:
     api_keys: tuple[str, ...] = ()  # empty: no authentication
     request_timeout: float = 600.0  # seconds from arrival to the last token
     stall_timeout: float = 60.0  # seconds without a token before the request is failed
-    submit_timeout: float = 5.0  # seconds to wait for the scheduler's SubmitAck
+    # Seconds to wait for the scheduler's SubmitAck: longer than a placement that tries a
+    # worker or two (the scheduler's --reserve-timeout each), bounded by the request deadline.
+    submit_timeout: float = 30.0
     max_pending: int = 256  # requests in flight on this gateway; more are refused with 429
+    migration_limit: int = 3  # resubmits of one request after a worker failure; 0: none
+    cors_origins: tuple[str, ...] = ()  # origins browsers may call /v1/* from; "*": any
+    sse_heartbeat: float = 15.0  # seconds of silence before an SSE comment line
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
         if min(self.request_timeout, self.stall_timeout, self.submit_timeout) <= 0:
             raise ValueError("timeouts must be positive")
+        if self.sse_heartbeat <= 0:
+            raise ValueError("sse_heartbeat must be positive")
         if self.max_pending < 1:
             raise ValueError("max_pending must be >= 1")
+        if self.migration_limit < 0:
+            raise ValueError("migration_limit must be >= 0")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
@@ -49,6 +58,9 @@ class GatewayConfig:
             request_timeout=args.request_timeout,
             stall_timeout=args.stall_timeout,
             max_pending=args.max_pending,
+            migration_limit=args.migration_limit,
+            cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
+            sse_heartbeat=args.sse_heartbeat,
         )
 
 

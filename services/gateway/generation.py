@@ -5,17 +5,31 @@ refusals become ApiErrors (429/503 with Retry-After). `Mesh.events` then yields 
 Finish: it detokenizes, applies stop strings, and enforces the stall timeout and the
 request deadline. Whenever it ends without the worker's own finish (stop string, error,
 timeout, client gone), it publishes Cancel so every worker frees the request's blocks.
+
+Migration: when an attempt fails after acceptance (an error chunk, `WorkerLost`, an abort,
+or no token for the stall timeout), the gateway cancels it and resubmits the prompt plus
+the tokens delivered so far as attempt + 1 under the id `<id>~<attempt>`, at most
+`migration_limit` times, retrying refusals until the stall timeout or the deadline. The
+gateway fixes the seed before the first submit, so a migrated sampled request draws the
+same tokens (the draw at each position depends only on seed and position).
+Both run inside the `gateway.request` span (app.py): the submit carries its traceparent,
+and the span gets the usage and finish reason. Latencies count from the submit (after
+tokenization) to a chunk with tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
+from opentelemetry import trace
 
 from services.gateway.config import GatewayConfig
 from services.gateway.detokenizer import IncrementalDetokenizer
@@ -27,6 +41,8 @@ from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
 from shared.protocol import Cancel, SubmitAck, SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
+from shared.telemetry.metrics import GatewayMetrics
+from shared.telemetry.tracing import fail, inject
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +90,22 @@ class Submitted:
     sampling: SamplingParams
     stop: tuple[str, ...]
     deadline: float  # loop time
+    submitted: float  # perf_counter() when the submit began
+    message: SubmitRequest  # the current attempt, as submitted
+    delivered: list[int] = field(default_factory=list)  # tokens streamed to the client
 
 
 class Mesh:
     def __init__(
-        self, config: GatewayConfig, bus: Bus, streams: TokenStreams, text: ModelText
+        self,
+        config: GatewayConfig,
+        bus: Bus,
+        streams: TokenStreams,
+        text: ModelText,
+        metrics: GatewayMetrics,
     ) -> None:
         self.config = config
+        self.metrics = metrics
         self.bus = bus
         self.subjects = Subjects(config.common.namespace)
         self.streams = streams
@@ -93,9 +118,16 @@ class Mesh:
         sampling: SamplingParams,
         stop: tuple[str, ...],
     ) -> Submitted:
+        submitted = time.perf_counter()
+        span = trace.get_current_span()
+        span.set_attributes(
+            {"splitserve.request_id": request_id, "gen_ai.usage.input_tokens": len(prompt_ids)}
+        )
         if len(self.streams.open) >= self.config.max_pending:
             raise ApiError(429, "too many requests in flight on this gateway", retry_after=1)
         loop_deadline = asyncio.get_running_loop().time() + self.config.request_timeout
+        if sampling.seed is None:  # fixed here, so that a migrated request draws the same
+            sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
         message = SubmitRequest(
             request_id=request_id,
             gateway_id=self.config.gateway_id,
@@ -103,14 +135,28 @@ class Mesh:
             sampling=sampling,
             deadline=time.time() + self.config.request_timeout,
         )
+        stream = await self._send(message)
+        self.metrics.prompt_tokens.inc(len(prompt_ids))
+        return Submitted(
+            request_id, stream, len(prompt_ids), sampling, stop, loop_deadline, submitted, message
+        )
+
+    async def _send(self, message: SubmitRequest) -> RequestStream:
+        """Open the attempt's token stream, then submit it; a refusal is an ApiError."""
+        request_id = message.request_id
         stream = self.streams.open_stream(request_id)  # before submitting: no token is missed
         try:
             ack = await self.bus.request(
-                self.subjects.submit, message, SubmitAck, timeout=self.config.submit_timeout
+                self.subjects.submit,
+                message,
+                SubmitAck,
+                timeout=self.config.submit_timeout,
+                headers=inject(trace.get_current_span()),
             )
-        except (NoRespondersError, TimeoutError) as exc:
+        except (NoRespondersError, TimeoutError, NatsError) as exc:
             self.streams.close_stream(request_id)
             why = "no scheduler answered" if isinstance(exc, NoRespondersError) else "timed out"
+            why = why if isinstance(exc, (NoRespondersError, TimeoutError)) else repr(exc)
             raise ApiError(503, f"the scheduler is unavailable ({why})", retry_after=1) from None
         except BaseException:
             self.streams.close_stream(request_id)
@@ -121,18 +167,26 @@ class Mesh:
             raise ApiError(
                 status, f"request refused: {ack.error or 'overloaded'}", retry_after=ack.retry_after
             )
-        return Submitted(request_id, stream, len(prompt_ids), sampling, stop, loop_deadline)
+        stream.prefill_worker = ack.prefill_worker
+        return stream
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
         detokenizer = IncrementalDetokenizer(self.text.tokenizer)
         stops = StopStringMatcher(job.stop)
         completion_tokens = 0
         finished = False
+        outcome = "cancelled"  # the client went away, unless set below
+        last_chunk: float | None = None
+        self.metrics.running.inc()
         try:
             while True:
                 chunk = await self._next_chunk(job)
-                if chunk.error:
-                    raise GenerationFailed(chunk.error)
+                if chunk.error or chunk.finish_reason == "abort":
+                    await self._migrate(job, chunk.error or "the request was aborted by the mesh")
+                    continue
+                if chunk.token_ids:
+                    last_chunk = self._observe_chunk(job, last_chunk)
+                job.delivered += chunk.token_ids
                 completion_tokens += len(chunk.token_ids)
                 text, stopped = stops.feed(detokenizer.add(chunk.token_ids))
                 if chunk.finish_reason and not stopped:
@@ -140,31 +194,101 @@ class Mesh:
                 if text or chunk.logprobs:
                     yield Delta(text, chunk.token_ids, chunk.logprobs)
                 if stopped or chunk.finish_reason:
-                    if chunk.finish_reason == "abort":
-                        raise GenerationFailed("the request was aborted by the mesh")
                     finished = not stopped  # a stop string still needs the Cancel below
-                    reason = "stop" if stopped else chunk.finish_reason or "stop"
+                    reason = outcome = "stop" if stopped else chunk.finish_reason or "stop"
+                    self.metrics.e2e.observe(time.perf_counter() - job.submitted)
                     yield Finish(reason, Usage(job.num_prompt_tokens, completion_tokens))
                     return
+        except GenerationFailed as exc:
+            outcome = "error"
+            fail(trace.get_current_span(), exc)
+            raise
         finally:
-            self.streams.close_stream(job.request_id)
+            self._account(outcome, completion_tokens)
+            self.streams.close_stream(job.message.request_id)
             if not finished:
-                await self._cancel(job.request_id)
+                await self._cancel(job.message.request_id)
+
+    def _observe_chunk(self, job: Submitted, last_chunk: float | None) -> float:
+        """TTFT for the first chunk with tokens, else the gap since the last one."""
+        now = time.perf_counter()
+        if last_chunk is None:
+            self.metrics.ttft.observe(now - job.submitted)
+        else:
+            self.metrics.itl.observe(now - last_chunk)
+        return now
+
+    def _account(self, outcome: str, completion_tokens: int) -> None:
+        self.metrics.running.dec()
+        self.metrics.requests.labels(outcome).inc()
+        self.metrics.generation_tokens.inc(completion_tokens)
+        trace.get_current_span().set_attributes(
+            {
+                "gen_ai.usage.output_tokens": completion_tokens,
+                "gen_ai.response.finish_reasons": [outcome],
+            }
+        )
 
     async def _next_chunk(self, job: Submitted) -> TokenChunk:
-        left = job.deadline - asyncio.get_running_loop().time()
-        try:
-            return await asyncio.wait_for(
-                job.stream.queue.get(), min(left, self.config.stall_timeout)
-            )
-        except TimeoutError:
-            if left <= self.config.stall_timeout:
-                raise GenerationFailed(
-                    f"request timed out after {self.config.request_timeout:g}s", 504
-                ) from None
-            raise GenerationFailed(
-                f"no token for {self.config.stall_timeout:g}s: the mesh stalled", 504
-            ) from None
+        """The next chunk of the current attempt; a stall migrates, the deadline fails."""
+        while True:
+            left = job.deadline - asyncio.get_running_loop().time()
+            try:
+                return await asyncio.wait_for(
+                    job.stream.queue.get(), min(left, self.config.stall_timeout)
+                )
+            except TimeoutError:
+                if left <= self.config.stall_timeout:
+                    raise GenerationFailed(
+                        f"request timed out after {self.config.request_timeout:g}s", 504
+                    ) from None
+                stalled = f"no token for {self.config.stall_timeout:g}s: the mesh stalled"
+                await self._migrate(job, stalled, 504)
+
+    async def _migrate(self, job: Submitted, why: str, status: int = 502) -> None:
+        """Cancel the failed attempt and resubmit prompt + delivered tokens as attempt + 1;
+        GenerationFailed when the migration limit is reached or no worker takes it in time."""
+        old = job.message
+        self.streams.close_stream(old.request_id)
+        await self._cancel(old.request_id)  # frees whatever the failed attempt still holds
+        if old.attempt >= self.config.migration_limit:
+            tries = f" (after {old.attempt} migrations)" if old.attempt else ""
+            raise GenerationFailed(why + tries, status)
+        attempt = old.attempt + 1
+        job.message = dataclasses.replace(
+            old,
+            request_id=f"{job.request_id}~{attempt}",
+            attempt=attempt,
+            delivered_token_ids=list(job.delivered),
+        )
+        log.warning(
+            "%s: %s; migrating with %d delivered tokens (attempt %d)",
+            job.request_id,
+            why,
+            len(job.delivered),
+            attempt,
+        )
+        self.metrics.migrations.inc()
+        job.stream = await self._resubmit(job, why)
+
+    async def _resubmit(self, job: Submitted, why: str) -> RequestStream:
+        """Submit the migrated attempt, retrying refusals until the stall timeout passes."""
+        loop = asyncio.get_running_loop()
+        give_up = min(job.deadline, loop.time() + self.config.stall_timeout)
+        while True:
+            try:
+                return await self._send(job.message)
+            except ApiError as exc:
+                wait = min(max(exc.retry_after or 0.0, 0.2), 1.0)
+                if loop.time() + wait > give_up or exc.status not in (429, 503):
+                    raise GenerationFailed(f"{why}; migration refused: {exc}", 503) from None
+                await asyncio.sleep(wait)
+
+    async def abandon(self, job: Submitted) -> None:
+        """Drop a submitted request whose events will never be read (a sibling choice of
+        an `n` > 1 request failed to submit): close its stream and cancel it everywhere."""
+        self.streams.close_stream(job.message.request_id)
+        await self._cancel(job.message.request_id)
 
     async def _cancel(self, request_id: str) -> None:
         try:

@@ -1,7 +1,10 @@
 """Parse and validate OpenAI request bodies into a GenerationRequest.
 
-Decisions: `n` other than 1 is refused; any field outside the accepted set (tools,
-functions, response_format, audio, ...) is a 400 naming it, unless its value is null.
+Decisions: `n` up to MAX_N choices (`choices.py`); `echo` (completions) returns the prompt
+before the output, but not with logprobs (no prompt logprobs); `suffix` is refused (no
+fill-in-the-middle support); any field outside the accepted set (tools,
+functions, audio, ...) is a 400 naming it, unless its value is null. Structured output
+(`response_format`, `guided_*`) is parsed in `structured.py`.
 SamplingParams does the range checks; its InvalidParameter.field maps back to the name
 the client used. `max_tokens` is resolved against the prompt length in `with_max_tokens`.
 """
@@ -13,22 +16,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.gateway.errors import invalid
+from services.gateway.structured import GUIDED_FIELDS, guided_fields
 from shared.engine.sampling_params import InvalidParameter, SamplingParams
 
 Kind = Literal["chat", "completion"]
 MAX_STOP_STRINGS = 4
+MAX_N = 16
 
 _COMMON_FIELDS = frozenset(
     {
         "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
         "stop_token_ids", "seed", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "logprobs",
-        "stream", "stream_options", "user",
+        "stream", "stream_options", "user", *GUIDED_FIELDS,
     }
 )  # fmt: skip
 _FIELDS: dict[Kind, frozenset[str]] = {
     "chat": _COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"},
-    "completion": _COMMON_FIELDS | {"prompt"},
+    "completion": _COMMON_FIELDS | {"prompt", "echo", "suffix"},
 }
 Prompt = str | list[int]
 
@@ -45,6 +50,8 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    n: int = 1  # choices, each its own request on the mesh
+    echo: bool = False  # completions: the prompt's text comes before the output
 
 
 def parse_request(kind: Kind, body: Any) -> GenerationRequest:
@@ -58,8 +65,14 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("model is required", "model")
-    if _int(body, "n", 1) != 1:
-        raise invalid("only n=1 is supported", "n")
+    n = _int(body, "n", 1)
+    if not 1 <= n <= MAX_N:
+        raise invalid(f"n must be in [1, {MAX_N}]", "n")
+    if "suffix" in body:
+        raise invalid("suffix is not supported: this model has no fill-in-the-middle", "suffix")
+    echo = _bool(body, "echo", False)
+    if echo and "logprobs" in body:
+        raise invalid("echo with logprobs is not supported (no prompt logprobs)", "echo")
     max_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = body.get(max_field, 16 if kind == "completion" else None)
     if max_tokens is not None:
@@ -72,6 +85,7 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         raise invalid("stream_options is only allowed with stream=true", "stream_options")
     include_usage = _bool(options, "include_usage", False)
     logprobs, logprobs_field = _logprobs(kind, body)
+    guided_kind, guided_spec = guided_fields(body)
     try:
         sampling = SamplingParams(
             temperature=_float(body, "temperature", 1.0),
@@ -88,6 +102,8 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
             min_tokens=_int(body, "min_tokens", 0),
             max_tokens=max_tokens if max_tokens is not None else _placeholder_max(body),
             logprobs=logprobs,
+            guided_kind=guided_kind,
+            guided_spec=guided_spec,
         )
     except InvalidParameter as exc:
         raise _field_error(exc, max_field, logprobs_field) from None
@@ -102,6 +118,8 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         stop=_stop(body),
         stream=stream,
         include_usage=include_usage,
+        n=n,
+        echo=echo,
     )
 
 

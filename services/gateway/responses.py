@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.gateway.generation import Delta, Finish
+from services.gateway.generation import Delta, Finish, Usage
 from services.gateway.openai_schema import Kind
 from services.gateway.prompting import ModelText
 from shared.protocol import TokenLogprob
@@ -14,19 +14,21 @@ from shared.protocol import TokenLogprob
 
 @dataclass(slots=True)
 class ResponseBuilder:
-    """Shapes one request's events; `text_offset` tracks completions' logprob offsets."""
+    """Shapes one choice's events; `text_offset` tracks completions' logprob offsets."""
 
     kind: Kind
     request_id: str
     model: str
     text: ModelText
+    index: int = 0  # the choice's index (n > 1)
+    prefix: str = ""  # text before the output: the prompt, for completions with echo
     created: int = field(default_factory=lambda: int(time.time()))
     text_offset: int = 0
 
     def chunk(self, delta: Delta | None, finish: Finish | None, first: bool) -> dict[str, Any]:
         """One streamed chunk; `first` adds the assistant role (chat)."""
-        choice: dict[str, Any] = {"index": 0}
-        text = delta.text if delta else ""
+        choice: dict[str, Any] = {"index": self.index}
+        text = (self.prefix if first else "") + (delta.text if delta else "")
         if self.kind == "chat":
             choice["delta"] = {"role": "assistant", "content": text} if first else {}
             if text:
@@ -37,14 +39,14 @@ class ResponseBuilder:
         choice["finish_reason"] = finish.reason if finish else None
         return self._envelope([choice], chunk=True)
 
-    def usage_chunk(self, finish: Finish) -> dict[str, Any]:
-        return self._envelope([], chunk=True) | {"usage": finish.usage.as_dict()}
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return self._envelope([], chunk=True) | {"usage": usage.as_dict()}
 
     def full(self, deltas: list[Delta], finish: Finish) -> dict[str, Any]:
         """The non-streamed body."""
-        text = "".join(d.text for d in deltas)
+        text = self.prefix + "".join(d.text for d in deltas)
         logprobs = [lp for d in deltas for lp in d.logprobs]
-        choice: dict[str, Any] = {"index": 0}
+        choice: dict[str, Any] = {"index": self.index}
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -92,3 +94,8 @@ class ResponseBuilder:
 
 def _chat_logprob(text: str, logprob: float) -> dict[str, Any]:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def total_usage(finishes: list[Finish]) -> Usage:
+    """One request's usage over its choices: the prompt once, every choice's output."""
+    return Usage(finishes[0].usage.prompt_tokens, sum(f.usage.completion_tokens for f in finishes))

@@ -28,6 +28,13 @@ class RequestStream:
     request_id: str
     queue: asyncio.Queue[TokenChunk] = field(default_factory=asyncio.Queue)
     next_index: int = 0  # output position of the next token not yet delivered
+    prefill_worker: str = ""  # the attempt's prefill worker ("" on the decode-only path)
+    received: int = 0  # tokens this attempt has delivered
+
+    def needs(self, worker_id: str) -> bool:
+        """Does this attempt still depend on `worker_id`? A prefill worker's part ends with
+        its transfer: once a second token arrives, the decode worker has the whole KV."""
+        return not (worker_id == self.prefill_worker and self.received > 1)
 
     def offer(self, chunk: TokenChunk) -> None:
         """Queue `chunk` minus any tokens already delivered."""
@@ -44,6 +51,7 @@ class RequestStream:
         elif repeated < 0:
             log.warning("%s: tokens %d..%d missing", self.request_id, self.next_index, chunk.index)
         self.next_index = chunk.index + len(chunk.token_ids)
+        self.received += len(chunk.token_ids)
         self.queue.put_nowait(chunk)
 
     def fail(self, error: str) -> None:
@@ -92,8 +100,11 @@ class TokenStreams:
             return
         if isinstance(event, RequestFailed):
             failures = {event.request_id: f"request failed: {event.error}"}
+            lost = ""
         else:
             failures = {r: f"worker {event.worker_id} was lost" for r in event.request_ids}
+            lost = event.worker_id
         for request_id, error in failures.items():
-            if request_id in self.open:
-                self.open[request_id].fail(error)
+            stream = self.open.get(request_id)
+            if stream is not None and (not lost or stream.needs(lost)):
+                stream.fail(error)

@@ -10,6 +10,7 @@ import signal
 from services.scheduler.config import SchedulerConfig, add_scheduler_args
 from services.scheduler.service import SchedulerService
 from shared.bus import Bus
+from shared.telemetry.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,12 @@ async def serve(config: SchedulerConfig) -> None:
 
     bus = await Bus.connect(config.nats_url, "scheduler", on_reconnect=reconnected)
     service = SchedulerService(config, bus)
+    port = serve_metrics(service.metrics.registry, config.metrics_port)
+    print(f"scheduler metrics on port {port}", flush=True)
     await service.start()
     log.info("scheduler ready on %s (namespace %s)", config.nats_url, config.namespace)
     await stop.wait()
     log.info("scheduler stopping")
     await service.stop()
     await bus.close()
+    service.tracing.shutdown()

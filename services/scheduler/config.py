@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from shared.config import CommonConfig, add_common_args, env
+from shared.config import CommonConfig, add_common_args, add_metrics_port_arg, env
 from shared.subjects import DEFAULT_NAMESPACE
 
 
@@ -18,11 +18,15 @@ class SchedulerConfig:
     local_prefill_tokens: int = 16  # at most this many uncached tokens: decode prefills itself
     block_size: int = 16  # must match the workers' KV block size
     model_id: str = ""  # block-hash model id until a worker's heartbeat names its model
-    reserve_timeout: float = 2.0  # seconds for each Reserve / PrefillTask / DecodeTask reply
+    # Seconds for each Reserve / PrefillTask / DecodeTask reply. A worker answers between
+    # engine steps, and one step of a long prefill chunk takes seconds on a CPU.
+    reserve_timeout: float = 10.0
     load_penalty: float = 1.0  # cached blocks one queued or running request is worth
     heartbeat_timeout: float = 3.0  # 3 missed 1 s heartbeats: the worker is gone
     sweep_interval: float = 0.5  # how often expiry and request deadlines are checked
     retry_after: float = 1.0  # what a refusal for load or missing workers advises
+    otlp_endpoint: str = ""  # traces over OTLP/HTTP; "": off
+    metrics_port: int = 0  # Prometheus /metrics; 0: a free port
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -48,12 +52,15 @@ class SchedulerConfig:
             reserve_timeout=args.reserve_timeout,
             load_penalty=args.load_penalty,
             heartbeat_timeout=args.heartbeat_timeout,
+            otlp_endpoint=common.otlp_endpoint,
+            metrics_port=args.metrics_port,
         )
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     defaults = SchedulerConfig()
     add_common_args(parser)
+    add_metrics_port_arg(parser)
     parser.add_argument(
         "--max-queue",
         type=int,

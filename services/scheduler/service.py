@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 
 from nats.errors import Error as NatsError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.registry import Registry
@@ -49,6 +51,8 @@ from shared.protocol import (
     WorkerLost,
 )
 from shared.subjects import SCHEDULER_QUEUE_GROUP, Subjects
+from shared.telemetry.metrics import SchedulerMetrics
+from shared.telemetry.tracing import extract, fail, inject, setup_tracing
 
 log = logging.getLogger(__name__)
 _REQUEST_ERRORS = (TimeoutError, NatsError, WireError)
@@ -66,6 +70,8 @@ class SchedulerService:
         self.placing = 0  # submits being placed right now (bounded by max_queue)
         self.admitted = 0
         self.rejected = 0
+        self.tracing = setup_tracing("scheduler", config.otlp_endpoint)
+        self.metrics = SchedulerMetrics()
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -113,6 +119,7 @@ class SchedulerService:
 
     async def sweep(self) -> None:
         now = self.clock()
+        self._count_workers()
         for state in self.registry.expire(now):
             worker_id = state.heartbeat.worker_id
             lost = sorted(state.assigned)
@@ -130,19 +137,47 @@ class SchedulerService:
 
     # -- placement ----------------------------------------------------------------------
     async def on_submit(self, request: SubmitRequest, headers: Headers) -> SubmitAck:
+        with self.tracing.tracer.start_as_current_span(
+            "scheduler.route", extract(headers), kind=SpanKind.SERVER
+        ) as span:
+            span.set_attribute("splitserve.request_id", request.request_id)
+            ack = await self._admit(request, inject(span))
+            span.set_attributes(
+                {
+                    "splitserve.accepted": ack.accepted,
+                    "splitserve.prefill_worker": ack.prefill_worker,
+                    "splitserve.decode_worker": ack.decode_worker,
+                    "splitserve.disaggregated": bool(ack.prefill_worker),
+                }
+            )
+            if not ack.accepted:
+                fail(span, ack.error)
+        path = "disaggregated" if ack.prefill_worker else "decode_only" if ack.accepted else ""
+        self.metrics.placements.labels("accepted" if ack.accepted else "refused", path).inc()
+        return ack
+
+    async def _admit(self, request: SubmitRequest, headers: Headers) -> SubmitAck:
         if self.placing >= self.config.max_queue:
             self.rejected += 1
             return self._no_worker(request, "scheduler busy: too many requests being placed")
         self.placing += 1
+        self.metrics.waiting.set(self.placing)
         try:
             ack = await self._place(request, headers)
         finally:
             self.placing -= 1
+            self.metrics.waiting.set(self.placing)
         if ack.accepted:
             self.admitted += 1
         else:
             self.rejected += 1
         return ack
+
+    def _count_workers(self) -> None:
+        self.metrics.workers.clear()
+        for view in self.registry.views():
+            state = "draining" if view.draining else "ready"
+            self.metrics.workers.labels(view.role, state).inc()
 
     async def _place(self, request: SubmitRequest, headers: Headers) -> SubmitAck:
         cfg = self.config
@@ -165,6 +200,7 @@ class SchedulerService:
                 cfg.local_prefill_tokens,
                 bool(prefills),
             )
+            trace.get_current_span().set_attribute("splitserve.prefix_hit_blocks", decode.overlap)
             if local:
                 if await self._decode_only(request, decode, headers):
                     self._assign(request, decode.worker_id, len(tokens))

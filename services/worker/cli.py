@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 from services.worker.config import WorkerConfig
-from shared.config import CommonConfig, add_common_args, env
+from shared.config import CommonConfig, add_common_args, add_metrics_port_arg, env
 from shared.protocol import ROLES
 
 
@@ -34,7 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="overrides the GiB")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--quantization", choices=("int8", "int4"), help="weight-only, at load")
+    parser.add_argument("--speculative", choices=("ngram",), help="speculative decoding method")
+    parser.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens/step")
     add_common_args(parser)
+    add_metrics_port_arg(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
@@ -51,6 +55,11 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        quantization=args.quantization,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
+        otlp_endpoint=common.otlp_endpoint,
+        metrics_port=args.metrics_port,
     )
 
 

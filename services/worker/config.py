@@ -30,6 +30,11 @@ class WorkerConfig:
     kv_window: int = 4  # KV chunks in flight, unacknowledged
     kv_headroom: int = 64 * 1024  # bytes left under max_payload for a chunk's other fields
     grace_period: float = 30.0  # seconds in-flight work may take after SIGTERM
+    otlp_endpoint: str = ""  # traces over OTLP/HTTP; "": off
+    metrics_port: int | None = None  # Prometheus /metrics; 0: a free port; None: not served
+    quantization: str | None = None  # None | int8 | int4 (weight-only, applied at load)
+    speculative: str | None = None  # None | ngram (used by the decoding side)
+    num_speculative_tokens: int = 4
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -58,4 +63,7 @@ class WorkerConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             model_id=self.model_name,
             num_threads=self.num_threads,
+            quantization=self.quantization,
+            speculative=self.speculative,
+            num_speculative_tokens=self.num_speculative_tokens,
         )

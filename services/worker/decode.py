@@ -13,6 +13,7 @@ import asyncio
 from dataclasses import dataclass
 
 from services.worker.context import WorkerContext, error_chunk, loop_deadline, token_chunk
+from services.worker.telemetry import WorkerTelemetry
 from shared.engine.kv_handoff import OutOfBlocks
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer import from_chunk
@@ -43,8 +44,9 @@ class Stream:
 
 
 class DecodeSide:
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, telemetry: WorkerTelemetry) -> None:
         self.ctx = ctx
+        self.telemetry = telemetry
         self.reserved: dict[str, Reserved] = {}  # reserved or receiving
         self.streams: dict[str, Stream] = {}  # running (or queued, for a DecodeTask)
         self.outbox: asyncio.Queue[tuple[str, TokenChunk]] = asyncio.Queue()  # to gateways
@@ -74,7 +76,7 @@ class DecodeSide:
         )
         return Reservation(msg.request_id, True, num_blocks, reservation.num_cached_blocks)
 
-    async def on_chunk(self, chunk: KVChunk) -> None:
+    async def on_chunk(self, chunk: KVChunk, headers: dict[str, str]) -> None:
         """Validate and write one chunk; raising refuses it (the sender fails the transfer)."""
         reserved = self.reserved.get(chunk.request_id)
         if reserved is None:
@@ -83,13 +85,16 @@ class DecodeSide:
         await self.ctx.engine.call(lambda e: e.import_kv(chunk.request_id, blocks))
         if chunk.layer_start == 0:  # the first layer group carries every block once
             self.ctx.kv_blocks_received += len(chunk.block_hashes)
+        blocks_once = len(chunk.block_hashes) if chunk.layer_start == 0 else 0
+        self.telemetry.on_chunk(chunk.request_id, blocks_once, len(chunk.data))
 
-    async def on_done(self, done: KVDone) -> None:
+    async def on_done(self, done: KVDone, headers: dict[str, str]) -> None:
         request_id = done.request_id
         reserved = self.reserved.pop(request_id, None)
         if reserved is None:
             raise KeyError(f"no reservation for {request_id!r}")
         request = reserved.request
+        self.telemetry.on_done(request_id, headers, "" if done.ok else done.error or "failed")
         if not done.ok:
             await self.ctx.engine.call(lambda e: e.abort_request(request_id))
             return
@@ -100,6 +105,7 @@ class DecodeSide:
             await self.ctx.engine.call(lambda e: e.start_decode(request_id, done.first_token_id))
         except (KeyError, ValueError):
             self.streams.pop(request_id, None)
+            self.telemetry.forget(request_id)
             await self.ctx.engine.call(lambda e: e.abort_request(request_id))
             raise
 
@@ -110,6 +116,7 @@ class DecodeSide:
         subject = self.ctx.subjects.tokens(request.gateway_id)
         index = len(request.delivered_token_ids)
         self.streams[request.request_id] = Stream(subject, index, loop_deadline(request.deadline))
+        self.telemetry.queue(request.request_id, "decode", headers)
         try:
             await self.ctx.engine.call(
                 lambda e: e.add_request(
@@ -121,6 +128,7 @@ class DecodeSide:
             )
         except ValueError as exc:
             self.streams.pop(request.request_id, None)
+            self.telemetry.forget(request.request_id)
             return TaskAck(request.request_id, ok=False, error=str(exc))
         return TaskAck(request.request_id, ok=True)
 
@@ -142,6 +150,7 @@ class DecodeSide:
             self.outbox.task_done()
 
     async def cancel(self, request_id: str) -> None:
+        self.telemetry.forget(request_id)
         reserved = self.reserved.pop(request_id, None)
         if reserved is not None or self.streams.pop(request_id, None) is not None:
             await self.ctx.engine.call(lambda e: e.abort_request(request_id))

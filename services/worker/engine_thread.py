@@ -4,6 +4,10 @@ Commands come in through a queue as functions of the engine; each one's result (
 exception) resolves an asyncio future on the caller's loop. Between commands the thread
 steps the engine while it has work and hands every step's outputs back to the loop with
 `call_soon_threadsafe`; when idle it blocks on the queue with a short timeout.
+
+A step can take seconds on a CPU (a long prefill chunk), and a command waits for the step in
+progress. What must never wait — the heartbeat — reads `observed` instead: `observe(engine)`
+taken by the thread after every step and every batch of commands.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,10 +33,17 @@ Command = tuple[Callable[[LLMEngine], Any], asyncio.Future]
 
 class EngineThread:
     def __init__(
-        self, config: EngineConfig, on_outputs: Callable[[list[RequestOutput]], None]
+        self,
+        config: EngineConfig,
+        on_outputs: Callable[[list[RequestOutput], float], None],
+        observe: Callable[[LLMEngine], Any],
     ) -> None:
+        """`on_outputs(outputs, step_started)` runs on the loop; `step_started` is the
+        step's start in Unix seconds (the end of the requests' queueing, for telemetry)."""
         self.config = config
         self.on_outputs = on_outputs
+        self.observe = observe
+        self.observed: Any = None  # the latest observe(engine); None until the engine is built
         self._commands: queue.Queue[Command | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -67,12 +79,16 @@ class EngineThread:
             self._fail(exc)
             return
         try:
+            self.observed = self.observe(engine)
             while self._apply_queued(engine, block=not engine.has_unfinished_requests()):
+                self.observed = self.observe(engine)
                 if engine.has_unfinished_requests():
+                    started = time.time()
                     outputs = engine.step()
+                    self.observed = self.observe(engine)
                     if outputs:
                         assert self._loop is not None
-                        self._loop.call_soon_threadsafe(self.on_outputs, outputs)
+                        self._loop.call_soon_threadsafe(self.on_outputs, outputs, started)
         except Exception as exc:  # an engine bug: fail every caller rather than hang them
             log.exception("engine thread failed")
             self._fail(exc)

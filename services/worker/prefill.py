@@ -13,17 +13,20 @@ import logging
 import time
 
 from services.worker.context import WorkerContext, error_chunk, loop_deadline, token_chunk
+from services.worker.telemetry import WorkerTelemetry
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer import to_chunks
 from shared.kvtransfer.nats_transport import KVSender, TransferError
 from shared.protocol import KVDone, PrefillTask, TaskAck
+from shared.telemetry.tracing import inject
 
 log = logging.getLogger(__name__)
 
 
 class PrefillSide:
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, telemetry: WorkerTelemetry) -> None:
         self.ctx = ctx
+        self.telemetry = telemetry
         self.computing: dict[str, PrefillTask] = {}  # waiting or running in the engine
         self.transferring: set[str] = set()  # held: first token out, KV on its way
         self.cancelled: set[str] = set()  # cancelled mid-transfer: no error to the gateway
@@ -40,6 +43,7 @@ class PrefillSide:
         if request.request_id in self.computing or request.request_id in self.transferring:
             return TaskAck(request.request_id, ok=False, error="duplicate request id")
         self.computing[request.request_id] = task  # before the engine can emit its output
+        self.telemetry.queue(request.request_id, "prefill", headers)
         try:
             await self.ctx.engine.call(
                 lambda e: e.add_request(
@@ -52,6 +56,7 @@ class PrefillSide:
             )
         except ValueError as exc:
             del self.computing[request.request_id]
+            self.telemetry.forget(request.request_id)
             return TaskAck(request.request_id, ok=False, error=str(exc))
         return TaskAck(request.request_id, ok=True)
 
@@ -63,6 +68,7 @@ class PrefillSide:
         task.add_done_callback(self.tasks.discard)
 
     async def cancel(self, request_id: str) -> None:
+        self.telemetry.forget(request_id)
         if request_id in self.transferring:
             self.cancelled.add(request_id)
         if self.computing.pop(request_id, None) or request_id in self.transferring:
@@ -96,6 +102,7 @@ class PrefillSide:
                 return
             await self._transfer(task, sender, first_token)
         finally:
+            self.telemetry.after_prefill.pop(request.request_id, None)
             self.transferring.discard(request.request_id)
             self.cancelled.discard(request.request_id)
 
@@ -108,6 +115,9 @@ class PrefillSide:
         num_blocks = -(-num_tokens // layout.block_size) - task.skip_blocks
         max_bytes = ctx.bus.max_payload - ctx.config.kv_headroom
         group = max(1, max_bytes // max(1, num_blocks * layout.block_bytes))
+        num_bytes = max(0, num_blocks) * layout.block_bytes * layout.num_layers
+        span = self.telemetry.start_send(request_id, max(0, num_blocks), num_bytes)
+        sender.headers = inject(span)
         started = time.perf_counter()
         try:
             for start in range(0, layout.num_layers if num_blocks > 0 else 0, group):
@@ -121,7 +131,8 @@ class PrefillSide:
             await sender.finish(done)
             ctx.kv_blocks_sent += max(0, num_blocks)
             seconds = time.perf_counter() - started
-            megabytes = max(0, num_blocks) * layout.block_bytes * layout.num_layers / 1e6
+            self.telemetry.end_send(span, seconds, num_bytes)
+            megabytes = num_bytes / 1e6
             log.info(
                 "%s: KV transfer of %d blocks, %.1f MB in %.1f ms (%.0f MB/s)",
                 request_id,
@@ -134,6 +145,7 @@ class PrefillSide:
         except (TransferError, KeyError, ValueError) as exc:
             reason = "cancelled" if request_id in self.cancelled else str(exc)
             log.warning("%s: KV transfer failed: %s", request_id, reason)
+            self.telemetry.end_send(span, time.perf_counter() - started, 0, reason)
             await ctx.engine.call(lambda e: e.abort_request(request_id))
             await sender.abort(KVDone(request_id, sender.num_chunks, first_token, False, reason))
             if request_id not in self.cancelled:

@@ -16,6 +16,7 @@ from services.worker.context import WorkerContext
 from services.worker.decode import DecodeSide
 from services.worker.engine_thread import EngineThread
 from services.worker.prefill import PrefillSide
+from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.outputs import RequestOutput
@@ -32,6 +33,7 @@ from shared.protocol import (
     TaskAck,
 )
 from shared.subjects import Subjects
+from shared.telemetry.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ class EngineStats:
     total_blocks: int
     block_size: int
     cached: frozenset[int]  # block hashes in the prefix cache
+    usage: float  # fraction of KV blocks in use
+    prefix_queries: int  # since start, in tokens
+    prefix_hits: int
 
 
 def engine_stats(engine: LLMEngine) -> EngineStats:
@@ -55,6 +60,9 @@ def engine_stats(engine: LLMEngine) -> EngineStats:
         total_blocks=blocks.num_blocks,
         block_size=blocks.block_size,
         cached=frozenset(blocks.cached),
+        usage=blocks.usage,
+        prefix_queries=blocks.prefix_queries,
+        prefix_hits=blocks.prefix_hits,
     )
 
 
@@ -72,13 +80,16 @@ def kv_layout(engine: LLMEngine) -> KVLayout:
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
-        self.engine = EngineThread(config.engine_config(), self._on_outputs)
+        self.engine = EngineThread(config.engine_config(), self._on_outputs, engine_stats)
         self.ctx: WorkerContext | None = None
         self.prefill: PrefillSide | None = None
         self.decode: DecodeSide | None = None
         self._cached: frozenset[int] = frozenset()  # as last announced in KVEvents
         self._seq_no = 0
         self._background: list[asyncio.Task[None]] = []
+        self.telemetry = WorkerTelemetry(config)
+        self.metrics_port = 0  # bound by start() when config.metrics_port is set
+        self._prefix_counted = (0, 0)  # (queries, hits) already added to the counters
 
     async def start(self) -> None:
         """Load the model, connect, subscribe, start heartbeats."""
@@ -89,11 +100,18 @@ class Worker:
         subjects = Subjects(config.namespace)
         self.ctx = ctx = WorkerContext(config, bus, subjects, self.engine, layout)
         wid = config.worker_id
+        if config.metrics_port is not None:
+            self.metrics_port = serve_metrics(
+                self.telemetry.metrics.registry,
+                config.metrics_port,
+                ready=lambda: not ctx.draining,  # /ready: 503 once SIGTERM starts the drain
+            )
+            print(f"worker {wid} metrics on port {self.metrics_port}", flush=True)
         if config.prefills:
-            self.prefill = PrefillSide(ctx)
+            self.prefill = PrefillSide(ctx, self.telemetry)
             await bus.serve(subjects.prefill(wid), PrefillTask, self.prefill.on_task, _refuse)
         if config.decodes:
-            self.decode = decode = DecodeSide(ctx)
+            self.decode = decode = DecodeSide(ctx, self.telemetry)
             await bus.serve(subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
             await bus.serve(subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
             await serve_kv(bus, subjects.kv(wid), decode.on_chunk, decode.on_done)
@@ -129,9 +147,11 @@ class Worker:
                 task.cancel()
         await self.ctx.bus.close()
         await self.engine.stop()
+        self.telemetry.tracing.shutdown()
 
-    def _on_outputs(self, outputs: list[RequestOutput]) -> None:
+    def _on_outputs(self, outputs: list[RequestOutput], step_started: float) -> None:
         for output in outputs:
+            self.telemetry.on_output(output, step_started)
             if self.prefill is not None and output.request_id in self.prefill.computing:
                 self.prefill.on_output(output)
             elif self.decode is not None:
@@ -156,7 +176,7 @@ class Worker:
     async def _beat(self) -> None:
         """Publish a Heartbeat, and KVEvents when the prefix cache's hashes changed."""
         assert self.ctx is not None
-        stats = await self.engine.call(engine_stats)
+        stats: EngineStats = self.engine.observed  # never waits for a step in progress
         config, bus, subjects = self.config, self.ctx.bus, self.ctx.subjects
         beat = Heartbeat(
             worker_id=config.worker_id,
@@ -170,8 +190,10 @@ class Worker:
             draining=self.ctx.draining,
             kv_blocks_sent=self.ctx.kv_blocks_sent,
             kv_blocks_received=self.ctx.kv_blocks_received,
+            metrics_port=self.metrics_port,
         )
         await bus.publish(subjects.heartbeat, beat)
+        self._update_gauges(stats)
         if stats.cached != self._cached:
             stored = sorted(stats.cached - self._cached)
             removed = sorted(self._cached - stats.cached)
@@ -179,6 +201,17 @@ class Worker:
             events = KVEvents(config.worker_id, self._seq_no, stored, removed)
             await bus.publish(subjects.kv_events, events)
             self._cached = stats.cached
+
+
+    def _update_gauges(self, stats: EngineStats) -> None:
+        metrics, role = self.telemetry.metrics, self.config.role
+        metrics.running.labels(role).set(stats.num_running)
+        metrics.waiting.labels(role).set(stats.num_waiting)
+        metrics.kv_usage.labels(role).set(stats.usage)
+        queries, hits = self._prefix_counted
+        metrics.prefix_queries.labels(role).inc(stats.prefix_queries - queries)
+        metrics.prefix_hits.labels(role).inc(stats.prefix_hits - hits)
+        self._prefix_counted = (stats.prefix_queries, stats.prefix_hits)
 
 
 def _refuse(reason: str) -> TaskAck:

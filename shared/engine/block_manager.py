@@ -120,6 +120,16 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens' (speculative decoding: the
+        slots of rejected draft tokens). Those blocks were never full, so never hashed."""
+        keep = self.blocks_for(num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            assert self.ref_counts[block_id] == 1 and self.block_hashes[block_id] is None
+            self.ref_counts[block_id] = 0
+            self._empty.append(block_id)
+        del seq.block_table[keep:]
+
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
         """Share `parent`'s blocks with `child`. A partly filled last block is copied (it will
         diverge); returns the (source, destination) block pairs whose KV the caller copies."""

@@ -10,6 +10,7 @@ blocks with `import_kv`, then `start_decode` adds the request to the running bat
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 
 import torch
 
@@ -23,8 +24,10 @@ from shared.engine.model_runner import ModelRunner
 from shared.engine.outputs import RequestOutput
 from shared.engine.sampler import SampledToken
 from shared.engine.sampling_params import SamplingParams
-from shared.engine.scheduler import Scheduler
+from shared.engine.scheduler import ScheduledChunk, Scheduler
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
+from shared.engine.spec_decode import SpecDecodeStats, ngram
+from shared.engine.structured_output import GrammarCompilers, GrammarState, tokenizer_info
 
 
 class LLMEngine:
@@ -42,11 +45,14 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.model_id, config.enable_prefix_caching
         )
+        propose = self._propose if config.speculative else None
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_batched_tokens, config.max_num_seqs
+            self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, propose
         )
+        self.spec_stats = SpecDecodeStats()  # speculative decoding: proposed, accepted
         self.runner = ModelRunner(config, self.model_config, num_blocks, self.max_model_len)
         self.requests: dict[str, Sequence] = {}
+        self._grammars: GrammarCompilers | None = None  # built at the first guided request
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(
@@ -81,11 +87,14 @@ class LLMEngine:
         outputs = []
         for chunk in scheduled.chunks:
             seq = chunk.seq
+            if chunk.draft_token_ids:
+                outputs.append(self._append_verified(chunk, next(sampled)))
+                continue
             completes = chunk.completes
             seq.num_computed_tokens += chunk.num_tokens
             self.block_manager.commit(seq)
             if completes:
-                outputs.append(self._append_token(seq, next(sampled)))
+                outputs.append(self._append_token(seq, next(sampled)[0]))
         return outputs
 
     # -- KV hand-off: prefill side ----------------------------------------------------------
@@ -182,7 +191,21 @@ class LLMEngine:
                 f"({self.block_manager.num_blocks}); lower max_tokens or raise the cache size"
             )
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        return Sequence(request_id, tokens, len(prompt_token_ids), params, seed)
+        seq = Sequence(request_id, tokens, len(prompt_token_ids), params, seed)
+        if params.guided_kind:
+            seq.grammar = self._grammar_state(params)
+            seq.grammar.replay(list(output_token_ids))
+        return seq
+
+    def _grammar_state(self, params: SamplingParams) -> GrammarState:
+        """A fresh matcher for the request's grammar (compiled once per distinct spec)."""
+        if self._grammars is None:
+            vocab_size = self.runner.sampler.vocab_size
+            eos = self.model_config.eos_token_ids
+            info = tokenizer_info(self.config.model_dir, vocab_size, eos)
+            self._grammars = GrammarCompilers(info)
+        compiled = self._grammars.compile(params.guided_kind, params.guided_spec)
+        return GrammarState(compiled, self._grammars.vocab_size)
 
     def _get(self, request_id: str, status: SequenceStatus) -> Sequence:
         seq = self.requests.get(request_id)
@@ -198,13 +221,54 @@ class LLMEngine:
         self.block_manager.free(seq)
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
 
+    # -- speculative decoding (spec_decode/) -------------------------------------------------
+    def _propose(self, seq: Sequence) -> list[int]:
+        """Draft tokens for a decoding `seq`; none for guided or held requests, and never more
+        than the request may still output or the context may still hold."""
+        if seq.grammar is not None or seq.hold_kv or not seq.num_output_tokens:
+            return []
+        k = min(
+            self.config.num_speculative_tokens,
+            seq.params.max_tokens - seq.num_output_tokens - 1,
+            self.max_model_len - seq.num_tokens - 1,
+        )
+        return ngram.propose(seq.token_ids, k)
+
+    def _append_verified(self, chunk: ScheduledChunk, tokens: list[SampledToken]) -> RequestOutput:
+        """A verify chunk ran: `tokens` are its accepted drafts then one more. The KV of the last
+        real token and of the accepted drafts is kept; the blocks of rejected ones go back."""
+        seq = chunk.seq
+        self.spec_stats.verify_steps += 1
+        self.spec_stats.proposed += len(chunk.draft_token_ids)
+        self.spec_stats.accepted += len(tokens) - 1
+        seq.num_computed_tokens += 1  # the last real token
+        outputs = []
+        for index, sampled in enumerate(tokens):
+            outputs.append(self._append_token(seq, sampled))
+            if seq.status != SequenceStatus.RUNNING:
+                break  # finished: its blocks are already freed
+            if index < len(tokens) - 1:
+                seq.num_computed_tokens += 1  # an accepted draft: its KV is in the cache
+        if seq.status == SequenceStatus.RUNNING:
+            self.block_manager.truncate(seq, seq.num_tokens)
+            self.block_manager.commit(seq)
+        return replace(
+            outputs[-1],
+            new_token_ids=[t for out in outputs for t in out.new_token_ids],
+            new_logprobs=[lp for out in outputs for lp in out.new_logprobs],
+        )
+
     def _append_token(self, seq: Sequence, sampled: SampledToken) -> RequestOutput:
         token = sampled.token_id
         seq.token_ids.append(token)
         params = seq.params
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         reason = None
-        if token in params.stop_token_ids or (
-            not params.ignore_eos and token in self.model_config.eos_token_ids
+        if (
+            token in params.stop_token_ids
+            or (not params.ignore_eos and token in self.model_config.eos_token_ids)
+            or (seq.grammar is not None and seq.grammar.is_terminated)
         ):
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:

@@ -21,9 +21,12 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences running at once
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto | torch | cpu | triton (auto: cpu when built)
     model_id: str = ""  # mixed into block hashes so two models never share cache entries
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    quantization: str | None = None  # None | int8 (per channel) | int4 (groups of 32)
+    speculative: str | None = None  # None | ngram (prompt lookup; greedy-identical, lossless)
+    num_speculative_tokens: int = 4  # draft tokens proposed per decode step
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -36,6 +39,12 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be positive")
+        if self.quantization not in (None, "int8", "int4"):
+            raise ValueError(f"quantization must be int8, int4 or None, not {self.quantization!r}")
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"speculative must be ngram or None, not {self.speculative!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be positive")
 
     @property
     def torch_dtype(self) -> torch.dtype:

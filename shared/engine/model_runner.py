@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from shared.engine.attention import get_backend
@@ -11,8 +13,10 @@ from shared.engine.kv_cache import KVCache
 from shared.engine.model.llama import LlamaModel
 from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
+from shared.engine.quantization import quantize_weights
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler import ScheduledChunk
+from shared.engine.spec_decode.verify import verify_drafts
 
 
 class ModelRunner:
@@ -21,16 +25,21 @@ class ModelRunner:
     ) -> None:
         self.block_size = config.block_size
         weights = load_weights(config.model_dir, model_config, config.torch_dtype)
+        vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
+        if config.quantization:
+            weights = quantize_weights(weights, config.quantization)
         self.model = LlamaModel(
             model_config, weights, get_backend(config.attention_backend), max_len
         )
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, config.torch_dtype)
-        self.sampler = Sampler(weights.lm_head.shape[0], model_config.eos_token_ids)
+        self.sampler = Sampler(vocab_size, model_config.eos_token_ids)
 
-    def run(self, chunks: list[ScheduledChunk]) -> list[SampledToken]:
-        """Compute `chunks` (decodes first) and sample for those that complete, in order."""
+    def run(self, chunks: list[ScheduledChunk]) -> list[list[SampledToken]]:
+        """Compute `chunks` (decodes first) and sample for those that complete, in order: one
+        token per chunk, or for a verify chunk its accepted drafts and one token more."""
         input_ids, positions, meta, logits_rows, completing = self._prepare(chunks)
         logits = self.model.forward(input_ids, positions, meta, self.kv_cache.layers, logits_rows)
+        plain = [i for i, chunk in enumerate(completing) if not chunk.draft_token_ids]
         rows = [
             SamplingRow(
                 params=seq.params,
@@ -38,10 +47,25 @@ class ModelRunner:
                 position=seq.num_tokens,
                 prompt_token_ids=seq.prompt_token_ids,
                 output_token_ids=seq.output_token_ids,
+                grammar=seq.grammar,
             )
-            for seq in completing
+            for seq in (completing[i].seq for i in plain)
         ]
-        return self.sampler(logits, rows) if rows else []
+        if len(plain) == len(completing):  # no verify chunk: one logits row per chunk
+            return [[token] for token in self.sampler(logits, rows)] if rows else []
+        starts = list(accumulate((1 + len(c.draft_token_ids) for c in completing), initial=0))
+        results: list[list[SampledToken]] = [[] for _ in completing]
+        if rows:
+            sampled = self.sampler(logits[[starts[i] for i in plain]], rows)
+            for i, token in zip(plain, sampled, strict=True):
+                results[i] = [token]
+        for i, chunk in enumerate(completing):
+            if chunk.draft_token_ids:
+                rows_of_chunk = logits[starts[i] : starts[i + 1]]  # [K + 1, V]
+                results[i] = verify_drafts(
+                    rows_of_chunk, chunk.seq, chunk.draft_token_ids, self.sampler
+                )
+        return results
 
     def _prepare(self, chunks: list[ScheduledChunk]):
         bs = self.block_size
@@ -58,6 +82,7 @@ class ModelRunner:
             end = start + chunk.num_tokens
             row = len(input_ids)
             input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(chunk.draft_token_ids)  # a verify chunk: last token, then drafts
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -73,9 +98,10 @@ class ModelRunner:
                         block_table=torch.tensor(table[: -(-end // bs)], dtype=torch.int64),
                     )
                 )
-            if chunk.completes:
-                logits_rows.append(len(input_ids) - 1)
-                completing.append(seq)
+            if chunk.completes:  # a verify chunk wants the logits of every one of its rows
+                first = len(input_ids) - 1 - len(chunk.draft_token_ids)
+                logits_rows.extend(range(first, len(input_ids)))
+                completing.append(chunk)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
             num_decodes=len(decode_tables),

@@ -1,7 +1,8 @@
 """The sampler: one token per row of a logits batch, with the raw logprobs when asked.
 
 A call goes: drop padded vocabulary columns → bias, min_tokens and penalties for just the
-rows that ask (`logits_processing.process_row`) → greedy rows take the argmax; the other
+rows that ask (`logits_processing.process_row`), then the grammar mask of structured-output
+rows (`structured_output.GrammarState.mask`) → greedy rows take the argmax; the other
 rows go through temperature, top_k, top_p and min_p (`logits_processing.truncated_weights`)
 and a draw seeded by (seed, position) alone (`seeded_random`) → logprobs of the raw logits.
 Rows with nothing to process never leave the batched path.
@@ -10,12 +11,16 @@ Rows with nothing to process never leave the batched path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from shared.engine.logits_processing import needs_processing, process_row, truncated_weights
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.seeded_random import draw, uniform
+
+if TYPE_CHECKING:
+    from shared.engine.structured_output import GrammarState
 
 
 @dataclass(slots=True)
@@ -27,6 +32,7 @@ class SamplingRow:
     position: int  # absolute position of the token being sampled: len(prompt) + len(output)
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # tokens generated so far (non-empty for a resumed request)
+    grammar: GrammarState | None = None  # structured output: masks what the grammar forbids
 
 
 @dataclass(slots=True)
@@ -63,10 +69,23 @@ class Sampler:
         logprobs = self._logprobs(logits, token_ids, rows)
         return [SampledToken(t, lp) for t, lp in zip(token_ids, logprobs, strict=True)]
 
+    # Speculative decoding (spec_decode/verify.py) chooses its own tokens from these two.
+    def process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """logits: [N, V]. Bias, min_tokens, penalties and grammar masks, as sampling does."""
+        return self._processed(logits, rows)
+
+    def logprobs(
+        self, logits: torch.Tensor, token_ids: list[int], rows: list[SamplingRow]
+    ) -> list[TokenLogprobs | None]:
+        """logits: [N, V] raw. The chosen tokens' logprobs for the rows that ask, else None."""
+        return self._logprobs(logits, token_ids, rows)
+
     def _processed(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """logits: [N, V]. A processed copy when some row needs processing, else logits."""
         todo = [
-            i for i, r in enumerate(rows) if needs_processing(r.params, len(r.output_token_ids))
+            i
+            for i, r in enumerate(rows)
+            if r.grammar is not None or needs_processing(r.params, len(r.output_token_ids))
         ]
         if not todo:
             return logits
@@ -80,6 +99,8 @@ class Sampler:
                 row.output_token_ids,
                 self.eos_token_ids,
             )
+            if row.grammar is not None:
+                row.grammar.mask(processed[i])
         return processed
 
     def _choose(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

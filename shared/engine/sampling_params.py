@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_TOP_LOGPROBS = 20
+# Structured output (shared/engine/structured_output.py): what guided_spec holds per kind.
+GUIDED_KINDS = {
+    "json_object": "nothing: any JSON object",
+    "json_schema": "a JSON schema, as JSON text",
+    "regex": "a regular expression",
+    "grammar": "an EBNF grammar (GBNF style, rule `root`)",
+    "choice": "a JSON list of strings, one of which is the whole output",
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,6 +38,8 @@ class SamplingParams:
     min_tokens: int = 0
     max_tokens: int = 16
     logprobs: int | None = None  # None: no logprobs; k: the chosen token's plus the top k
+    guided_kind: str = ""  # "" (free text) or a key of GUIDED_KINDS
+    guided_spec: str = ""  # what GUIDED_KINDS[guided_kind] says
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]")
@@ -51,6 +61,13 @@ class SamplingParams:
             self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
             "logprobs",
             f"must be in [0, {MAX_TOP_LOGPROBS}]",
+        )
+        kinds = ("", *GUIDED_KINDS)
+        _check(self.guided_kind in kinds, "guided_kind", f"must be one of {list(GUIDED_KINDS)}")
+        _check(
+            bool(self.guided_spec) == (self.guided_kind not in ("", "json_object")),
+            "guided_spec",
+            "must be set exactly for the kinds json_schema, regex, grammar and choice",
         )
 
     @property

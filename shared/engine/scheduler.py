@@ -11,6 +11,7 @@ blocks are freed and it waits again, keeping its tokens; its prefix may still be
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared.engine.block_manager import BlockManager
@@ -21,16 +22,21 @@ from shared.engine.sequence import Sequence, SequenceStatus
 class ScheduledChunk:
     seq: Sequence
     num_tokens: int  # new tokens computed for `seq` this step, from seq.num_computed_tokens on
+    # Speculative decoding: a verify chunk is the last real token then these K draft tokens
+    # (num_tokens = K + 1); every row is sampled (spec_decode/verify.py).
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def completes(self) -> bool:
         """True when this chunk reaches the end of the sequence, so a token is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+        end = self.seq.num_computed_tokens + self.num_tokens - len(self.draft_token_ids)
+        return end == self.seq.num_tokens
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)  # decodes first, then prefills
+    # decodes first, then verify chunks (speculative decoding) and prefills
+    chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)  # blocks freed, back in waiting
 
     @property
@@ -39,8 +45,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_batched_tokens: int, max_num_seqs: int):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        propose: Callable[[Sequence], list[int]] | None = None,  # draft tokens for a decode
+    ):
         self.block_manager = block_manager
+        self.propose = propose
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
@@ -74,10 +87,18 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_tokens = min(seq.num_uncomputed_tokens, budget)
+            drafts = []
+            if num_tokens == 1 and budget > 1 and self.propose is not None:
+                drafts = self.propose(seq)[: budget - 1]
+                if self.block_manager.can_allocate_slots(seq, 1 + len(drafts)):
+                    num_tokens += len(drafts)
+                else:
+                    drafts = []  # drafts never preempt anyone
             if not self._make_room(seq, num_tokens, out.preempted):
                 break  # `seq` itself was preempted; it was the newest, so nothing follows
             self.block_manager.allocate_slots(seq, num_tokens)
-            (decodes if num_tokens == 1 else prefills).append(ScheduledChunk(seq, num_tokens))
+            chunk = ScheduledChunk(seq, num_tokens, drafts)
+            (decodes if num_tokens == 1 else prefills).append(chunk)
             budget -= num_tokens
             index += 1
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 from shared.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from shared.engine.structured_output import GrammarState
 
 
 class SequenceStatus(IntEnum):
@@ -36,6 +40,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     finish_reason: FinishReason | None = None
+    grammar: GrammarState | None = None  # structured output: where the output is in its grammar
 
     @property
     def num_tokens(self) -> int:

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.bus import Bus
+from shared.bus import Bus, Headers
 from shared.protocol import KVChunk, KVDone, TaskAck, WireError, decode_one_of, encode
 
 log = logging.getLogger(__name__)
 
-ChunkHandler = Callable[[KVChunk], Awaitable[None]]
-DoneHandler = Callable[[KVDone], Awaitable[None]]
+ChunkHandler = Callable[[KVChunk, Headers], Awaitable[None]]
+DoneHandler = Callable[[KVDone, Headers], Awaitable[None]]
 
 
 class TransferError(RuntimeError):
@@ -28,9 +28,13 @@ class TransferError(RuntimeError):
 
 
 class KVSender:
-    def __init__(self, bus: Bus, subject: str, window: int, deadline: float) -> None:
-        """`deadline` is on the event loop's clock (`loop.time()`)."""
+    def __init__(
+        self, bus: Bus, subject: str, window: int, deadline: float, headers: Headers | None = None
+    ) -> None:
+        """`deadline` is on the event loop's clock (`loop.time()`); `headers` (the trace
+        context) go with every chunk and the KVDone."""
         self.bus = bus
+        self.headers = headers
         self.subject = subject
         self.window = window
         self.deadline = deadline
@@ -60,7 +64,7 @@ class KVSender:
         await asyncio.gather(*self._pending, return_exceptions=True)
         self._pending.clear()
         try:
-            await self.bus.request(self.subject, done, TaskAck, timeout=timeout)
+            await self.bus.request(self.subject, done, TaskAck, timeout, self.headers)
         except Exception as exc:  # the receiver's own deadline cleans up
             log.info("%s: could not send KVDone(ok=False): %s", done.request_id, exc)
 
@@ -75,7 +79,7 @@ class KVSender:
         if remaining <= 0:
             raise TransferError("KV transfer deadline passed")
         try:
-            ack = await self.bus.request(self.subject, message, TaskAck, timeout=remaining)
+            ack = await self.bus.request(self.subject, message, TaskAck, remaining, self.headers)
         except TimeoutError:
             raise TransferError("KV transfer timed out") from None
         except Exception as exc:  # no responders, connection lost, bad reply
@@ -95,9 +99,9 @@ async def serve_kv(
             message = decode_one_of(msg.data, KVChunk, KVDone)
             request_id = message.request_id
             if isinstance(message, KVChunk):
-                await on_chunk(message)
+                await on_chunk(message, msg.headers or {})
             else:
-                await on_done(message)
+                await on_done(message, msg.headers or {})
             ack = TaskAck(request_id, ok=True)
         except (WireError, ValueError, KeyError) as exc:
             log.warning("refused KV on %s: %s", msg.subject, exc)

@@ -142,6 +142,7 @@ def gw(nats_server: NatsServer, real_model_dir: Path) -> Iterator[Harness]:  # n
         port=free_port(),
         api_keys=("other-key", KEY),
         stall_timeout=2.0,
+        migration_limit=0,  # the fake mesh plays one attempt; migration: test_chaos.py
     )
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

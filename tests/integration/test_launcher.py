@@ -115,7 +115,9 @@ def test_external_nats_and_ready_banner(tmp_path, capsys, nats_server):
 
 
 def test_command_table():
-    config = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), prefill=2, decode=1)
+    config = LauncherConfig(
+        home=Path("/h"), model_dir=Path("/m"), prefill=2, decode=1, metrics_port=9100
+    )
     specs = child_specs(config, "nats://x:1")
     assert [s.name for s in specs] == [
         "scheduler",
@@ -128,6 +130,7 @@ def test_command_table():
         "worker",
         *("--role", "prefill", "--model-dir", "/m", "--worker-id", "prefill-0"),
         *("--num-threads", "1", "--nats", "nats://x:1", "--namespace", "ss"),
+        *("--metrics-port", "9101"),  # the scheduler has 9100
     )
     assert specs[-1].argv[3:9] == (
         "gateway",

@@ -1,17 +1,50 @@
-"""Attention backends over the paged KV cache, chosen by name (`torch`; more later)."""
+"""Attention backends over the paged KV cache, chosen by name.
+
+`torch` is the reference; `cpu` runs the C++ kernels of csrc/cpu (when built); `triton`
+runs the Triton kernels (CUDA tensors, or anywhere under TRITON_INTERPRET=1); `auto` is
+`cpu` when its kernels are built and `torch` otherwise.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from shared.engine import native
 from shared.engine.attention.base import AttentionBackend
 from shared.engine.attention.torch_backend import TorchAttention
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttention}
+
+def _cpu() -> AttentionBackend:
+    from shared.engine.attention.cpu_backend import CpuAttention
+
+    return CpuAttention()
+
+
+def _triton() -> AttentionBackend:
+    from shared.engine.attention.triton_backend import TritonAttention
+
+    return TritonAttention()
+
+
+BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+    "torch": TorchAttention,
+    "cpu": _cpu,
+    "triton": _triton,
+}
+
+
+def resolve_backend(name: str) -> str:
+    """The concrete backend `name` stands for (`auto` picks; other names stand for themselves)."""
+    if name == "auto":
+        return "cpu" if native.load() is not None else "torch"
+    return name
 
 
 def get_backend(name: str) -> AttentionBackend:
     try:
-        return BACKENDS[name]()
+        factory = BACKENDS[resolve_backend(name)]
     except KeyError:
         raise ValueError(
-            f"attention backend {name!r} is not available (have: {', '.join(BACKENDS)})"
+            f"attention backend {name!r} is not available (have: auto, {', '.join(BACKENDS)})"
         ) from None
+    return factory()

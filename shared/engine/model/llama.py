@@ -10,6 +10,7 @@ from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.model.rope import apply_rope_, rope_table
 from shared.engine.model.weights import ModelWeights
 from shared.engine.model_config import ModelConfig
+from shared.engine.quantization import QuantizedLinear
 
 
 class LlamaModel:
@@ -44,15 +45,26 @@ class LlamaModel:
         h = F.embedding(input_ids, w.embed)  # [T, hidden]
         for layer, cache in zip(w.layers, kv_cache, strict=True):
             x = F.rms_norm(h, norm_shape, layer.input_norm, eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(t, heads + 2 * kv_heads, d)
+            qkv = linear(x, layer.qkv, layer.qkv_bias).view(t, heads + 2 * kv_heads, d)
             apply_rope_(qkv[:, : heads + kv_heads], rotations)
             q, kv = qkv[:, :heads], qkv[:, heads:].view(t, 2, kv_heads, d)
             self.attention.write_kv(cache, kv, meta)
             attn = self.attention.attend(q, kv, cache, meta)  # [T, heads, d]
-            h = h + F.linear(attn.view(t, heads * d), layer.o_proj)
-            gate_up = F.linear(F.rms_norm(h, norm_shape, layer.post_norm, eps), layer.gate_up)
-            h = h + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.down)
+            h = h + linear(attn.view(t, heads * d), layer.o_proj)
+            gate_up = linear(F.rms_norm(h, norm_shape, layer.post_norm, eps), layer.gate_up)
+            h = h + linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.down)
         h = F.rms_norm(h[logits_rows], norm_shape, w.norm, eps)
         # The two layouts of the head are each fastest for a different number of rows.
         head = w.lm_head_column_major if h.shape[0] <= 2 else w.lm_head
-        return F.linear(h, head).float()
+        return linear(h, head).float()
+
+
+def linear(
+    x: torch.Tensor, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x: [T, in] -> [T, out]. `w` is a float matrix, or an int8 / int4 one made by
+    `quantization.quantize_weights`, which runs its own kernel."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, bias)
+    y = w(x)
+    return y if bias is None else y + bias

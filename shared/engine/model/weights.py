@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from shared.engine.model.rope import interleave_permutation
 from shared.engine.model_config import ModelConfig
+
+if TYPE_CHECKING:  # quantize_weights swaps matrices for these (shared/engine/quantization.py)
+    from shared.engine.quantization import QuantizedLinear
 
 
 def column_major(w: torch.Tensor) -> torch.Tensor:
@@ -21,12 +25,13 @@ def column_major(w: torch.Tensor) -> torch.Tensor:
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]; q and k rows interleaved
+    # [(heads + 2 * kv_heads) * head_dim, hidden]; q and k rows interleaved
+    qkv: torch.Tensor | QuantizedLinear
     qkv_bias: torch.Tensor | None  # [(heads + 2 * kv_heads) * head_dim] (Qwen2)
-    o_proj: torch.Tensor  # [hidden, heads * head_dim]
+    o_proj: torch.Tensor | QuantizedLinear  # [hidden, heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: torch.Tensor | QuantizedLinear  # [2 * intermediate, hidden]
+    down: torch.Tensor | QuantizedLinear  # [hidden, intermediate]
 
 
 @dataclass(slots=True)
@@ -34,8 +39,8 @@ class ModelWeights:
     embed: torch.Tensor  # [vocab, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [vocab, hidden]; the embedding itself when tied
-    lm_head_column_major: torch.Tensor  # the same, laid out for one- or two-row products
+    lm_head: torch.Tensor | QuantizedLinear  # [vocab, hidden]; the embedding itself when tied
+    lm_head_column_major: torch.Tensor | QuantizedLinear  # the same, laid out for 1-2 rows
 
 
 def load_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> ModelWeights:

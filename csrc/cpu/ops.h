@@ -1,0 +1,20 @@
+// Paged-attention kernels for CPU hosts, exported to Python by bindings.cpp.
+//
+// KV cache of one layer: [num_blocks, block_size, 2, kv_heads, head_dim], contiguous;
+// index 0 of the third axis holds K, index 1 holds V.
+#pragma once
+
+#include <torch/extension.h>
+
+// Writes the new tokens' KV into their slots. kv: [T, 2, kv_heads, d];
+// slot_mapping: [T] int64, slot = block_id * block_size + offset.
+void write_kv(torch::Tensor cache, torch::Tensor kv, torch::Tensor slot_mapping);
+
+// Attention of each query row over a prefix of its sequence's paged context.
+// q, out: [T, heads, d]; block_tables: [S, max_blocks] int64; row_table: [T] int64, the
+// table row of each query row; row_context: [T] int64, how many leading context tokens the
+// row sees (its own position + 1). A decode row sees its whole context; a prefill row at
+// position p sees p + 1 tokens, which makes the same call a causal varlen prefill.
+void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
+                     torch::Tensor block_tables, torch::Tensor row_table,
+                     torch::Tensor row_context, double scale);

@@ -1,0 +1,5 @@
+"""`python -m loadtest serve|users|plot|matrix`."""
+
+from loadtest.cli import main
+
+main()

@@ -1,0 +1,76 @@
+"""`splitserve bench attention`: attention time per decode step, torch against the C++ kernels.
+
+A decode step of B sequences with C tokens of context each, on SmolLM2-135M's shapes
+(30 layers, 9 heads over 3 KV heads, head_dim 64, block 16, fp32): write_kv + attend per
+layer, times the layers. Each sequence's blocks are scattered over the cache at random.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from shared.engine.attention import get_backend
+from shared.engine.attention.metadata import AttentionMetadata
+
+
+@dataclass(slots=True, frozen=True)
+class AttentionBenchConfig:
+    backends: tuple[str, ...] = ("torch", "cpu")
+    batches: tuple[int, ...] = (1, 16, 64)
+    contexts: tuple[int, ...] = (128, 1024)
+    layers: int = 30
+    heads: int = 9
+    kv_heads: int = 3
+    head_dim: int = 64
+    block_size: int = 16
+    repeats: int = 5
+
+
+def decode_step(cfg: AttentionBenchConfig, batch: int, context: int):
+    """(q [B, heads, d], kv [B, 2, kvh, d], cache, metadata) of one decode step."""
+    per_seq = -(-context // cfg.block_size)
+    num_blocks = batch * per_seq
+    cache = torch.randn(num_blocks, cfg.block_size, 2, cfg.kv_heads, cfg.head_dim)
+    tables = torch.randperm(num_blocks).view(batch, per_seq)
+    last = tables[:, (context - 1) // cfg.block_size]
+    meta = AttentionMetadata(
+        slot_mapping=last * cfg.block_size + (context - 1) % cfg.block_size,
+        num_decodes=batch,
+        decode_block_tables=tables,
+        decode_mask=None if context % cfg.block_size == 0 else _mask(cfg, batch, context),
+        prefills=[],
+    )
+    q = torch.randn(batch, cfg.heads, cfg.head_dim)
+    kv = torch.randn(batch, 2, cfg.kv_heads, cfg.head_dim)
+    return q, kv, cache, meta
+
+
+def _mask(cfg: AttentionBenchConfig, batch: int, context: int) -> torch.Tensor:
+    width = -(-context // cfg.block_size) * cfg.block_size
+    return (torch.arange(width) < context).expand(batch, 1, 1, width).contiguous()
+
+
+def time_step_ms(cfg: AttentionBenchConfig, backend: str, batch: int, context: int) -> float:
+    """Best of `repeats` decode steps (all layers), in milliseconds."""
+    attention = get_backend(backend)
+    q, kv, cache, meta = decode_step(cfg, batch, context)
+    best = float("inf")
+    for _ in range(cfg.repeats + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        for _layer in range(cfg.layers):
+            attention.write_kv(cache, kv, meta)
+            attention.attend(q, kv, cache, meta)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def run_attention_bench(cfg: AttentionBenchConfig) -> None:
+    print(f"torch threads: {torch.get_num_threads()}; ms per decode step ({cfg.layers} layers)")
+    print(f"{'batch':>5} {'context':>7} " + " ".join(f"{b:>9}" for b in cfg.backends))
+    for batch in cfg.batches:
+        for context in cfg.contexts:
+            times = [time_step_ms(cfg, b, batch, context) for b in cfg.backends]
+            print(f"{batch:>5} {context:>7} " + " ".join(f"{t:>9.2f}" for t in times))

@@ -1,0 +1,152 @@
+"""The gateway's web pages and the JSON behind the live mesh view.
+
+- `/`            the playground (static/index.html): chat with streamed answers.
+- `/mesh`        the live mesh view (static/mesh.html), polling `/v1/mesh/status`.
+- `/static/...`  their scripts and styles; plain files, no build step, nothing from a CDN.
+- `/v1/mesh/status`  the scheduler's `MeshStatus` (asked over the gateway's NATS connection,
+  as /ready does) as JSON, plus this gateway's recent history: every `SAMPLE_S` seconds
+  a background task turns its metrics into the mean time to first token and the tokens
+  per second delivered in that interval, and keeps `HISTORY_S` seconds of them for the
+  page's sparklines (so a freshly opened page shows the last minutes at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from services.gateway.errors import ApiError
+from services.gateway.keys import MESH
+from shared.protocol import MeshStatus, StatusQuery, WorkerStatus
+from shared.telemetry.metrics import GatewayMetrics
+
+STATIC = Path(__file__).parent / "static"
+STATUS_TIMEOUT_S = 2.0
+SAMPLE_S = 2.0
+HISTORY_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """The gateway's counters at one moment."""
+
+    time: float
+    ttft_sum: float  # seconds, over all requests so far
+    ttft_count: float
+    tokens: float
+    running: float
+
+    @classmethod
+    def read(cls, metrics: GatewayMetrics) -> Totals:
+        def value(name: str) -> float:
+            return metrics.registry.get_sample_value(f"splitserve_{name}") or 0.0
+
+        return cls(
+            time.time(),
+            value("time_to_first_token_seconds_sum"),
+            value("time_to_first_token_seconds_count"),
+            value("generation_tokens_total"),
+            value("num_requests_running"),
+        )
+
+    def since(self, before: Totals) -> dict[str, float | None]:
+        """One sparkline point: mean TTFT (None without new requests) and tokens/s."""
+        requests = self.ttft_count - before.ttft_count
+        ttft = (self.ttft_sum - before.ttft_sum) / requests if requests else None
+        rate = (self.tokens - before.tokens) / max(self.time - before.time, 1e-9)
+        return {
+            "time": self.time,
+            "ttft_ms": None if ttft is None else ttft * 1000,
+            "tokens_per_s": rate,
+        }
+
+
+HISTORY = web.AppKey("web_history", deque)
+
+
+def setup_pages(app: web.Application) -> None:
+    app.router.add_get("/", _page("index.html"))
+    app.router.add_get("/mesh", _page("mesh.html"))
+    app.router.add_static("/static", STATIC)
+    app.router.add_get("/v1/mesh/status", mesh_status)
+    app.cleanup_ctx.append(_record_history)  # after the mesh connection (app.py)
+
+
+async def _record_history(app: web.Application) -> AsyncIterator[None]:
+    history: deque[dict[str, float | None]] = deque(maxlen=int(HISTORY_S / SAMPLE_S))
+    app[HISTORY] = history
+
+    async def sample() -> None:
+        before = Totals.read(app[MESH].metrics)
+        while True:
+            await asyncio.sleep(SAMPLE_S)
+            now = Totals.read(app[MESH].metrics)
+            history.append(now.since(before))
+            before = now
+
+    task = asyncio.create_task(sample())
+    yield
+    task.cancel()
+
+
+def _page(name: str) -> Callable[[web.Request], Awaitable[web.FileResponse]]:
+    async def serve(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / name, headers={"Cache-Control": "no-cache"})
+
+    return serve
+
+
+async def mesh_status(request: web.Request) -> web.Response:
+    mesh = request.app[MESH]
+    try:
+        status = await mesh.bus.request(
+            mesh.subjects.status, StatusQuery(), MeshStatus, timeout=STATUS_TIMEOUT_S
+        )
+    except Exception as exc:
+        raise ApiError(503, f"the scheduler did not answer: {exc!r}", retry_after=1) from None
+    body = {
+        "time": time.time(),
+        "workers": [_worker(w) for w in sorted(status.workers, key=_order)],
+        "scheduler": {
+            "queue_length": status.queue_length,
+            "admitted": status.admitted,
+            "rejected": status.rejected,
+        },
+        "gateway": {
+            "requests_running": Totals.read(mesh.metrics).running,
+            "sample_seconds": SAMPLE_S,
+            "history": list(request.app[HISTORY]),
+        },
+    }
+    return web.json_response(body, headers={"Cache-Control": "no-cache"})
+
+
+def _order(worker: WorkerStatus) -> tuple[str, str]:
+    return worker.heartbeat.role, worker.heartbeat.worker_id
+
+
+def _worker(worker: WorkerStatus) -> dict[str, Any]:
+    beat = worker.heartbeat
+    used = beat.total_blocks - beat.free_blocks
+    return {
+        "id": beat.worker_id,
+        "role": beat.role,
+        "state": "draining" if beat.draining else "ready",
+        "running": beat.num_running,
+        "waiting": beat.num_waiting,
+        "free_blocks": beat.free_blocks,
+        "total_blocks": beat.total_blocks,
+        "block_size": beat.block_size,
+        "kv_usage": used / beat.total_blocks if beat.total_blocks else 0.0,
+        "kv_blocks_sent": beat.kv_blocks_sent,
+        "kv_blocks_received": beat.kv_blocks_received,
+        "assigned": len(worker.assigned),
+        "last_seen": worker.last_seen,
+    }

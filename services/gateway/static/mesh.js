@@ -1,0 +1,77 @@
+// The live mesh view: polls /v1/mesh/status every second, redraws the worker table and
+// the sparklines of the gateway's recent history (mean TTFT and tokens/s per sample).
+"use strict";
+
+const POLL_MS = 1000;
+const WINDOW = 150; // sparkline width in points: the gateway keeps 5 min at one per 2 s
+const $ = (id) => document.getElementById(id);
+
+function cell(text, className) {
+  const td = document.createElement("td");
+  if (className) td.className = className;
+  td.textContent = text;
+  return td;
+}
+
+function kvCell(w) {
+  const td = document.createElement("td");
+  const bar = document.createElement("span");
+  bar.className = "bar";
+  const fill = document.createElement("span");
+  fill.style.width = `${(w.kv_usage * 100).toFixed(1)}%`;
+  bar.append(fill);
+  const used = w.total_blocks - w.free_blocks;
+  td.append(bar, `${used} / ${w.total_blocks} blocks (${(w.kv_usage * 100).toFixed(1)}%)`);
+  return td;
+}
+
+function workerRow(w) {
+  const tr = document.createElement("tr");
+  tr.dataset.worker = w.id;
+  const role = document.createElement("td");
+  const badge = document.createElement("span");
+  badge.className = `role ${w.role}`;
+  badge.textContent = w.role;
+  role.append(badge);
+  tr.append(cell(w.id), role, cell(w.state, `state ${w.state}`), cell(w.running), cell(w.waiting),
+    kvCell(w), cell(`${w.kv_blocks_sent} / ${w.kv_blocks_received}`), cell(w.assigned));
+  return tr;
+}
+
+function draw(svgId, values) {
+  const max = Math.max(...values, 1e-9);
+  const points = values.map((v, i) => `${WINDOW - values.length + i},${58 - (v / max) * 54}`);
+  document.querySelector(`#${svgId} polyline`).setAttribute("points", points.join(" "));
+}
+
+function sparklines(gateway) {
+  const history = gateway.history;
+  draw("ttft-spark", history.map((p) => p.ttft_ms ?? 0));
+  draw("tps-spark", history.map((p) => p.tokens_per_s));
+  const last = history[history.length - 1];
+  const lastTtft = [...history].reverse().find((p) => p.ttft_ms !== null);
+  $("ttft-now").textContent = lastTtft ? `last ${Math.round(lastTtft.ttft_ms)} ms` : "no requests yet";
+  $("tps-now").textContent = last ? `now ${last.tokens_per_s.toFixed(1)} tok/s` : "";
+}
+
+async function poll() {
+  try {
+    const response = await fetch("/v1/mesh/status", { headers: apiHeaders() });
+    const status = await response.json();
+    if (!response.ok) throw new Error(status.error.message);
+    $("queue").textContent = status.scheduler.queue_length;
+    $("admitted").textContent = status.scheduler.admitted;
+    $("rejected").textContent = status.scheduler.rejected;
+    $("streaming").textContent = status.gateway.requests_running;
+    $("workers").replaceChildren(...status.workers.map(workerRow));
+    sparklines(status.gateway);
+    $("updated").textContent = `${status.workers.length} workers · ${new Date().toLocaleTimeString()}`;
+    $("updated").classList.remove("error");
+  } catch (err) {
+    $("updated").textContent = `no status: ${err.message}`;
+    $("updated").classList.add("error");
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+poll();

@@ -1,0 +1,130 @@
+"""Structured-output fields of a request → SamplingParams.guided_kind / guided_spec.
+
+OpenAI's `response_format` (`json_object`, `json_schema`) and vLLM's `guided_json`,
+`guided_regex`, `guided_choice`, `guided_grammar`; at most one per request. The gateway
+does not import xgrammar (it would bring torch), so it checks what it can here and names
+the problem in a 400: the JSON Schema's structure keyword by keyword, regexes with Python's
+`re`, choices and grammars by shape. The worker compiles the spec with xgrammar.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from services.gateway.errors import invalid
+
+GUIDED_FIELDS = (
+    "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+)  # fmt: skip
+_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "contains")
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+def guided_fields(body: dict[str, Any]) -> tuple[str, str]:
+    """(guided_kind, guided_spec) for SamplingParams; ("", "") when the request asks none."""
+    given = [name for name in GUIDED_FIELDS if name in body]
+    if len(given) > 1:
+        raise invalid(f"use only one of {', '.join(given)}", given[1])
+    if not given:
+        return "", ""
+    name = given[0]
+    value = body[name]
+    if name == "response_format":
+        return _response_format(value)
+    if name == "guided_json":
+        schema = json.loads(value) if isinstance(value, str) and _is_json(value) else value
+        check_schema(schema, "guided_json")
+        return "json_schema", json.dumps(schema)
+    if name == "guided_regex":
+        return "regex", _regex(value, name)
+    if name == "guided_choice":
+        if not (isinstance(value, list) and value and all(isinstance(c, str) for c in value)):
+            raise invalid("guided_choice must be a non-empty list of strings", name)
+        return "choice", json.dumps(value)
+    if not (isinstance(value, str) and "root" in value and "::=" in value):
+        raise invalid("guided_grammar must be an EBNF grammar with a rule `root ::= ...`", name)
+    return "grammar", value
+
+
+def _response_format(value: Any) -> tuple[str, str]:
+    where = "response_format"
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return "", ""
+    if kind == "json_object":
+        return "json_object", ""
+    if kind != "json_schema":
+        raise invalid(f"{where}.type must be text, json_object or json_schema", where)
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or "schema" not in spec:
+        raise invalid(f"{where}.json_schema must be an object with a schema", where)
+    check_schema(spec["schema"], f"{where}.json_schema.schema")
+    return "json_schema", json.dumps(spec["schema"])
+
+
+def check_schema(schema: Any, where: str) -> None:
+    """400 naming the first keyword of `schema` (at path `where`) that is malformed."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise invalid(f"{where} must be a JSON Schema object", where)
+    kind = schema.get("type")
+    for name in kind if isinstance(kind, list) else [kind] if kind is not None else []:
+        if name not in _TYPES:
+            raise invalid(f"{where}.type: {name!r} is not a JSON Schema type", where)
+    for key in _SCHEMA_MAPS:
+        if key in schema:
+            if not isinstance(schema[key], dict):
+                raise invalid(f"{where}.{key} must map names to schemas", where)
+            for name, sub in schema[key].items():
+                check_schema(sub, f"{where}.{key}.{name}")
+    for key in _SCHEMA_LISTS:
+        if key in schema:
+            if not (isinstance(schema[key], list) and schema[key]):
+                raise invalid(f"{where}.{key} must be a non-empty list of schemas", where)
+            for i, sub in enumerate(schema[key]):
+                check_schema(sub, f"{where}.{key}[{i}]")
+    for key in _SCHEMA_ONE:
+        if key in schema:
+            check_schema(schema[key], f"{where}.{key}")
+    required = schema.get("required", [])
+    if not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise invalid(f"{where}.required must be a list of property names", where)
+    if "enum" in schema and not (isinstance(schema["enum"], list) and schema["enum"]):
+        raise invalid(f"{where}.enum must be a non-empty list", where)
+    for key in _COUNTS:
+        value = schema.get(key, 0)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            raise invalid(f"{where}.{key} must be a non-negative integer", where)
+    for key in _BOUNDS:
+        value = schema.get(key, 0)
+        if not (isinstance(value, int | float) and not isinstance(value, bool)):
+            raise invalid(f"{where}.{key} must be a number", where)
+    if "pattern" in schema:
+        _regex(schema["pattern"], f"{where}.pattern")
+    if "$ref" in schema and not str(schema["$ref"]).startswith("#"):
+        raise invalid(f"{where}.$ref: only local references (#/...) are supported", where)
+
+
+def _regex(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{where} must be a non-empty regular expression", where)
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise invalid(f"{where} is not a valid regular expression: {exc}", where) from None
+    return value
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True

@@ -1,0 +1,43 @@
+"""The `cpu` backend: the C++ kernels of csrc/cpu, one call per layer for the whole batch
+(decodes and prefill chunks together, through the row plan of row_plan.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from shared.engine import native
+from shared.engine.attention.metadata import AttentionMetadata
+from shared.engine.attention.row_plan import RowPlan, plan_rows
+
+
+class CpuAttention:
+    def __init__(self) -> None:
+        kernels = native.load()
+        if kernels is None:
+            raise RuntimeError(
+                "the cpu attention backend needs the C++ kernels: run `make install` "
+                "(or `python -m shared.engine.native`) with a C++ compiler present"
+            )
+        self.kernels = kernels
+        self._plan: tuple[AttentionMetadata, RowPlan] | None = None
+
+    def write_kv(self, cache: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata) -> None:
+        self.kernels.write_kv(cache, kv.contiguous(), meta.slot_mapping)
+
+    def attend(
+        self, q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        plan = self._plan_for(meta, cache.shape[1])
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        scale = q.shape[-1] ** -0.5
+        self.kernels.paged_attention(
+            out, q, cache, plan.block_tables, plan.row_table, plan.row_context, scale
+        )
+        return out
+
+    def _plan_for(self, meta: AttentionMetadata, block_size: int) -> RowPlan:
+        # The same metadata object serves every layer of a step: plan once per step.
+        if self._plan is None or self._plan[0] is not meta:
+            self._plan = (meta, plan_rows(meta, block_size))
+        return self._plan[1]

@@ -1,0 +1,123 @@
+"""Structured output with xgrammar: compile a request's grammar once, mask its logits per token.
+
+A request asks through `SamplingParams.guided_kind` / `guided_spec` (see GUIDED_KINDS).
+`GrammarCompilers` compiles each distinct (kind, spec) once (LRU cache) against the model's
+tokenizer; `GrammarState` is one request's matcher. The matcher is rebuilt from the output
+tokens so far (`GrammarState.replay`), so a decode worker, a resumed or a migrated request
+continues from exactly where the grammar was. The sampler masks only the rows that carry one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+import xgrammar as xgr
+
+from shared.engine.sampling_params import GUIDED_KINDS
+
+_CACHE_SIZE = 256  # compiled grammars kept per engine
+
+
+class GrammarError(ValueError):
+    """A guided spec xgrammar cannot compile; the message says why."""
+
+
+def tokenizer_info(
+    model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...]
+) -> xgr.TokenizerInfo:
+    """xgrammar's view of `model_dir/tokenizer.json`: every token's text and how it is encoded.
+
+    `vocab_size` is the model's logits width (it may exceed the tokenizer's vocabulary).
+    """
+    spec = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    ids = dict(spec["model"]["vocab"])
+    ids |= {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+    vocab = [""] * (max(ids.values()) + 1)
+    for token, token_id in ids.items():
+        vocab[token_id] = token
+    return xgr.TokenizerInfo(
+        vocab,
+        _vocab_type(spec.get("decoder") or {}),
+        vocab_size=vocab_size,
+        stop_token_ids=list(eos_token_ids),
+    )
+
+
+def _vocab_type(decoder: dict) -> xgr.VocabType:
+    kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
+    if "ByteLevel" in kinds:
+        return xgr.VocabType.BYTE_LEVEL
+    if "ByteFallback" in kinds:
+        return xgr.VocabType.BYTE_FALLBACK
+    return xgr.VocabType.RAW
+
+
+class GrammarCompilers:
+    """Compiles guided specs for one model, each distinct one once."""
+
+    def __init__(self, info: xgr.TokenizerInfo) -> None:
+        self.vocab_size = info.vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
+
+    def compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
+        key = (kind, spec)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        try:
+            compiled = self._compile(kind, spec)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise GrammarError(f"invalid {kind}: {exc}") from None
+        self._cache[key] = compiled
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
+        if kind in ("json_object", "json_schema"):
+            # Compact separators: free whitespace lets a model pad its output forever.
+            schema = spec or '{"type": "object"}'
+            return self._compiler.compile_json_schema(schema, any_whitespace=False)
+        if kind == "regex":
+            return self._compiler.compile_regex(spec)
+        if kind == "grammar":
+            return self._compiler.compile_grammar(spec)
+        if kind == "choice":
+            choices = json.loads(spec)  # a JSON list of strings; a JSON string is an EBNF literal
+            rules = " | ".join(json.dumps(c) for c in choices)
+            return self._compiler.compile_grammar(f"root ::= {rules}")
+        raise GrammarError(f"unknown guided kind {kind!r}; expected one of {list(GUIDED_KINDS)}")
+
+
+class GrammarState:
+    """One request's position in its grammar."""
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # [1, ceil(V / 32)] int32
+
+    def replay(self, token_ids: list[int]) -> None:
+        """Advance over tokens already generated (a resumed, migrated or decode-side request)."""
+        for token_id in token_ids:
+            self.accept(token_id)
+
+    def accept(self, token_id: int) -> None:
+        if not self._matcher.accept_token(token_id):
+            raise GrammarError(f"token {token_id} does not fit the request's grammar")
+
+    def rollback(self, num_tokens: int) -> None:
+        self._matcher.rollback(num_tokens)
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and its stop token was accepted: nothing may follow."""
+        return self._matcher.is_terminated()
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """logits: [V'] float32, in place: -inf for every token the grammar forbids next."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        xgr.apply_token_bitmask_inplace(logits[None], self._bitmask)

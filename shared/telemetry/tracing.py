@@ -1,0 +1,90 @@
+"""Tracer setup and W3C trace-context propagation over NATS headers.
+
+Span names (DESIGN.md section 7): gateway.request → scheduler.route → prefill.queue,
+prefill.compute, kv.transfer (send) → kv.transfer (receive) → decode.queue, decode.generate.
+Spans of the engine thread are recorded from the event loop with explicit start and end
+times (`ns`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NoOpTracer, Span, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:  # the SDK loads only when spans are exported
+    from opentelemetry.sdk.trace import TracerProvider
+
+ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+_PROPAGATOR = TraceContextTextMapPropagator()
+Headers = dict[str, str]
+
+
+@dataclass(slots=True)
+class Tracing:
+    tracer: Tracer
+    provider: TracerProvider | None = None  # None: no endpoint, nothing recorded or sent
+
+    def shutdown(self) -> None:
+        """Flush spans not yet exported (bounded by the exporter's timeout)."""
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+def otlp_endpoint(flag: str = "") -> str:
+    """The flag's endpoint, else `OTEL_EXPORTER_OTLP_ENDPOINT`, else "" (no export)."""
+    return flag or os.environ.get(ENDPOINT_ENV, "")
+
+
+def traces_url(endpoint: str) -> str:
+    """OTLP/HTTP's signal path under a base endpoint, as the OTel spec builds it."""
+    base = endpoint.rstrip("/")
+    return base if base.endswith("/v1/traces") else f"{base}/v1/traces"
+
+
+def setup_tracing(service: str, endpoint: str, instance: str = "") -> Tracing:
+    """A tracer for `service` ("gateway", "scheduler", "prefill", "decode", "worker")."""
+    if not endpoint:
+        return Tracing(NoOpTracer())
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    attributes = {"service.name": f"splitserve-{service}"}
+    if instance:
+        attributes["service.instance.id"] = instance
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint))))
+    return Tracing(provider.get_tracer("splitserve"), provider)
+
+
+def inject(span: Span) -> Headers:
+    """NATS headers carrying `span` as the parent of the receiver's spans ({} if none)."""
+    headers: Headers = {}
+    if span.get_span_context().is_valid:
+        _PROPAGATOR.inject(headers, trace.set_span_in_context(span))
+    return headers
+
+
+def extract(headers: Headers) -> Context:
+    """The parent context a message's (or HTTP request's) `traceparent` names."""
+    return _PROPAGATOR.extract(headers)
+
+
+def fail(span: Span, error: str | BaseException) -> None:
+    """Mark `span` failed: status ERROR with the reason, plus the exception event if any."""
+    if isinstance(error, BaseException):
+        span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, str(error)))
+
+
+def ns(unix_seconds: float | None = None) -> int:
+    """A span timestamp: nanoseconds since the epoch (now when not given)."""
+    return time.time_ns() if unix_seconds is None else int(unix_seconds * 1e9)

@@ -1,0 +1,174 @@
+"""The gateway's browser-facing HTTP: CORS, SSE heartbeats, the pages and /v1/mesh/status.
+
+A real nats-server and a fake scheduler (written here with `Bus`) that answers StatusQuery
+and accepts every SubmitRequest without ever sending a token, so streams stay silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from services.gateway.app import create_runner
+from services.gateway.config import GatewayConfig
+from shared.bus import Bus
+from shared.config import CommonConfig
+from shared.nats_server import NatsServer, free_port
+from shared.protocol import (
+    Cancel,
+    Heartbeat,
+    MeshStatus,
+    StatusQuery,
+    SubmitAck,
+    SubmitRequest,
+    WorkerStatus,
+)
+from shared.subjects import Subjects
+from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.e2e
+NAMESPACE = "webtest"
+MODEL = "smol"
+ALLOWED = "http://127.0.0.1:5555"
+CHAT = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+BEATS = [
+    Heartbeat("p0", "prefill", MODEL, 1, 2, 90, 100, 16),
+    Heartbeat("d0", "decode", MODEL, 3, 0, 25, 100, 16, draining=True),
+]
+
+
+@asynccontextmanager
+async def gateway(nats: NatsServer, model_dir: Path) -> AsyncIterator[tuple[str, list[str]]]:
+    """A gateway (CORS for ALLOWED, 0.2 s heartbeats) and a silent fake scheduler; yields
+    the gateway's URL and the ids of the requests cancelled so far."""
+    subjects, cancelled = Subjects(NAMESPACE), []
+    bus = await Bus.connect(nats.url, "fake-scheduler")
+
+    async def status(query: StatusQuery, headers: dict) -> MeshStatus:
+        return MeshStatus([WorkerStatus(b, time.time(), ["r1"]) for b in BEATS], 4, 7, 1)
+
+    async def submit(request: SubmitRequest, headers: dict) -> SubmitAck:
+        return SubmitAck(request.request_id, True, prefill_worker="p0", decode_worker="d0")
+
+    async def cancel(message: Cancel, headers: dict) -> None:
+        cancelled.append(message.request_id)
+
+    await bus.serve(subjects.status, StatusQuery, status, lambda _: None)
+    await bus.serve(subjects.submit, SubmitRequest, submit, lambda _: SubmitAck("", False))
+    await bus.subscribe(subjects.cancel, Cancel, cancel)
+    config = GatewayConfig(
+        common=CommonConfig(nats.url, NAMESPACE, "INFO"),
+        model_dir=model_dir,
+        served_model_name=MODEL,
+        gateway_id="gw-web",
+        max_model_len=128,
+        port=free_port(),
+        cors_origins=(ALLOWED,),
+        sse_heartbeat=0.2,
+    )
+    runner = create_runner(config)
+    await runner.setup()
+    await web.TCPSite(runner, config.host, config.port).start()
+    try:
+        yield f"http://127.0.0.1:{config.port}", cancelled
+    finally:
+        await runner.cleanup()
+        await bus.close()
+
+
+def test_preflight_allows_only_the_configured_origin(nats_server, real_model_dir):  # noqa: F811
+    async def scenario() -> None:
+        async with (
+            gateway(nats_server, real_model_dir) as (url, _),
+            aiohttp.ClientSession() as http,
+        ):
+            asked = {
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
+            }
+            path = url + "/v1/chat/completions"
+            async with http.options(path, headers={"Origin": ALLOWED, **asked}) as reply:
+                assert reply.status == 204
+                assert reply.headers["Access-Control-Allow-Origin"] == ALLOWED
+                assert "POST" in reply.headers["Access-Control-Allow-Methods"]
+                allowed = reply.headers["Access-Control-Allow-Headers"].lower()
+                assert all(h in allowed for h in ("authorization", "content-type", "x-stainless"))
+                assert "Access-Control-Allow-Credentials" not in reply.headers
+            other = {"Origin": "http://127.0.0.1:6666", **asked}
+            async with http.options(path, headers=other) as reply:
+                assert reply.status == 403
+                assert "Access-Control-Allow-Origin" not in reply.headers
+            async with http.get(url + "/v1/models", headers={"Origin": ALLOWED}) as reply:
+                assert reply.headers["Access-Control-Allow-Origin"] == ALLOWED
+            async with http.get(url + "/v1/models", headers=other) as reply:
+                assert reply.status == 200 and "Access-Control-Allow-Origin" not in reply.headers
+
+    asyncio.run(scenario())
+
+
+def test_silent_stream_gets_heartbeats_and_cors_then_cancels(nats_server, real_model_dir):  # noqa: F811
+    async def scenario() -> None:
+        async with gateway(nats_server, real_model_dir) as (url, cancelled):
+            async with aiohttp.ClientSession() as http:
+                path = url + "/v1/chat/completions"
+                async with http.post(path, json=CHAT, headers={"Origin": ALLOWED}) as reply:
+                    assert reply.headers["Content-Type"].startswith("text/event-stream")
+                    assert reply.headers["Cache-Control"] == "no-cache"
+                    assert reply.headers["X-Accel-Buffering"] == "no"
+                    assert reply.headers["Access-Control-Allow-Origin"] == ALLOWED
+                    lines = [await reply.content.readline() for _ in range(4)]
+                    assert lines == [b": keep-alive\n", b"\n"] * 2
+            # The client went away: the gateway cancels the request on the mesh.
+            for _ in range(50):
+                if cancelled:
+                    break
+                await asyncio.sleep(0.1)
+            assert len(cancelled) == 1
+
+    asyncio.run(scenario())
+
+
+def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
+    async def scenario() -> None:
+        async with (
+            gateway(nats_server, real_model_dir) as (url, _),
+            aiohttp.ClientSession() as http,
+        ):
+            for path, marker in (
+                ("/", "playground.js"),
+                ("/mesh", "mesh.js"),
+                ("/static/sse.js", "sseEvents"),
+                ("/static/style.css", ".message"),
+            ):
+                async with http.get(url + path) as reply:
+                    assert reply.status == 200 and marker in await reply.text(), path
+            async with http.get(url + "/v1/mesh/status") as reply:
+                body = await reply.json()
+        assert body["scheduler"] == {"queue_length": 4, "admitted": 7, "rejected": 1}
+        workers = {w["id"]: w for w in body["workers"]}
+        assert workers["d0"] | {"last_seen": 0} == {
+            "id": "d0",
+            "role": "decode",
+            "state": "draining",
+            "running": 3,
+            "waiting": 0,
+            "free_blocks": 25,
+            "total_blocks": 100,
+            "block_size": 16,
+            "kv_usage": 0.75,
+            "kv_blocks_sent": 0,
+            "kv_blocks_received": 0,
+            "assigned": 1,
+            "last_seen": 0,
+        }
+        assert (workers["p0"]["state"], workers["p0"]["waiting"]) == ("ready", 2)
+        assert body["gateway"]["history"] == [] and body["gateway"]["requests_running"] == 0
+
+    asyncio.run(scenario())

@@ -1,0 +1,116 @@
+"""The check that keeps deployment files honest: an invocation of `splitserve` written in
+docker-compose.yml or a Kubernetes manifest (arguments plus environment) must use only flags
+that `splitserve <cmd> --help` prints, must parse with the real parser, and every
+`SPLITSERVE_*` variable it sets must change what that command reads. The deployment tests
+call `invocation_problems`; the tests here show that it catches what it should."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+from argparse import Namespace
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+from services.cli import build_parser
+
+SPLITSERVE = Path(sys.executable).with_name("splitserve")
+# Values that parse as every env-backed flag's type (int, float, str, a list of keys); two,
+# so that a probe equal to a flag's default cannot hide that the variable is read.
+PROBES = ("7", "13")
+# Read by the OpenTelemetry SDK itself (DESIGN.md §7), not by our flags.
+OTEL_PREFIX = "OTEL_"
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+@functools.cache
+def help_text(command: str) -> str:
+    """What `splitserve <command> --help` prints, from the installed console script."""
+    result = subprocess.run(
+        [str(SPLITSERVE), command, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"splitserve {command} --help failed: {result.stderr}"
+    return result.stdout
+
+
+def help_flags(command: str) -> set[str]:
+    return set(_FLAG.findall(help_text(command)))
+
+
+@contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    """os.environ without any SPLITSERVE_* of this machine, plus `env`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPLITSERVE_")}
+    with mock.patch.dict(os.environ, clean | dict(env), clear=True):
+        yield
+
+
+def parse(argv: list[str], env: Mapping[str, str]) -> Namespace:
+    """The real parser's result for `splitserve argv` under `env` (defaults read env)."""
+    with _environment(env):
+        return build_parser().parse_args(argv)
+
+
+def invocation_problems(argv: list[str], env: Mapping[str, str]) -> list[str]:
+    """Why `splitserve argv` with environment `env` would not do what it says; [] if fine."""
+    if not argv:
+        return ["no command: the image's entrypoint alone prints its help"]
+    command = argv[0]
+    known = help_flags(command)
+    problems = [
+        f"{flag} is not a flag of `splitserve {command}`"
+        for flag in (arg.split("=", 1)[0] for arg in argv[1:] if arg.startswith("--"))
+        if flag not in known
+    ]
+    try:
+        baseline = parse(argv, env)
+    except SystemExit:
+        return [*problems, f"`splitserve {' '.join(argv)}` does not parse with {dict(env)}"]
+    for name in env:
+        if name.startswith(OTEL_PREFIX):
+            continue
+        if not name.startswith("SPLITSERVE_"):
+            problems.append(f"{name} is read by nothing in `splitserve {command}`")
+        elif name not in help_text(command) and all(
+            parse(argv, {**env, name: probe}) == baseline for probe in PROBES
+        ):
+            problems.append(f"{name} changes nothing in `splitserve {' '.join(argv)}`")
+    return problems
+
+
+def test_real_flags_and_env_pass() -> None:
+    argv = ["worker", "--role=decode", "--model-dir=/m"]
+    assert invocation_problems(argv, {"SPLITSERVE_NUM_THREADS": "4"}) == []
+    assert invocation_problems(["pull", "x"], {"SPLITSERVE_HOME": "/h"}) == []
+
+
+def test_unknown_flag_is_caught() -> None:
+    problems = invocation_problems(["scheduler", "--no-such-flag=1"], {})
+    assert any("--no-such-flag is not a flag" in p for p in problems)
+
+
+def test_missing_required_flag_is_caught() -> None:
+    assert any("does not parse" in p for p in invocation_problems(["gateway"], {}))
+
+
+def test_env_that_nothing_reads_is_caught() -> None:
+    argv = ["scheduler"]
+    assert invocation_problems(argv, {"SPLITSERVE_NO_SUCH": "1"}) == [
+        "SPLITSERVE_NO_SUCH changes nothing in `splitserve scheduler`"
+    ]
+    assert invocation_problems(argv, {"MODEL": "x"}) == [
+        "MODEL is read by nothing in `splitserve scheduler`"
+    ]
+
+
+def test_env_overridden_by_a_flag_is_caught() -> None:
+    argv = ["worker", "--model-dir=/m", "--num-threads=2"]
+    assert invocation_problems(argv, {"SPLITSERVE_NUM_THREADS": "4"}) == [
+        "SPLITSERVE_NUM_THREADS changes nothing in "
+        "`splitserve worker --model-dir=/m --num-threads=2`"
+    ]

@@ -1,0 +1,210 @@
+"""compose/k8s: each overlay rendered by `kubectl kustomize`, validated against the
+Kubernetes schemas (kubernetes-validate), every splitserve container's arguments and
+environment (ConfigMaps resolved) checked against the real CLI, and the pools kept apart:
+each has its own Deployment, PodDisruptionBudget and HorizontalPodAutoscaler.
+
+kubectl comes from Debian's `kubernetes-client` package (.ci/run installs it); without it
+these tests skip and say so."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from services.worker.config import WorkerConfig
+from tests.unit.test_deploy_cli import invocation_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERLAYS = ("cpu", "gpu")
+POOLS = ("prefill", "decode")
+KUBERNETES_VERSION = "1.30"
+KUBECTL = shutil.which("kubectl")
+WORKER_GRACE_S = next(
+    f.default for f in dataclasses.fields(WorkerConfig) if f.name == "grace_period"
+)
+
+pytestmark = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl not found (Debian: apt-get install kubernetes-client)"
+)
+
+
+@functools.cache
+def render(overlay: str) -> tuple[dict[str, Any], ...]:
+    result = subprocess.run(
+        [str(KUBECTL), "kustomize", str(ROOT / "compose" / "k8s" / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def find(overlay: str, kind: str, name: str) -> dict[str, Any]:
+    matches = [d for d in render(overlay) if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+def config_maps(overlay: str) -> dict[str, dict[str, str]]:
+    return {d["metadata"]["name"]: d["data"] for d in render(overlay) if d["kind"] == "ConfigMap"}
+
+
+def container_env(overlay: str, container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it: envFrom, then env."""
+    maps = config_maps(overlay)
+    env = {
+        k: v
+        for ref in container.get("envFrom", [])
+        for k, v in maps[ref["configMapRef"]["name"]].items()
+    }
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            ref = item["valueFrom"]["configMapKeyRef"]
+            env[item["name"]] = maps[ref["name"]][ref["key"]]
+    return env
+
+
+def expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion of container arguments."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
+
+
+def pod_templates(overlay: str) -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in render(overlay)
+        if d["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def splitserve_containers(overlay: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{name}/{c['name']}", c)
+        for name, spec in pod_templates(overlay).items()
+        for c in spec.get("initContainers", []) + spec["containers"]
+        if c["image"].startswith("splitserve:")
+    ]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_renders_and_validates_against_the_kubernetes_schemas(overlay: str) -> None:
+    errors = {}
+    for doc in render(overlay):
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors[f"{doc['kind']}/{doc['metadata']['name']}"] = str(exc)
+    assert errors == {}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_matches_the_cli(overlay: str) -> None:
+    containers = splitserve_containers(overlay)
+    assert len(containers) == 7  # scheduler; gateway, prefill, decode with their pull
+    problems = {}
+    for name, container in containers:
+        env = container_env(overlay, container)
+        argv = [expand(arg, env) for arg in container["args"]]
+        # A variable that only feeds `$(VAR)` in the arguments is Kubernetes', not ours.
+        ours = {k: v for k, v in env.items() if not any(f"$({k})" in a for a in container["args"])}
+        problems[name] = invocation_problems(argv, ours)
+    assert problems == {name: [] for name in problems}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_models_are_pulled_where_the_services_read_them(overlay: str) -> None:
+    for name, spec in pod_templates(overlay).items():
+        pulls = spec.get("initContainers", [])
+        main = spec["containers"][0]
+        model_dirs = [a for a in main.get("args", []) if a.startswith("--model-dir=")]
+        if not model_dirs:
+            continue
+        (pull,) = pulls
+        pull_env = container_env(overlay, pull)
+        model = expand(pull["args"][1], pull_env)
+        home = pull_env["SPLITSERVE_HOME"]
+        assert expand(model_dirs[0], container_env(overlay, main)) == (
+            f"--model-dir={home}/models/{model}"
+        ), name
+        mounts = {(m["name"], m["mountPath"]) for m in main["volumeMounts"]}
+        assert {(m["name"], m["mountPath"]) for m in pull["volumeMounts"]} <= mounts, name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_pool_scales_and_disrupts_alone(overlay: str) -> None:
+    labels = {
+        pool: find(overlay, "Deployment", f"splitserve-{pool}")["spec"]["template"]["metadata"][
+            "labels"
+        ]
+        for pool in POOLS
+    }
+    for pool in POOLS:
+        other = next(p for p in POOLS if p != pool)
+        hpa = find(overlay, "HorizontalPodAutoscaler", f"splitserve-{pool}")
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": f"splitserve-{pool}",
+        }
+        metrics = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
+        assert all(m.startswith("splitserve_") for m in metrics)
+        for kind in ("Deployment", "PodDisruptionBudget"):
+            spec = find(overlay, kind, f"splitserve-{pool}")["spec"]
+            selector = spec["selector"]["matchLabels"]
+            assert selector.items() <= labels[pool].items()
+            assert not selector.items() <= labels[other].items(), f"{kind} {pool} selects {other}"
+    hpa_metrics = {
+        pool: {
+            m["pods"]["metric"]["name"]
+            for m in find(overlay, "HorizontalPodAutoscaler", f"splitserve-{pool}")["spec"][
+                "metrics"
+            ]
+        }
+        for pool in POOLS
+    }
+    assert "splitserve_num_requests_waiting" in hpa_metrics["prefill"]
+    assert "splitserve_kv_cache_usage_ratio" in hpa_metrics["decode"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_workers_get_longer_than_their_drain_to_stop(overlay: str) -> None:
+    for pool in POOLS:
+        spec = pod_templates(overlay)[f"splitserve-{pool}"]
+        assert spec["terminationGracePeriodSeconds"] > WORKER_GRACE_S
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_reach_ports_the_containers_declare(overlay: str) -> None:
+    gateway = pod_templates(overlay)["splitserve-gateway"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert f"--port={ports['http']}" in gateway["args"]
+    assert gateway["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    nats = pod_templates(overlay)["nats"]["containers"][0]
+    assert nats["readinessProbe"]["httpGet"]["port"] in {p["name"] for p in nats["ports"]}
+    conf = next(v for k, v in config_maps(overlay).items() if k.startswith("nats-config"))
+    assert conf["nats.conf"] == (ROOT / "compose" / "nats" / "nats.conf").read_text()
+
+
+def test_gpu_overlay_puts_one_gpu_on_each_worker_and_none_elsewhere() -> None:
+    for overlay, expected in (("cpu", None), ("gpu", 1)):
+        for name, spec in pod_templates(overlay).items():
+            for container in spec["containers"]:
+                limit = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+                is_worker = name in {f"splitserve-{pool}" for pool in POOLS}
+                assert limit == (expected if is_worker else None), (overlay, name)
+    images = {c["image"] for _, c in splitserve_containers("gpu")}
+    assert images == {"splitserve:0.1.0-cuda"}
+    assert {c["image"] for _, c in splitserve_containers("cpu")} == {"splitserve:0.1.0"}
