@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.worker.config import WorkerConfig
 from services.worker.engine_thread import EngineThread
 from shared.bus import Bus
+from shared.engine.engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.engine.sequence import FinishReason
 from shared.kvtransfer import KVLayout
-from shared.protocol import TokenChunk, TokenLogprob
+from shared.protocol import SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
 
 FINISH_REASONS = {
@@ -33,6 +35,17 @@ class WorkerContext:
     draining: bool = False  # set on SIGTERM: new tasks are refused
     kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
     kv_blocks_received: int = 0
+
+
+def admit(request: SubmitRequest, hold_kv: bool = False) -> Callable[[LLMEngine], None]:
+    """The engine command that queues `request` (resumed after its delivered tokens)."""
+    return lambda engine: engine.add_request(
+        request.request_id,
+        request.prompt_token_ids,
+        request.sampling,
+        output_token_ids=request.delivered_token_ids,
+        hold_kv=hold_kv,
+    )
 
 
 def loop_deadline(unix_deadline: float, limit: float | None = None) -> float:

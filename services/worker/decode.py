@@ -12,7 +12,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from services.worker.context import WorkerContext, error_chunk, loop_deadline, token_chunk
+from services.worker.context import (
+    WorkerContext,
+    admit,
+    error_chunk,
+    loop_deadline,
+    token_chunk,
+)
 from services.worker.telemetry import WorkerTelemetry
 from shared.engine.kv_handoff import OutOfBlocks
 from shared.engine.outputs import RequestOutput
@@ -118,14 +124,7 @@ class DecodeSide:
         self.streams[request.request_id] = Stream(subject, index, loop_deadline(request.deadline))
         self.telemetry.queue(request.request_id, "decode", headers)
         try:
-            await self.ctx.engine.call(
-                lambda e: e.add_request(
-                    request.request_id,
-                    request.prompt_token_ids,
-                    request.sampling,
-                    output_token_ids=request.delivered_token_ids,
-                )
-            )
+            await self.ctx.engine.call(admit(request))
         except ValueError as exc:
             self.streams.pop(request.request_id, None)
             self.telemetry.forget(request.request_id)

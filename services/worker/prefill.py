@@ -12,7 +12,13 @@ import asyncio
 import logging
 import time
 
-from services.worker.context import WorkerContext, error_chunk, loop_deadline, token_chunk
+from services.worker.context import (
+    WorkerContext,
+    admit,
+    error_chunk,
+    loop_deadline,
+    token_chunk,
+)
 from services.worker.telemetry import WorkerTelemetry
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer import to_chunks
@@ -45,15 +51,7 @@ class PrefillSide:
         self.computing[request.request_id] = task  # before the engine can emit its output
         self.telemetry.queue(request.request_id, "prefill", headers)
         try:
-            await self.ctx.engine.call(
-                lambda e: e.add_request(
-                    request.request_id,
-                    request.prompt_token_ids,
-                    request.sampling,
-                    output_token_ids=request.delivered_token_ids,
-                    hold_kv=True,
-                )
-            )
+            await self.ctx.engine.call(admit(request, hold_kv=True))
         except ValueError as exc:
             del self.computing[request.request_id]
             self.telemetry.forget(request.request_id)
