@@ -54,6 +54,8 @@ class Heartbeat:
     metrics_port: int = 0
     kv_blocks_sent: int = 0  # since start: blocks shipped to decode workers (prefill side)
     kv_blocks_received: int = 0  # since start: blocks written from prefill workers (decode side)
+    prefix_queries: int = 0  # since start: prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # since start: of those, tokens served from it
 
 
 @dataclass(slots=True)

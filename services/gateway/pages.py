@@ -147,6 +147,7 @@ def _worker(worker: WorkerStatus) -> dict[str, Any]:
         "kv_usage": used / beat.total_blocks if beat.total_blocks else 0.0,
         "kv_blocks_sent": beat.kv_blocks_sent,
         "kv_blocks_received": beat.kv_blocks_received,
+        "prefix_hit_rate": beat.prefix_hits / beat.prefix_queries if beat.prefix_queries else 0.0,
         "assigned": len(worker.assigned),
         "last_seen": worker.last_seen,
     }

@@ -190,6 +190,8 @@ class Worker:
             draining=self.ctx.draining,
             kv_blocks_sent=self.ctx.kv_blocks_sent,
             kv_blocks_received=self.ctx.kv_blocks_received,
+            prefix_queries=stats.prefix_queries,
+            prefix_hits=stats.prefix_hits,
             metrics_port=self.metrics_port,
         )
         await bus.publish(subjects.heartbeat, beat)

@@ -198,6 +198,12 @@ def test_mesh_page_lists_the_workers(mesh, browser):
         shown = await page.evaluate(f"{rows}.map((r) => r.dataset.worker).sort()")
         roles = await page.evaluate(f"{rows}.map((r) => r.cells[1].textContent).sort()")
         assert (shown, roles) == (workers, ["decode", "prefill"])
+        status = wait_status(mesh, lambda s: True)  # idle now: the hit rates hold still
+        hit_rates = sorted(f"{w['prefix_hit_rate'] * 100:.1f}%" for w in status["workers"])
+        await page.wait_for(
+            f"{rows}.map((r) => r.querySelector('.hit-rate').textContent).sort().join() === "
+            f"{json.dumps(','.join(hit_rates))}"
+        )
         # The gateway's history is there at once: the request above shows in both lines.
         await page.wait_for("document.querySelector('#ttft-now').textContent.startsWith('last')")
         points = await page.evaluate(

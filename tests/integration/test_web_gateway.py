@@ -40,7 +40,8 @@ ALLOWED = "http://127.0.0.1:5555"
 CHAT = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
 BEATS = [
     Heartbeat("p0", "prefill", MODEL, 1, 2, 90, 100, 16),
-    Heartbeat("d0", "decode", MODEL, 3, 0, 25, 100, 16, draining=True),
+    Heartbeat("d0", "decode", MODEL, 3, 0, 25, 100, 16, draining=True, prefix_queries=400,
+              prefix_hits=100),
 ]
 
 
@@ -165,6 +166,7 @@ def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
             "kv_usage": 0.75,
             "kv_blocks_sent": 0,
             "kv_blocks_received": 0,
+            "prefix_hit_rate": 0.25,
             "assigned": 1,
             "last_seen": 0,
         }

@@ -34,7 +34,8 @@ function workerRow(w) {
   badge.textContent = w.role;
   role.append(badge);
   tr.append(cell(w.id), role, cell(w.state, `state ${w.state}`), cell(w.running), cell(w.waiting),
-    kvCell(w), cell(`${w.kv_blocks_sent} / ${w.kv_blocks_received}`), cell(w.assigned));
+    kvCell(w), cell(`${(w.prefix_hit_rate * 100).toFixed(1)}%`, "hit-rate"),
+    cell(`${w.kv_blocks_sent} / ${w.kv_blocks_received}`), cell(w.assigned));
   return tr;
 }
 
