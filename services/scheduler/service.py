@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 _REQUEST_ERRORS = (TimeoutError, NatsError, WireError)
 
 
+CANCEL_MEMORY_S = 120.0  # how long a Cancel stops a placement still in progress
+
+
 class SchedulerService:
     def __init__(
         self, config: SchedulerConfig, bus: Bus, clock: Callable[[], float] = time.time
@@ -73,6 +76,9 @@ class SchedulerService:
         self.tracing = setup_tracing("scheduler", config.otlp_endpoint)
         self.metrics = SchedulerMetrics()
         self._sweeper: asyncio.Task[None] | None = None
+        # Request ids cancelled lately (id -> when): a placement still in progress for one
+        # stops instead of starting work nobody will read (the gateway migrated it).
+        self.cancelled: dict[str, float] = {}
 
     async def start(self) -> None:
         s = self.subjects
@@ -113,6 +119,7 @@ class SchedulerService:
 
     async def _on_cancel(self, cancel: Cancel, headers: Headers) -> None:
         self.registry.forget(cancel.request_id)
+        self.cancelled[cancel.request_id] = self.clock()
 
     async def on_status(self, query: StatusQuery, headers: Headers) -> MeshStatus:
         return MeshStatus(self.registry.status(), self.placing, self.admitted, self.rejected)
@@ -126,6 +133,8 @@ class SchedulerService:
             log.warning("worker %s lost (no heartbeat); %d requests on it", worker_id, len(lost))
             await self.bus.publish(self.subjects.events, WorkerLost(worker_id, lost))
         self.registry.forget_past_deadline(now)
+        horizon = now - CANCEL_MEMORY_S
+        self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -210,6 +219,8 @@ class SchedulerService:
             if reservation is None:
                 continue
             for prefill in prefills:
+                if request.request_id in self.cancelled:  # Cancel frees the reservation too
+                    return SubmitAck(request.request_id, False, "cancelled while being placed")
                 if await self._prefill(request, prefill, decode, reservation, headers):
                     self._assign(request, decode.worker_id, len(tokens))
                     self._assign(request, prefill.worker_id, 0)

@@ -232,3 +232,22 @@ def test_scheduler_never_imports_torch():
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+
+
+def test_a_cancel_during_placement_stops_it(nats_server):
+    """The gateway gave up on an attempt (and migrated it) while its PrefillTask waited on a
+    silent worker: the scheduler must not go on to place it on the next prefill worker."""
+
+    async def scenario() -> None:
+        slow = FakeWorker("p1", "prefill", cached=HASHES[:3], answer_delay=1.5)
+        spare = FakeWorker("p2", "prefill")
+        d1 = FakeWorker("d1", "decode")
+        async with mesh(nats_server.url, "s6", [slow, spare, d1], reserve_timeout=0.5) as client:
+            placing = asyncio.create_task(place(client, "s6", submit("r6")))
+            await asyncio.sleep(0.2)  # the PrefillTask is waiting on p1
+            await client.publish(Subjects("s6").cancel, Cancel("r6", "gateway"))
+            ack = await placing
+            assert not ack.accepted and "cancelled" in ack.error
+            assert [type(m) for m in spare.received] == []
+
+    asyncio.run(scenario())
