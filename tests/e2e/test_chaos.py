@@ -176,6 +176,18 @@ def worker_pid(mesh: Mesh, worker_id: str) -> int:
     raise AssertionError(f"no process for worker {worker_id}")
 
 
+def wait_replaced(mesh: Mesh, killed: str, timeout: float = 30) -> None:
+    """Wait until the scheduler has dropped the killed worker and registered its restart
+    (`<id>-r<n>`), so the next test starts on a whole mesh."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ids = {w.heartbeat.worker_id for w in mesh.status().workers}
+        if killed not in ids and any(i.startswith(f"{killed}-r") for i in ids):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{killed} was not replaced within {timeout}s: {ids}")
+
+
 def assert_blocks_return(mesh: Mesh, workers: int, timeout: float = 30) -> None:
     """Every live worker (heard from in the last 2.5 s) idle with all its blocks free."""
     deadline = time.monotonic() + timeout
@@ -203,6 +215,7 @@ def test_decode_worker_sigkill_mid_stream(two_by_two, mesh_model_dir):  # noqa: 
     assert report("decode SIGKILL", outcomes)[0] == STREAMS
     assert [o.finish for o in outcomes] == ["length"] * STREAMS
     assert_same_texts(jobs, outcomes, expected)
+    wait_replaced(two_by_two, "decode-0")
     assert_blocks_return(two_by_two, 4)
 
 
@@ -216,6 +229,7 @@ def test_prefill_worker_sigkill(two_by_two, mesh_model_dir):  # noqa: F811
     assert_same_texts(
         [jobs[i] for i in greedy], [outcomes[i] for i in greedy], [expected[i] for i in greedy]
     )
+    wait_replaced(two_by_two, "prefill-0")
     assert_blocks_return(two_by_two, 4)
     try:
         assert_same_texts(jobs, outcomes, expected)
