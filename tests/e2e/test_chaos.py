@@ -234,9 +234,8 @@ def test_prefill_worker_sigkill(two_by_two, mesh_model_dir):  # noqa: F811
     try:
         assert_same_texts(jobs, outcomes, expected)
     except AssertionError as exc:
-        # Seen before the scheduler dropped placements cancelled mid-way: the migrated and
-        # the orphaned attempt both ran, and a seeded stream could continue differently
-        # mid-stream (greedy ones never did). Kept as xfail until shown gone over many runs.
+        # Known bug (open): after this fault a seeded stream sometimes continues differently
+        # mid-stream, at repeatable positions; greedy streams never do.
         pytest.xfail(f"seeded streams after a prefill failure: {exc}")
 
 
