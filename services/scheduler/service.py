@@ -4,7 +4,8 @@ Subscriptions: submit (queue group, so replicas share the load), status, heartbe
 events, cancels. A sweeper expires silent workers, publishing `WorkerLost` with the request
 ids placed on each, and forgets placements past their deadline.
 
-Placement of one request (every NATS request bounded by `reserve_timeout` and the deadline):
+Placement of one request (every NATS request bounded by `reserve_timeout` and the deadline,
+and given up at once when the sweeper finds the worker it waits on lost):
   decode candidates, best first →
     few uncached tokens or no prefill pool: DecodeTask → accepted (decode only)
     else Reserve → not ok: next decode candidate
@@ -19,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from nats.errors import Error as NatsError
 from opentelemetry import trace
@@ -55,7 +57,14 @@ from shared.telemetry.metrics import SchedulerMetrics
 from shared.telemetry.tracing import extract, fail, inject, setup_tracing
 
 log = logging.getLogger(__name__)
-_REQUEST_ERRORS = (TimeoutError, NatsError, WireError)
+Reply = TypeVar("Reply", TaskAck, Reservation)
+
+
+class WorkerGone(Exception):
+    """The worker a placement was waiting on stopped beating (the sweeper expired it)."""
+
+
+_REQUEST_ERRORS = (TimeoutError, NatsError, WireError, WorkerGone)
 
 
 CANCEL_MEMORY_S = 120.0  # how long a Cancel stops a placement still in progress
@@ -79,6 +88,9 @@ class SchedulerService:
         # Request ids cancelled lately (id -> when): a placement still in progress for one
         # stops instead of starting work nobody will read (the gateway migrated it).
         self.cancelled: dict[str, float] = {}
+        # Requests to workers in flight (worker id -> their tasks): cancelled when the worker
+        # is lost, so a placement moves on without waiting out `reserve_timeout`.
+        self.asking: dict[str, set[asyncio.Task[object]]] = {}
 
     async def start(self) -> None:
         s = self.subjects
@@ -131,6 +143,8 @@ class SchedulerService:
             worker_id = state.heartbeat.worker_id
             lost = sorted(state.assigned)
             log.warning("worker %s lost (no heartbeat); %d requests on it", worker_id, len(lost))
+            for call in self.asking.pop(worker_id, set()):
+                call.cancel()
             await self.bus.publish(self.subjects.events, WorkerLost(worker_id, lost))
         self.registry.forget_past_deadline(now)
         horizon = now - CANCEL_MEMORY_S
@@ -252,7 +266,7 @@ class SchedulerService:
         self, request: SubmitRequest, decode: Candidate, headers: Headers
     ) -> bool:
         subject = self.subjects.decode(decode.worker_id)
-        return await self._task(subject, DecodeTask(request), request, headers)
+        return await self._task(decode.worker_id, subject, DecodeTask(request), request, headers)
 
     async def _prefill(
         self,
@@ -263,15 +277,47 @@ class SchedulerService:
         headers: Headers,
     ) -> bool:
         task = PrefillTask(request, decode.worker_id, reservation.num_cached_blocks)
-        return await self._task(self.subjects.prefill(prefill.worker_id), task, request, headers)
+        subject = self.subjects.prefill(prefill.worker_id)
+        return await self._task(prefill.worker_id, subject, task, request, headers)
+
+    async def _ask(
+        self,
+        worker_id: str,
+        subject: str,
+        message: Reserve | DecodeTask | PrefillTask,
+        reply_type: type[Reply],
+        request: SubmitRequest,
+        headers: Headers,
+    ) -> Reply:
+        """Request/reply with one worker, bounded by `_timeout`; WorkerGone as soon as the
+        sweeper finds that worker lost (NATS may still hold the message for a dead one)."""
+        call = asyncio.ensure_future(
+            self.bus.request(subject, message, reply_type, self._timeout(request), headers=headers)
+        )
+        calls = self.asking.setdefault(worker_id, set())
+        calls.add(call)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this placement itself is being cancelled
+            raise WorkerGone(f"worker {worker_id} was lost") from None
+        finally:
+            calls.discard(call)
+            if not calls and self.asking.get(worker_id) is calls:
+                del self.asking[worker_id]
 
     async def _task(
-        self, subject: str, task: DecodeTask | PrefillTask, request: SubmitRequest, headers: Headers
+        self,
+        worker_id: str,
+        subject: str,
+        task: DecodeTask | PrefillTask,
+        request: SubmitRequest,
+        headers: Headers,
     ) -> bool:
         try:
-            ack = await self.bus.request(
-                subject, task, TaskAck, self._timeout(request), headers=headers
-            )
+            ack = await self._ask(worker_id, subject, task, TaskAck, request, headers)
         except _REQUEST_ERRORS as exc:
             log.warning("%s: %s failed: %r", request.request_id, subject, exc)
             return False
@@ -285,8 +331,8 @@ class SchedulerService:
         subject = self.subjects.reserve(decode.worker_id)
         message = Reserve(request)
         try:
-            reservation = await self.bus.request(
-                subject, message, Reservation, self._timeout(request), headers=headers
+            reservation = await self._ask(
+                decode.worker_id, subject, message, Reservation, request, headers
             )
         except _REQUEST_ERRORS as exc:
             log.warning("%s: reserve on %s failed: %r", request.request_id, decode.worker_id, exc)

@@ -27,6 +27,9 @@ class WorkerConfig:
     max_num_batched_tokens: int = 2048
     heartbeat_interval: float = 1.0  # seconds between heartbeats (and KV event checks)
     transfer_timeout: float = 30.0  # seconds one KV transfer may take at most
+    # A decode reservation waits this long for its first KV chunk (the prefill may queue),
+    # then `transfer_timeout` after each chunk; past that its blocks are freed.
+    reservation_timeout: float = 120.0
     kv_window: int = 4  # KV chunks in flight, unacknowledged
     kv_headroom: int = 64 * 1024  # bytes left under max_payload for a chunk's other fields
     grace_period: float = 30.0  # seconds in-flight work may take after SIGTERM
@@ -41,8 +44,10 @@ class WorkerConfig:
             raise ValueError(f"role must be one of {ROLES}, not {self.role!r}")
         if self.num_threads < 1 or self.kv_window < 1:
             raise ValueError("num_threads and kv_window must be positive")
-        if self.heartbeat_interval <= 0 or self.transfer_timeout <= 0:
-            raise ValueError("heartbeat_interval and transfer_timeout must be positive")
+        if min(self.heartbeat_interval, self.transfer_timeout, self.reservation_timeout) <= 0:
+            raise ValueError(
+                "heartbeat_interval, transfer_timeout and reservation_timeout must be positive"
+            )
 
     @property
     def prefills(self) -> bool:

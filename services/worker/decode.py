@@ -3,8 +3,10 @@
 reserved (blocks held for the prompt; `Reserve`) → receiving (`KVChunk`s written into the
 reserved blocks) → running (after `KVDone`: in the continuous batch, every step's tokens
 streamed to the gateway) → finished (blocks freed). A `DecodeTask` enters the engine's
-waiting queue instead and is prefilled here. A reservation without `KVDone` by its
-deadline, a `KVDone(ok=False)` or a `Cancel` frees the blocks at once.
+waiting queue instead and is prefilled here. The blocks of a reservation are freed at once
+by a `Cancel`, a `KVDone(ok=False)`, a `WorkerLost` naming the request (its prefill worker
+died), or its transfer deadline: no first chunk within `reservation_timeout`, or no next
+chunk within `transfer_timeout` (never past the request's own deadline).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from shared.protocol import (
 class Reserved:
     request: SubmitRequest
     num_blocks: int
-    deadline: float  # loop clock
+    deadline: float  # loop clock: the transfer deadline, pushed on by every chunk
 
 
 @dataclass(slots=True)
@@ -77,9 +79,8 @@ class DecodeSide:
         except (OutOfBlocks, ValueError) as exc:
             return Reservation(msg.request_id, ok=False, error=str(exc))
         num_blocks = len(reservation.block_ids)
-        self.reserved[msg.request_id] = Reserved(
-            msg.request, num_blocks, loop_deadline(msg.request.deadline)
-        )
+        deadline = loop_deadline(msg.request.deadline, self.ctx.config.reservation_timeout)
+        self.reserved[msg.request_id] = Reserved(msg.request, num_blocks, deadline)
         return Reservation(msg.request_id, True, num_blocks, reservation.num_cached_blocks)
 
     async def on_chunk(self, chunk: KVChunk, headers: dict[str, str]) -> None:
@@ -89,6 +90,9 @@ class DecodeSide:
             raise KeyError(f"no reservation for {chunk.request_id!r}")
         blocks = from_chunk(chunk, self.ctx.layout, reserved.num_blocks)
         await self.ctx.engine.call(lambda e: e.import_kv(chunk.request_id, blocks))
+        reserved.deadline = loop_deadline(
+            reserved.request.deadline, self.ctx.config.transfer_timeout
+        )
         if chunk.layer_start == 0:  # the first layer group carries every block once
             self.ctx.kv_blocks_received += len(chunk.block_hashes)
         blocks_once = len(chunk.block_hashes) if chunk.layer_start == 0 else 0
@@ -154,8 +158,15 @@ class DecodeSide:
         if reserved is not None or self.streams.pop(request_id, None) is not None:
             await self.ctx.engine.call(lambda e: e.abort_request(request_id))
 
+    async def on_worker_lost(self, request_ids: list[str]) -> None:
+        """A prefill worker died: free the reservations it would have filled (a request
+        already decoding has its whole KV here and goes on)."""
+        for request_id in request_ids:
+            if request_id in self.reserved:
+                await self.cancel(request_id)
+
     async def expire(self) -> None:
-        """Drop reservations whose KV never came and fail streams past their deadline."""
+        """Drop reservations whose KV stopped coming and fail streams past their deadline."""
         now = asyncio.get_running_loop().time()
         for request_id, reserved in list(self.reserved.items()):
             if reserved.deadline <= now:

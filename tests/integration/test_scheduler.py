@@ -251,3 +251,28 @@ def test_a_cancel_during_placement_stops_it(nats_server):
             assert [type(m) for m in spare.received] == []
 
     asyncio.run(scenario())
+
+
+def test_a_placement_waiting_on_a_lost_worker_moves_on_at_once(nats_server):
+    """A PrefillTask sits with a worker that died before answering (NATS delivered it, so
+    no NoResponders): when the sweeper expires that worker, the placement goes on to the
+    next prefill worker instead of waiting out `reserve_timeout`."""
+
+    async def scenario() -> None:
+        dead = FakeWorker("p1", "prefill", cached=HASHES[:3], answer_delay=60)
+        spare = FakeWorker("p2", "prefill")
+        d1 = FakeWorker("d1", "decode")
+        config = dict(reserve_timeout=30.0, heartbeat_timeout=0.5)
+        async with mesh(nats_server.url, "s7", [dead, spare, d1], **config) as client:
+            placing = asyncio.create_task(place(client, "s7", submit("r7")))
+            while not dead.received:  # the task reached p1, which now "dies"
+                await asyncio.sleep(0.01)
+            dead.beating = False
+            started = time.monotonic()
+            ack = await placing
+            waited = time.monotonic() - started
+            assert ack.accepted and ack.prefill_worker == "p2", ack
+            assert waited < 5, f"waited {waited:.1f}s for a lost worker"
+            assert [type(m) for m in spare.received] == [PrefillTask]
+
+    asyncio.run(scenario())

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from nats.aio.msg import Msg
@@ -30,6 +31,7 @@ from shared.protocol import (
     SubmitRequest,
     TaskAck,
     TokenChunk,
+    WorkerLost,
     decode_one_of,
 )
 from shared.subjects import Subjects
@@ -108,11 +110,19 @@ async def until(condition: Callable[[], bool], timeout: float = 15.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def run_mesh(nats_url: str, model_dir: Path, scenario: Callable[[Mesh], Awaitable[None]]):
+def run_mesh(
+    nats_url: str,
+    model_dir: Path,
+    scenario: Callable[[Mesh], Awaitable[None]],
+    **overrides: float,
+):
+    """Run `scenario` against a prefill and a decode worker (configs changed by `overrides`)."""
+
     async def main() -> None:
         namespace = f"t{time.monotonic_ns()}"
         workers = [
-            Worker(worker_config(nats_url, namespace, r, model_dir)) for r in ("prefill", "decode")
+            Worker(replace(worker_config(nats_url, namespace, r, model_dir), **overrides))
+            for r in ("prefill", "decode")
         ]
         for worker in workers:
             await worker.start()
@@ -183,6 +193,43 @@ def test_cancel_mid_stream_frees_every_block(nats_server, tiny_model_dir):
         assert not any(c.finish_reason == "length" for c in mesh.chunks["long"])
 
     run_mesh(nats_server.url, tiny_model_dir, scenario)
+
+
+def test_reservations_awaiting_kv_are_freed_by_cancel_worker_lost_and_deadline(
+    nats_server, tiny_model_dir
+):
+    """A reservation whose KV never comes holds blocks: a Cancel, a WorkerLost naming it
+    (its prefill worker died) and its transfer deadline each free them within a beat."""
+
+    async def scenario(mesh: Mesh) -> None:
+        total = NUM_BLOCKS
+
+        async def reserve(request_id: str) -> None:
+            message = Reserve(mesh.request(request_id, GREEDY))
+            reply = await mesh.bus.request(mesh.subjects.reserve("decode"), message, Reservation, 5)
+            assert reply.ok and reply.num_blocks == 4, reply
+
+        async def free_blocks_become(expected: int, timeout: float) -> None:
+            mesh.beats.clear()
+            await until(
+                lambda: "decode" in mesh.beats and mesh.beats["decode"].free_blocks == expected,
+                timeout,
+            )
+
+        for request_id in ("cancelled", "orphaned", "expired"):
+            await reserve(request_id)
+        await free_blocks_become(total - 12, 2)
+        await mesh.bus.publish(mesh.subjects.cancel, Cancel("cancelled", "client gone"))
+        await free_blocks_become(total - 8, 2)
+        lost = WorkerLost("prefill-gone", ["orphaned", "someone-else"])
+        await mesh.bus.publish(mesh.subjects.events, lost)
+        await free_blocks_become(total - 4, 2)
+        await free_blocks_become(total, 8)  # "expired": reservation_timeout is 4 s here
+        late = KVDone("expired", 0, 5)
+        ack = await mesh.bus.request(mesh.subjects.kv("decode"), late, TaskAck, 5)
+        assert not ack.ok and "no reservation" in ack.error
+
+    run_mesh(nats_server.url, tiny_model_dir, scenario, reservation_timeout=4.0)
 
 
 def test_decode_task_alone_streams_the_answer_and_bad_kv_is_refused(nats_server, tiny_model_dir):
