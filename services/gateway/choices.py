@@ -1,9 +1,16 @@
 """`n` choices per request: one mesh request per choice, their events merged by index.
 
-Each choice is its own request on the mesh (id `<request id>-<index>`); a seeded request
-gives choice i the seed `seed + i`, so choices differ and each is reproducible. Choices
-submitted together share the prompt's KV blocks through the prefix cache only once the
-first has computed them (prefix-aware routing sends them to the same workers).
+Each choice is its own request on the mesh (id `<request id>-<index>` when n > 1); a seeded
+request gives choice i the seed `seed + i` (an unseeded one draws a seed per choice), so
+choices differ and each is reproducible.
+
+The prompt's KV blocks are shared as vLLM's parallel sampling shares them, through the
+prefix cache: choice 0 is submitted alone, and the other choices once its first token has
+arrived. Its prompt's full blocks are then in its prefill worker's cache, prefix-aware routing
+sends the siblings there (or, once the blocks have reached the decode worker, to decode
+alone) and each sibling computes only its uncached tail. Choice 0 failing before its first
+token fails the request (once migration gives up) and no sibling is ever submitted; a
+sibling the scheduler refuses is retried for up to the stall timeout.
 """
 
 from __future__ import annotations
@@ -12,49 +19,58 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 
-from services.gateway.generation import Delta, Finish, Mesh, Submitted
+from services.gateway.errors import ApiError
+from services.gateway.generation import Delta, Finish, GenerationFailed, Mesh, Submitted
 from shared.engine.sampling_params import SamplingParams
 
 _SEED_RANGE = 2**63
 
 
-async def submit_choices(
-    mesh: Mesh,
-    request_id: str,
-    prompt_ids: list[int],
-    sampling: SamplingParams,
-    stop: tuple[str, ...],
-    n: int,
-) -> list[Submitted]:
-    """Submit the n choices; if one is refused, cancel those already accepted and re-raise."""
-    if n == 1:
-        return [await mesh.submit(request_id, prompt_ids, sampling, stop)]
-    jobs: list[Submitted] = []
-    try:
-        for index in range(n):
-            params = sampling
-            if sampling.seed is not None:
-                params = dataclasses.replace(sampling, seed=(sampling.seed + index) % _SEED_RANGE)
-            jobs.append(await mesh.submit(f"{request_id}-{index}", prompt_ids, params, stop))
-    except BaseException:
-        for job in jobs:
-            await mesh.abandon(job)
-        raise
-    return jobs
+@dataclass(frozen=True, slots=True)
+class Choices:
+    """What every choice of one request is submitted with."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    n: int
+
+    def request_id_of(self, index: int) -> str:
+        return self.request_id if self.n == 1 else f"{self.request_id}-{index}"
+
+    def sampling_of(self, index: int) -> SamplingParams:
+        if self.sampling.seed is None or index == 0:
+            return self.sampling
+        return dataclasses.replace(self.sampling, seed=(self.sampling.seed + index) % _SEED_RANGE)
+
+    async def submit(self, mesh: Mesh, index: int, retry_for: float = 0.0) -> Submitted:
+        """Choice `index`; a refusal is an ApiError (for choice 0, before any reply is
+        started: the client's 429 or 503), after `retry_for` seconds of retries."""
+        return await mesh.submit(
+            self.request_id_of(index),
+            self.prompt_ids,
+            self.sampling_of(index),
+            self.stop,
+            retry_for,
+        )
 
 
 async def merged_events(
-    mesh: Mesh, jobs: list[Submitted]
+    mesh: Mesh, choices: Choices, first: Submitted
 ) -> AsyncIterator[tuple[int, Delta | Finish]]:
-    """(choice index, event) from every job as they come; ends after the last Finish.
-    A failure in one choice ends them all (the others are cancelled as their streams close)."""
-    if len(jobs) == 1:
-        async with aclosing(mesh.events(jobs[0])) as events:
+    """(choice index, event) from every choice as they come; ends after the last Finish.
+    The siblings are submitted once `first` has its first token. A failure in one choice
+    ends them all (every submitted choice is cancelled as this generator closes)."""
+    if choices.n == 1:
+        async with aclosing(mesh.events(first)) as events:
             async for event in events:
                 yield 0, event
         return
     queue: asyncio.Queue[tuple[int, Delta | Finish | BaseException]] = asyncio.Queue()
+    jobs = [first]
 
     async def pump(index: int, job: Submitted) -> None:
         try:
@@ -64,9 +80,27 @@ async def merged_events(
         except Exception as exc:
             await queue.put((index, exc))
 
-    tasks = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
+    tasks = [asyncio.create_task(pump(0, first))]
+
+    async def submit_siblings() -> None:
+        index = 0
+        try:
+            # Choice 0's events end by its stall timeout or deadline at the latest: then either
+            # this is set, or they failed and closing this generator cancels the wait.
+            await first.first_token.wait()
+            for index in range(1, choices.n):
+                job = await choices.submit(mesh, index, retry_for=mesh.config.stall_timeout)
+                jobs.append(job)
+                tasks.append(asyncio.create_task(pump(index, job)))
+        except ApiError as exc:
+            refused = GenerationFailed(f"choice {index} was refused: {exc}", exc.status)
+            await queue.put((index, refused))
+        except Exception as exc:
+            await queue.put((index, exc))
+
+    launcher = asyncio.create_task(submit_siblings())
     try:
-        left = len(jobs)
+        left = choices.n
         while left:
             index, event = await queue.get()
             if isinstance(event, BaseException):
@@ -74,6 +108,10 @@ async def merged_events(
             left -= isinstance(event, Finish)
             yield index, event
     finally:
+        launcher.cancel()
+        await asyncio.gather(launcher, return_exceptions=True)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for job in jobs:  # those whose pump never ran (cancelled before it started)
+            await mesh.abandon(job)

@@ -8,7 +8,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
-from services.gateway.choices import merged_events, submit_choices
+from services.gateway.choices import Choices, merged_events
 from services.gateway.errors import ApiError, invalid
 from services.gateway.generation import Delta, Finish, GenerationFailed, Mesh, Submitted
 from services.gateway.keys import CONFIG, MESH
@@ -39,40 +39,46 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     prompt_ids = _prompt_ids(mesh, parsed)
     sampling = with_max_tokens(parsed, len(prompt_ids), config.max_model_len)
     request_id = uuid.uuid4().hex
-    jobs = await submit_choices(mesh, request_id, prompt_ids, sampling, parsed.stop, parsed.n)
-    echo = _echo_text(mesh, parsed, prompt_ids)
+    choices = Choices(request_id, prompt_ids, sampling, parsed.stop, parsed.n)
+    echo = _echo_text(mesh, parsed)
     builders = [
         ResponseBuilder(kind, request_id, config.served_model_name, mesh.text, index, echo)
         for index in range(parsed.n)
     ]
-    if parsed.stream:
-        return await _stream(request, mesh, jobs, builders, parsed.include_usage)
-    return await _complete(mesh, jobs, builders)
+    first = await choices.submit(mesh, 0)
+    try:
+        if parsed.stream:
+            return await _stream(request, mesh, choices, first, builders, parsed.include_usage)
+        return await _complete(mesh, choices, first, builders)
+    finally:
+        await mesh.abandon(first)  # a no-op unless its events never ran to their end
 
 
 def _prompt_ids(mesh: Mesh, parsed: GenerationRequest) -> list[int]:
     if parsed.messages is not None:
         return mesh.text.chat_prompt_ids(parsed.messages)
     assert parsed.prompt is not None  # parse_request sets one of the two
-    return mesh.text.completion_prompt_ids(parsed.prompt)
+    return mesh.text.completion_prompt_ids(parsed.prompt, parsed.suffix)
 
 
-def _echo_text(mesh: Mesh, parsed: GenerationRequest, prompt_ids: list[int]) -> str:
-    """The prompt as text, when a completion asks for echo; else nothing."""
+def _echo_text(mesh: Mesh, parsed: GenerationRequest) -> str:
+    """The prompt as text (without any fill-in-the-middle tokens), when a completion asks
+    for echo; else nothing."""
     if not parsed.echo:
         return ""
     if isinstance(parsed.prompt, str):
         return parsed.prompt
-    return mesh.text.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    assert parsed.prompt is not None
+    return mesh.text.tokenizer.decode(parsed.prompt, skip_special_tokens=False)
 
 
 async def _complete(
-    mesh: Mesh, jobs: list[Submitted], builders: list[ResponseBuilder]
+    mesh: Mesh, choices: Choices, first: Submitted, builders: list[ResponseBuilder]
 ) -> web.Response:
-    deltas: list[list[Delta]] = [[] for _ in jobs]
+    deltas: list[list[Delta]] = [[] for _ in builders]
     finishes: dict[int, Finish] = {}
     try:
-        async with aclosing(merged_events(mesh, jobs)) as events:
+        async with aclosing(merged_events(mesh, choices, first)) as events:
             async for index, event in events:
                 if isinstance(event, Finish):
                     finishes[index] = event
@@ -80,18 +86,19 @@ async def _complete(
                     deltas[index].append(event)
     except GenerationFailed as exc:
         raise ApiError(exc.status, str(exc), code="generation_failed") from None
-    if len(finishes) < len(jobs):
+    if len(finishes) < choices.n:
         raise ApiError(500, "the token stream ended without a finish", code="generation_failed")
     bodies = [b.full(deltas[i], finishes[i]) for i, b in enumerate(builders)]
-    usage = total_usage([finishes[i] for i in range(len(jobs))])
-    choices = [body["choices"][0] for body in bodies]
-    return web.json_response(bodies[0] | {"choices": choices, "usage": usage.as_dict()})
+    usage = total_usage([finishes[i] for i in range(choices.n)])
+    entries = [body["choices"][0] for body in bodies]
+    return web.json_response(bodies[0] | {"choices": entries, "usage": usage.as_dict()})
 
 
 async def _stream(
     request: web.Request,
     mesh: Mesh,
-    jobs: list[Submitted],
+    choices: Choices,
+    first: Submitted,
     builders: list[ResponseBuilder],
     include_usage: bool,
 ) -> web.StreamResponse:
@@ -99,18 +106,18 @@ async def _stream(
     publishes Cancel as it closes."""
     sse = SSEWriter(request)
     await sse.start()
-    first = [True] * len(jobs)
+    opening = [True] * choices.n
     finishes: list[Finish] = []
     try:
-        async with aclosing(merged_events(mesh, jobs)) as events:
+        async with aclosing(merged_events(mesh, choices, first)) as events:
             async for index, event in events:
                 builder = builders[index]
                 if isinstance(event, Finish):
-                    await sse.send(builder.chunk(None, event, first[index]))
+                    await sse.send(builder.chunk(None, event, opening[index]))
                     finishes.append(event)
                 else:
-                    await sse.send(builder.chunk(event, None, first[index]))
-                first[index] = False
+                    await sse.send(builder.chunk(event, None, opening[index]))
+                opening[index] = False
         if include_usage:
             await sse.send(builders[0].usage_chunk(total_usage(finishes)))
     except GenerationFailed as exc:

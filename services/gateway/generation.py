@@ -1,7 +1,8 @@
 """One request's life on the mesh: submit, then turn TokenChunks into text events.
 
 `Mesh.submit` asks the scheduler (request/reply) and opens the request's token stream;
-refusals become ApiErrors (429/503 with Retry-After). `Mesh.events` then yields Delta and
+refusals become ApiErrors (429/503 with Retry-After), retried for `retry_for` seconds when
+the caller asks (a later choice of an accepted request). `Mesh.events` then yields Delta and
 Finish: it detokenizes, applies stop strings, and enforces the stall timeout and the
 request deadline. Whenever it ends without the worker's own finish (stop string, error,
 timeout, client gone), it publishes Cancel so every worker frees the request's blocks.
@@ -24,8 +25,9 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
@@ -45,6 +47,7 @@ from shared.telemetry.metrics import GatewayMetrics
 from shared.telemetry.tracing import fail, inject
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,8 @@ class Submitted:
     submitted: float  # perf_counter() when the submit began
     message: SubmitRequest  # the current attempt, as submitted
     delivered: list[int] = field(default_factory=list)  # tokens streamed to the client
+    # Set when the first token arrives (or a finish without any); never on a failure.
+    first_token: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Mesh:
@@ -117,15 +122,16 @@ class Mesh:
         prompt_ids: list[int],
         sampling: SamplingParams,
         stop: tuple[str, ...],
+        retry_for: float = 0.0,
     ) -> Submitted:
+        """Submit one request; a refusal is an ApiError, after `retry_for` seconds of retries."""
         submitted = time.perf_counter()
         span = trace.get_current_span()
         span.set_attributes(
             {"splitserve.request_id": request_id, "gen_ai.usage.input_tokens": len(prompt_ids)}
         )
-        if len(self.streams.open) >= self.config.max_pending:
-            raise ApiError(429, "too many requests in flight on this gateway", retry_after=1)
-        loop_deadline = asyncio.get_running_loop().time() + self.config.request_timeout
+        loop = asyncio.get_running_loop()
+        loop_deadline = loop.time() + self.config.request_timeout
         if sampling.seed is None:  # fixed here, so that a migrated request draws the same
             sampling = dataclasses.replace(sampling, seed=secrets.randbits(63))
         message = SubmitRequest(
@@ -135,11 +141,17 @@ class Mesh:
             sampling=sampling,
             deadline=time.time() + self.config.request_timeout,
         )
-        stream = await self._send(message)
+        stream = await self._retrying(lambda: self._open(message), loop.time() + retry_for)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return Submitted(
             request_id, stream, len(prompt_ids), sampling, stop, loop_deadline, submitted, message
         )
+
+    async def _open(self, message: SubmitRequest) -> RequestStream:
+        """A new request, if this gateway has room for one more in flight."""
+        if len(self.streams.open) >= self.config.max_pending:
+            raise ApiError(429, "too many requests in flight on this gateway", retry_after=1)
+        return await self._send(message)
 
     async def _send(self, message: SubmitRequest) -> RequestStream:
         """Open the attempt's token stream, then submit it; a refusal is an ApiError."""
@@ -158,8 +170,9 @@ class Mesh:
             why = "no scheduler answered" if isinstance(exc, NoRespondersError) else "timed out"
             why = why if isinstance(exc, (NoRespondersError, TimeoutError)) else repr(exc)
             raise ApiError(503, f"the scheduler is unavailable ({why})", retry_after=1) from None
-        except BaseException:
+        except BaseException:  # cancelled: the scheduler may place it all the same
             self.streams.close_stream(request_id)
+            await self._cancel(request_id)
             raise
         if not ack.accepted:
             self.streams.close_stream(request_id)
@@ -187,6 +200,8 @@ class Mesh:
                 if chunk.token_ids:
                     last_chunk = self._observe_chunk(job, last_chunk)
                 job.delivered += chunk.token_ids
+                if chunk.token_ids or chunk.finish_reason:
+                    job.first_token.set()
                 completion_tokens += len(chunk.token_ids)
                 text, stopped = stops.feed(detokenizer.add(chunk.token_ids))
                 if chunk.finish_reason and not stopped:
@@ -275,20 +290,32 @@ class Mesh:
         """Submit the migrated attempt, retrying refusals until the stall timeout passes."""
         loop = asyncio.get_running_loop()
         give_up = min(job.deadline, loop.time() + self.config.stall_timeout)
+        try:
+            return await self._retrying(lambda: self._send(job.message), give_up)
+        except ApiError as exc:
+            raise GenerationFailed(f"{why}; migration refused: {exc}", 503) from None
+
+    @staticmethod
+    async def _retrying(send: Callable[[], Awaitable[T]], give_up: float) -> T:
+        """`send()`, again after a refusal (429/503) while `give_up` (loop time) allows,
+        waiting its retry_after (0.2 to 1 s); the last refusal is re-raised."""
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                return await self._send(job.message)
+                return await send()
             except ApiError as exc:
                 wait = min(max(exc.retry_after or 0.0, 0.2), 1.0)
                 if loop.time() + wait > give_up or exc.status not in (429, 503):
-                    raise GenerationFailed(f"{why}; migration refused: {exc}", 503) from None
+                    raise
                 await asyncio.sleep(wait)
 
     async def abandon(self, job: Submitted) -> None:
-        """Drop a submitted request whose events will never be read (a sibling choice of
-        an `n` > 1 request failed to submit): close its stream and cancel it everywhere."""
-        self.streams.close_stream(job.message.request_id)
-        await self._cancel(job.message.request_id)
+        """Close and cancel a submitted request whose events did not run to their end (never
+        started, or cut off before their cleanup); a no-op once they have."""
+        request_id = job.message.request_id
+        if self.streams.open.get(request_id) is job.stream:
+            self.streams.close_stream(request_id)
+            await self._cancel(request_id)
 
     async def _cancel(self, request_id: str) -> None:
         try:

@@ -1,10 +1,10 @@
 """Parse and validate OpenAI request bodies into a GenerationRequest.
 
 Decisions: `n` up to MAX_N choices (`choices.py`); `echo` (completions) returns the prompt
-before the output, but not with logprobs (no prompt logprobs); `suffix` is refused (no
-fill-in-the-middle support); any field outside the accepted set (tools,
-functions, audio, ...) is a 400 naming it, unless its value is null. Structured output
-(`response_format`, `guided_*`) is parsed in `structured.py`.
+before the output, but not with logprobs (no prompt logprobs); `suffix` (completions) asks
+for fill-in-the-middle (`fim.py`), an empty one is the same as none; any field outside the
+accepted set (tools, functions, audio, ...) is a 400 naming it, unless its value is null.
+Structured output (`response_format`, `guided_*`) is parsed in `structured.py`.
 SamplingParams does the range checks; its InvalidParameter.field maps back to the name
 the client used. `max_tokens` is resolved against the prompt length in `with_max_tokens`.
 """
@@ -52,6 +52,7 @@ class GenerationRequest:
     include_usage: bool
     n: int = 1  # choices, each its own request on the mesh
     echo: bool = False  # completions: the prompt's text comes before the output
+    suffix: str = ""  # completions: the text after the output (fill-in-the-middle)
 
 
 def parse_request(kind: Kind, body: Any) -> GenerationRequest:
@@ -68,8 +69,9 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
     n = _int(body, "n", 1)
     if not 1 <= n <= MAX_N:
         raise invalid(f"n must be in [1, {MAX_N}]", "n")
-    if "suffix" in body:
-        raise invalid("suffix is not supported: this model has no fill-in-the-middle", "suffix")
+    suffix = body.get("suffix", "")
+    if not isinstance(suffix, str):
+        raise invalid("suffix must be a string", "suffix")
     echo = _bool(body, "echo", False)
     if echo and "logprobs" in body:
         raise invalid("echo with logprobs is not supported (no prompt logprobs)", "echo")
@@ -120,6 +122,7 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         include_usage=include_usage,
         n=n,
         echo=echo,
+        suffix=suffix,
     )
 
 

@@ -1,4 +1,5 @@
-"""The model's text side: tokenizer, chat template, special tokens (no torch, no transformers)."""
+"""The model's text side: tokenizer, chat template, special tokens, fill-in-the-middle tokens
+(no torch, no transformers)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from services.gateway.errors import invalid
+from services.gateway.fim import FimTokens, fim_token_names
 from services.gateway.openai_schema import Prompt
 from shared.models.chat_template import (
     ChatTemplateError,
@@ -22,6 +24,7 @@ class ModelText:
     tokenizer: Tokenizer
     chat_template: str | None  # None: the model has none, chat requests are refused
     special_tokens: dict[str, str]
+    fim: FimTokens | None  # None: the tokenizer has no fill-in-the-middle tokens
 
     @classmethod
     def load(cls, model_dir: Path) -> ModelText:
@@ -30,7 +33,8 @@ class ModelText:
         except ChatTemplateError:
             template = None
         special = load_special_tokens(model_dir) if template else {}
-        return cls(Tokenizer.from_file(str(model_dir / "tokenizer.json")), template, special)
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return cls(tokenizer, template, special, FimTokens.find(tokenizer))
 
     @property
     def vocab_size(self) -> int:
@@ -46,14 +50,25 @@ class ModelText:
             raise invalid(f"the chat template refused the messages: {exc}", "messages") from None
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def completion_prompt_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt).ids
-        if max(prompt) >= self.vocab_size:
+    def completion_prompt_ids(self, prompt: Prompt, suffix: str = "") -> list[int]:
+        """The prompt's ids; with a suffix, the fill-in-the-middle prompt (`fim.py`)."""
+        if not isinstance(prompt, str) and max(prompt) >= self.vocab_size:
             raise invalid(
                 f"prompt token ids must be below the vocab size {self.vocab_size}", "prompt"
             )
-        return prompt
+        if not suffix:
+            return self.tokenizer.encode(prompt).ids if isinstance(prompt, str) else prompt
+        if self.fim is None:
+            raise invalid(
+                "suffix needs fill-in-the-middle, and this model's tokenizer has no "
+                f"fill-in-the-middle tokens ({fim_token_names()})",
+                "suffix",
+            )
+        encode = self.tokenizer.encode
+        prefix_ids = (
+            encode(prompt, add_special_tokens=False).ids if isinstance(prompt, str) else prompt
+        )
+        return self.fim.prompt(prefix_ids, encode(suffix, add_special_tokens=False).ids)
 
     def token_text(self, token_id: int) -> str:
         """One token as text, for logprobs."""

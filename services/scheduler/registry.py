@@ -8,6 +8,9 @@ refills within one heartbeat interval).
   clears the set first, so the set can under-report but never invent blocks.
 - Placements are remembered per worker (request id → deadline) until a Cancel or the
   deadline, and counted as load until the worker's next heartbeat reports them.
+- A placed prompt's full blocks count as cached at once on the worker that computes them
+  (`expect_cached`), before its KV event says so: a request with the same prefix right
+  behind it (the sibling choices of an `n` > 1 request) goes where the blocks will be.
 """
 
 from __future__ import annotations
@@ -80,6 +83,13 @@ class Registry:
         state.assigned[request_id] = deadline
         state.placed_since_heartbeat += 1
         state.blocks_since_heartbeat += blocks_for(num_tokens, state.heartbeat.block_size or 1)
+
+    def expect_cached(self, worker_id: str, block_hashes: list[int]) -> None:
+        """`worker_id` is computing (or receiving) these blocks; the next gap in its KV
+        events clears the guess with everything else if it never comes true."""
+        state = self._workers.get(worker_id)
+        if state is not None:
+            state.cached.update(block_hashes)
 
     def forget(self, request_id: str) -> None:
         for state in self._workers.values():

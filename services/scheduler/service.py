@@ -227,6 +227,7 @@ class SchedulerService:
             if local:
                 if await self._decode_only(request, decode, headers):
                     self._assign(request, decode.worker_id, len(tokens))
+                    self.registry.expect_cached(decode.worker_id, hashes)
                     return SubmitAck(request.request_id, True, decode_worker=decode.worker_id)
                 continue
             reservation = await self._reserve(request, tokens, decode, headers)
@@ -238,6 +239,8 @@ class SchedulerService:
                 if await self._prefill(request, prefill, decode, reservation, headers):
                     self._assign(request, decode.worker_id, len(tokens))
                     self._assign(request, prefill.worker_id, 0)
+                    # The decode worker holds the blocks only once the transfer is done.
+                    self.registry.expect_cached(prefill.worker_id, hashes)
                     return SubmitAck(
                         request.request_id,
                         True,

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
+from services.gateway.prompting import ModelText
 from services.offline import chat_prompt_ids
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
@@ -311,3 +313,40 @@ def test_aggregated_mode_serves_the_same_tokens(mesh, mesh_model_dir, tmp_path):
     disaggregated = mesh.client.completions.create(**request).choices[0].text
     for aggregated in start_mesh(mesh_model_dir, tmp_path, ["--aggregated"]):
         assert aggregated.client.completions.create(**request).choices[0].text == disaggregated
+
+
+def test_n_choices_share_the_prompt_blocks(mesh, mesh_model_dir):
+    """n=4: choice 0 computes the prompt, the other three are submitted after its first token
+    and find its full blocks in a prefix cache (the prefill worker's, or the decode worker's
+    once they have moved there). Greedy choices equal the engine's output; sampled ones
+    differ, each equal to the engine run with its own seed (seed + index)."""
+    model = mesh.client.models.list().data[0].id
+    text = ModelText.load(mesh_model_dir)
+    prompt = f"Parallel sampling check {uuid.uuid4().hex}: " + "one two three four " * 12
+    ids = text.completion_prompt_ids(prompt)
+    block_size = mesh.next_heartbeats()[0].block_size
+    if len(ids) % block_size == 0:  # a whole last block is always recomputed: avoid it
+        prompt, ids = prompt + " five", text.completion_prompt_ids(prompt + " five")
+    full_blocks = len(ids) // block_size
+    assert full_blocks >= 4 and len(ids) % block_size
+
+    def prefix_hits() -> int:
+        return sum(b.prefix_hits for b in mesh.next_heartbeats())
+
+    before = prefix_hits()
+    request = {"model": model, "prompt": prompt, "n": 4, "max_tokens": 10}
+    greedy = mesh.client.completions.create(**request, temperature=0)
+    assert prefix_hits() - before >= 3 * full_blocks * block_size
+    sampled = mesh.client.completions.create(**request, temperature=1.0, seed=11)
+    engine = LLMEngine(EngineConfig(model_dir=mesh_model_dir, num_kv_blocks=256))
+    engine.add_request("greedy", ids, SamplingParams(temperature=0.0, max_tokens=10))
+    for i in range(4):
+        engine.add_request(str(i), ids, SamplingParams(temperature=1.0, seed=11 + i, max_tokens=10))
+    outputs = {
+        name: text.tokenizer.decode(tokens, skip_special_tokens=True)
+        for name, tokens in run_to_completion(engine).items()
+    }
+    assert [c.text for c in greedy.choices] == [outputs["greedy"]] * 4
+    texts = [c.text for c in sorted(sampled.choices, key=lambda c: c.index)]
+    assert texts == [outputs[str(i)] for i in range(4)]
+    assert len(set(texts)) == 4

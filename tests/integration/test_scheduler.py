@@ -276,3 +276,22 @@ def test_a_placement_waiting_on_a_lost_worker_moves_on_at_once(nats_server):
             assert [type(m) for m in spare.received] == [PrefillTask]
 
     asyncio.run(scenario())
+
+
+def test_a_placed_prompt_counts_as_cached_on_its_workers_at_once(nats_server):
+    """The sibling choices of an `n` > 1 request come right behind choice 0, before any KV
+    event: they must still go to the workers that hold (or are computing) its blocks."""
+
+    async def scenario() -> None:
+        p1, p2 = FakeWorker("p1", "prefill"), FakeWorker("p2", "prefill")
+        d1, d2 = FakeWorker("d1", "decode"), FakeWorker("d2", "decode")
+        async with mesh(nats_server.url, "s8", [p1, p2, d1, d2]) as client:
+            first = await place(client, "s8", submit("c0"))
+            sibling = await place(client, "s8", submit("c1"))
+            other = await place(client, "s8", submit("x", prompt=list(range(300, 370))))
+            assert first.accepted and sibling.accepted and other.accepted
+            assert sibling.prefill_worker == first.prefill_worker
+            # Without a shared prefix, load decides: the busy pair is avoided.
+            assert other.prefill_worker != first.prefill_worker
+
+    asyncio.run(scenario())
