@@ -4,13 +4,16 @@ OpenAI's `response_format` (`json_object`, `json_schema`) and vLLM's `guided_jso
 `guided_regex`, `guided_choice`, `guided_grammar`; at most one per request. The gateway
 does not import xgrammar (it would bring torch), so it checks what it can here and names
 the problem in a 400: the JSON Schema's structure keyword by keyword, regexes with Python's
-`re`, choices and grammars by shape. The worker compiles the spec with xgrammar.
+`re` parser (refusing the constructs xgrammar's regex dialect lacks), choices and grammars
+by shape. The worker compiles the spec with xgrammar.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from re import _constants as re_constants
+from re import _parser as re_parser
 from typing import Any
 
 from services.gateway.errors import invalid
@@ -116,10 +119,54 @@ def _regex(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise invalid(f"{where} must be a non-empty regular expression", where)
     try:
-        re.compile(value)
+        parsed = re_parser.parse(value)
     except re.error as exc:
         raise invalid(f"{where} is not a valid regular expression: {exc}", where) from None
+    if parsed.state.groupdict:
+        raise invalid(f"{where}: named groups (?P<name>...) are not supported", where)
+    unsupported = _unsupported_construct(parsed)
+    if parsed.state.flags & _FLAGS:
+        unsupported = "inline flags ((?i), (?s:...))"
+    if unsupported:
+        raise invalid(f"{where}: {unsupported} are not supported in guided regexes", where)
     return value
+
+
+# Python `re` syntax that xgrammar's regex converter refuses (checked against 0.2.x): the
+# grammar is a finite automaton, so nothing that looks around, back or inside the match.
+_UNSUPPORTED = {
+    re_constants.ASSERT: "lookarounds (?=...), (?<=...)",
+    re_constants.ASSERT_NOT: "negative lookarounds (?!...), (?<!...)",
+    re_constants.GROUPREF: "backreferences (\\1, (?P=name))",
+    re_constants.GROUPREF_EXISTS: "conditional groups (?(1)...)",
+    re_constants.ATOMIC_GROUP: "atomic groups (?>...)",
+    re_constants.POSSESSIVE_REPEAT: "possessive repeats (a++, a*+)",
+}
+_UNSUPPORTED_AT = {re_constants.AT_BOUNDARY, re_constants.AT_NON_BOUNDARY}
+_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE | re.ASCII
+
+
+def _unsupported_construct(pattern: Any) -> str:
+    """The first construct of a parsed pattern that xgrammar refuses, or ""."""
+    for op, arg in pattern:
+        if op in _UNSUPPORTED:
+            return _UNSUPPORTED[op]
+        if op == re_constants.AT and arg in _UNSUPPORTED_AT:
+            return "word boundaries (\\b, \\B)"
+        if op == re_constants.SUBPATTERN:
+            _group, add_flags, del_flags, inner = arg
+            if add_flags or del_flags:
+                return "inline flags ((?i), (?s:...))"
+            found = _unsupported_construct(inner)
+        elif op in (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT):
+            found = _unsupported_construct(arg[2])
+        elif op == re_constants.BRANCH:
+            found = next((f for f in map(_unsupported_construct, arg[1]) if f), "")
+        else:
+            found = ""
+        if found:
+            return found
+    return ""
 
 
 def _is_json(text: str) -> bool:
