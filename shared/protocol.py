@@ -37,6 +37,7 @@ class SubmitAck:
     retry_after: float = 0.0  # seconds, when refused for load
     prefill_worker: str = ""  # "" when the decode worker prefills itself
     decode_worker: str = ""
+    invalid: bool = False  # refused because the request itself is bad (a worker said so)
 
 
 # -- workers → scheduler ------------------------------------------------------------------
@@ -56,6 +57,9 @@ class Heartbeat:
     kv_blocks_received: int = 0  # since start: blocks written from prefill workers (decode side)
     prefix_queries: int = 0  # since start: prompt tokens looked up in the prefix cache
     prefix_hits: int = 0  # since start: of those, tokens served from it
+    spec_proposed_tokens: int = 0  # since start: draft tokens verified (speculative decoding)
+    spec_accepted_tokens: int = 0  # since start: of those, accepted
+    spec_verify_steps: int = 0  # since start: verify chunks computed
 
 
 @dataclass(slots=True)
@@ -87,6 +91,7 @@ class Reservation:
     num_blocks: int = 0
     num_cached_blocks: int = 0  # leading blocks decode already holds: not to be sent
     error: str = ""
+    invalid: bool = False  # the engine refused the request itself, not for lack of room
 
 
 @dataclass(slots=True)
@@ -108,6 +113,7 @@ class TaskAck:
     request_id: str
     ok: bool
     error: str = ""
+    invalid: bool = False  # the engine refused the request itself (no worker will take it)
 
 
 # -- prefill → decode (KV transfer) ---------------------------------------------------------

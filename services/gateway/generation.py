@@ -176,6 +176,8 @@ class Mesh:
             raise
         if not ack.accepted:
             self.streams.close_stream(request_id)
+            if ack.invalid:
+                raise ApiError(400, f"invalid request: {ack.error}")
             status = 429 if ack.retry_after > 0 else 503
             raise ApiError(
                 status, f"request refused: {ack.error or 'overloaded'}", retry_after=ack.retry_after

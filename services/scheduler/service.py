@@ -64,6 +64,10 @@ class WorkerGone(Exception):
     """The worker a placement was waiting on stopped beating (the sweeper expired it)."""
 
 
+class InvalidRequest(Exception):
+    """A worker's engine refused the request itself: no other worker would take it."""
+
+
 _REQUEST_ERRORS = (TimeoutError, NatsError, WireError, WorkerGone)
 
 
@@ -187,6 +191,11 @@ class SchedulerService:
         self.metrics.waiting.set(self.placing)
         try:
             ack = await self._place(request, headers)
+        except InvalidRequest as exc:
+            await self.bus.publish(  # frees a reservation already taken
+                self.subjects.cancel, Cancel(request.request_id, "invalid"), headers=headers
+            )
+            ack = SubmitAck(request.request_id, False, str(exc), invalid=True)
         finally:
             self.placing -= 1
             self.metrics.waiting.set(self.placing)
@@ -326,6 +335,8 @@ class SchedulerService:
             return False
         if not ack.ok:
             log.info("%s: %s refused: %s", request.request_id, subject, ack.error)
+            if ack.invalid:
+                raise InvalidRequest(ack.error)
         return ack.ok
 
     async def _reserve(
@@ -342,6 +353,8 @@ class SchedulerService:
             return None
         if not reservation.ok:
             log.info("%s: %s refused: %s", request.request_id, subject, reservation.error)
+            if reservation.invalid:
+                raise InvalidRequest(reservation.error)
             return None
         return reservation
 

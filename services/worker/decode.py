@@ -77,7 +77,8 @@ class DecodeSide:
                 )
             )
         except (OutOfBlocks, ValueError) as exc:
-            return Reservation(msg.request_id, ok=False, error=str(exc))
+            invalid = isinstance(exc, ValueError)  # engine validation; OutOfBlocks is room
+            return Reservation(msg.request_id, ok=False, error=str(exc), invalid=invalid)
         num_blocks = len(reservation.block_ids)
         deadline = loop_deadline(msg.request.deadline, self.ctx.config.reservation_timeout)
         self.reserved[msg.request_id] = Reserved(msg.request, num_blocks, deadline)
@@ -132,7 +133,7 @@ class DecodeSide:
         except ValueError as exc:
             self.streams.pop(request.request_id, None)
             self.telemetry.forget(request.request_id)
-            return TaskAck(request.request_id, ok=False, error=str(exc))
+            return TaskAck(request.request_id, ok=False, error=str(exc), invalid=True)
         return TaskAck(request.request_id, ok=True)
 
     def on_output(self, output: RequestOutput) -> None:

@@ -55,7 +55,7 @@ class PrefillSide:
         except ValueError as exc:
             del self.computing[request.request_id]
             self.telemetry.forget(request.request_id)
-            return TaskAck(request.request_id, ok=False, error=str(exc))
+            return TaskAck(request.request_id, ok=False, error=str(exc), invalid=True)
         return TaskAck(request.request_id, ok=True)
 
     def on_output(self, output: RequestOutput) -> None:

@@ -46,6 +46,7 @@ class FakeWorker:
     free_blocks: int = 100
     reserve_ok: bool = True
     accept: bool = True
+    invalid: bool = False  # refuse tasks as bad requests (the engine's ValueError)
     num_cached_blocks: int = 0
     answer_delay: float = 0.0
     received: list[object] = field(default_factory=list)
@@ -76,7 +77,8 @@ class FakeWorker:
     async def _task(self, message: PrefillTask | DecodeTask, headers: Headers) -> TaskAck:
         self.received.append(message)
         await asyncio.sleep(self.answer_delay)
-        return TaskAck(message.request.request_id, self.accept)
+        error = "invalid grammar: bad rule" if self.invalid else ""
+        return TaskAck(message.request.request_id, self.accept, error, self.invalid)
 
     def _bad(self, reason: str) -> TaskAck:
         return TaskAck("", False, reason)
@@ -293,5 +295,32 @@ def test_a_placed_prompt_counts_as_cached_on_its_workers_at_once(nats_server):
             assert sibling.prefill_worker == first.prefill_worker
             # Without a shared prefix, load decides: the busy pair is avoided.
             assert other.prefill_worker != first.prefill_worker
+
+    asyncio.run(scenario())
+
+
+def test_a_request_a_worker_finds_invalid_is_refused_as_invalid_at_once(nats_server):
+    """The engine's validation (a grammar xgrammar rejects, a prompt past the context) is
+    the same on every worker: the scheduler stops at the first refusal, says `invalid` (the
+    gateway answers 400 with the worker's message) and frees the reservation."""
+
+    async def scenario() -> None:
+        p1 = FakeWorker("p1", "prefill", cached=HASHES[:3], accept=False, invalid=True)
+        p2 = FakeWorker("p2", "prefill")
+        d1 = FakeWorker("d1", "decode")
+        async with mesh(nats_server.url, "s9", [p1, p2, d1]) as client:
+            cancels: list[Cancel] = []
+
+            async def on_cancel(message: Cancel, headers: Headers) -> None:
+                cancels.append(message)
+
+            await client.subscribe(Subjects("s9").cancel, Cancel, on_cancel)
+            await client.nc.flush()
+            ack = await place(client, "s9", submit("bad"))
+            assert not ack.accepted and ack.invalid and ack.retry_after == 0
+            assert ack.error == "invalid grammar: bad rule"
+            assert p2.received == []
+            await asyncio.sleep(0.2)
+            assert [c.request_id for c in cancels] == ["bad"]
 
     asyncio.run(scenario())
