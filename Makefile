@@ -3,6 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+NATIVE_STAMP := $(VENV)/.native-stamp
 MODEL ?= smollm2-135m-instruct
 
 .PHONY: install pull up test lint bench clean
@@ -17,10 +18,14 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch first; pyproject's range then keeps pip from swapping it out.
 	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	$(PY) -m pip install --quiet $(INSTALL_SPEC)
+	touch $@
+
+# The C++ kernels: rebuilt when csrc/cpu changes (ninja recompiles only what changed).
+$(NATIVE_STAMP): $(STAMP) $(wildcard csrc/cpu/*)
 	$(PY) -m shared.engine.native
 	touch $@
 
-install: $(STAMP)
+install: $(NATIVE_STAMP)
 
 pull: install
 	$(VENV)/bin/splitserve pull $(MODEL)

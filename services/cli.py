@@ -56,6 +56,7 @@ def _bench_engine(args: argparse.Namespace) -> None:
             with_transformers=not args.skip_transformers,
             profile=args.profile,
             attention_backend=args.attention_backend,
+            batch_invariant=args.batch_invariant,
         )
     )
 
@@ -64,6 +65,27 @@ def _bench_attention(args: argparse.Namespace) -> None:
     from services.bench.attention import AttentionBenchConfig, run_attention_bench
 
     run_attention_bench(AttentionBenchConfig(backends=tuple(args.backends)))
+
+
+def _bench_gpu(args: argparse.Namespace) -> None:
+    from services.bench.gpu import GpuBenchConfig, run_gpu_bench
+
+    run_gpu_bench(
+        GpuBenchConfig(
+            weights_dir=args.weights_dir,
+            batches=tuple(args.batches),
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            attention_batches=tuple(args.attention_batches),
+            contexts=tuple(args.contexts),
+        )
+    )
+
+
+def _bench_linear(args: argparse.Namespace) -> None:
+    from services.bench.linear import LinearBenchConfig, run_linear_bench
+
+    run_linear_bench(LinearBenchConfig(rows=tuple(args.rows)))
 
 
 def _bench_quant(args: argparse.Namespace) -> None:
@@ -81,7 +103,12 @@ def _bench_spec(args: argparse.Namespace) -> None:
     model_dir = args.model_dir or pull_model(args.model)
     run_spec_bench(
         SpecBenchConfig(
-            model_dir=model_dir, k=args.num_speculative_tokens, quantization=args.quantization
+            model_dir=model_dir,
+            k=args.num_speculative_tokens,
+            quantization=args.quantization,
+            draft_model_dir=args.draft_model,
+            max_tokens=args.max_tokens,
+            num_threads=args.threads,
         )
     )
 
@@ -131,20 +158,42 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--skip-transformers", action="store_true")
     engine.add_argument("--profile", action="store_true", help="print the top ops of a decode")
     engine.add_argument("--attention-backend", default="auto", help="auto|torch|cpu|triton")
+    engine.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="batch-invariant matmuls (default: on when the C++ kernels are built)",
+    )
     engine.set_defaults(func=_bench_engine)
     attention = targets.add_parser("attention", help="attention ms per decode step by backend")
     attention.add_argument("--backends", nargs="+", default=["torch", "cpu"])
     attention.set_defaults(func=_bench_attention)
+    gpu = targets.add_parser("gpu", help="CUDA: decode tok/s and attention vs HBM bandwidth")
+    gpu.add_argument(
+        "--weights-dir", type=Path, help="keep the random Llama-3-8B weights here (16 GB)"
+    )
+    gpu.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="decode batches")
+    gpu.add_argument("--prompt-len", type=int, default=128)
+    gpu.add_argument("--output-len", type=int, default=128)
+    gpu.add_argument("--attention-batches", type=int, nargs="+", default=[1, 16, 64])
+    gpu.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384])
+    gpu.set_defaults(func=_bench_gpu)
+    linear = targets.add_parser("linear", help="matmul ms per forward step: torch vs invariant")
+    linear.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 256])
+    linear.set_defaults(func=_bench_linear)
     quant = targets.add_parser("quant", help="perplexity, greedy agreement, tok/s: fp32/int8/int4")
     quant.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     quant.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
     quant.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     quant.set_defaults(func=_bench_quant)
-    spec = targets.add_parser("spec", help="n-gram speculative decoding: acceptance, speed-up")
+    spec = targets.add_parser("spec", help="speculative decoding: acceptance, speed-up")
     spec.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     spec.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
     spec.add_argument("--num-speculative-tokens", type=int, default=4)
-    spec.add_argument("--quantization", choices=("int8", "int4"), help="weights of both runs")
+    spec.add_argument("--quantization", choices=("int8", "int4"), help="weights of every run")
+    spec.add_argument("--draft-model", type=Path, help="also run --speculative draft with it")
+    spec.add_argument("--max-tokens", type=int, default=160, help="output tokens per task")
+    spec.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     spec.set_defaults(func=_bench_spec)
     loadtest_cli.add_subcommands(targets)  # serve | users | plot | matrix
     return parser

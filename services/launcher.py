@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from services.worker.cli import add_engine_arguments, engine_argv
 from shared.config import env
 from shared.nats_server import free_port, start_nats_server
 from shared.subjects import DEFAULT_NAMESPACE
@@ -67,6 +68,7 @@ class LauncherConfig:
     log_level: str = "INFO"
     otlp_endpoint: str = ""  # passed to every service; "": no trace export
     metrics_port: int = 0  # first /metrics port of scheduler and workers; 0: free ports
+    worker_args: tuple[str, ...] = ()  # engine flags passed to every worker as they are
 
     def __post_init__(self) -> None:
         if self.prefill < (1 if self.aggregated else 0) or self.decode < 0:
@@ -101,6 +103,7 @@ def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
             worker_id = f"{role}-{i}"
             argv = (*service, "worker", "--role", role, "--model-dir", str(config.model_dir))
             argv += ("--worker-id", worker_id, "--num-threads", "1", *common, *metrics())
+            argv += config.worker_args
             specs.append(ChildSpec(f"worker {worker_id}", "worker", argv))
     gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))
     gateway += ("--model-dir", str(config.model_dir), *common)
@@ -305,6 +308,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=0, help="first scheduler/worker /metrics port"
     )
+    engine = parser.add_argument_group("engine (every worker)")
+    add_engine_arguments(engine)
     parser.set_defaults(func=main)
 
 
@@ -332,6 +337,7 @@ def main(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         otlp_endpoint=args.otlp_endpoint,
         metrics_port=args.metrics_port,
+        worker_args=engine_argv(args),
     )
     if config.model_dir is None:
         config = replace(config, model_dir=pull_model(config.model))

@@ -1,4 +1,5 @@
-// Paged-attention kernels for CPU hosts, exported to Python by bindings.cpp.
+// CPU kernels (paged attention, KV write, batch-invariant linear), exported to Python by
+// bindings.cpp.
 //
 // KV cache of one layer: [num_blocks, block_size, 2, kv_heads, head_dim], contiguous;
 // index 0 of the third axis holds K, index 1 holds V.
@@ -18,3 +19,11 @@ void write_kv(torch::Tensor cache, torch::Tensor kv, torch::Tensor slot_mapping)
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
                      torch::Tensor block_tables, torch::Tensor row_table,
                      torch::Tensor row_context, double scale);
+
+// Batch-invariant linear (linear.cpp). pack_linear_weight lays an [N, K] float32 or
+// bfloat16 matrix out once as the kernel reads it: [ceil(N / 64), K, 64], zero-padded.
+// linear: y [M, N] = x [M, K] @ w.T (+ bias [N]) in x's dtype (w's dtype), each y[m, n] one
+// k-ordered chain of fused multiply-adds in fp32 whatever M, the blocking or the threads.
+torch::Tensor pack_linear_weight(torch::Tensor w);
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
+                     c10::optional<torch::Tensor> bias);

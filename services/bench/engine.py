@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from shared.engine import batch_invariant
 from shared.engine.attention import resolve_backend
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
@@ -30,6 +31,7 @@ class BenchConfig:
     with_transformers: bool = True
     profile: bool = False
     attention_backend: str = "auto"
+    batch_invariant: bool | None = None  # None: auto (EngineConfig's default)
 
 
 def random_prompts(num: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -106,11 +108,21 @@ def run_engine_bench(cfg: BenchConfig) -> None:
         from shared.models.pull import pull_model
 
         model_dir = pull_model(cfg.model)
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, attention_backend=cfg.attention_backend))
+    config = EngineConfig(
+        model_dir=model_dir,
+        device="cpu",  # against transformers on the same CPU (GPUs: `splitserve bench gpu`)
+        attention_backend=cfg.attention_backend,
+        batch_invariant=cfg.batch_invariant,
+    )
+    engine = LLMEngine(config)
     vocab = engine.model_config.vocab_size
     prompts = random_prompts(cfg.num_requests, cfg.input_len, vocab)
-    backend = resolve_backend(cfg.attention_backend)
-    print(f"model {model_dir} fp32, torch threads {torch.get_num_threads()}, attention {backend}")
+    backend = resolve_backend(cfg.attention_backend, config.torch_device)
+    invariant = "on" if batch_invariant.resolve(config) else "off"
+    print(
+        f"model {model_dir} fp32, torch threads {torch.get_num_threads()}, attention {backend}, "
+        f"batch-invariant matmuls {invariant}"
+    )
     print(f"workload: {cfg.num_requests} requests x {cfg.input_len} prompt -> {cfg.output_len}")
     engine_single_stream(engine, prompts[0][:16], 8)  # warm-up
     ours_single = engine_single_stream(engine, prompts[0], cfg.output_len)

@@ -137,6 +137,7 @@ def run_quant_bench(cfg: QuantBenchConfig) -> None:
         engine = LLMEngine(
             EngineConfig(
                 model_dir=cfg.model_dir,
+                device="cpu",  # int8/int4 are CPU kernels; the windows are CPU tensors
                 quantization=None if fmt == "fp32" else fmt,
                 num_kv_blocks=512,
                 num_threads=cfg.num_threads,

@@ -25,6 +25,10 @@ class WorkerConfig:
     num_kv_blocks: int | None = None  # overrides kv_cache_gib when set
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    device: str = "auto"  # auto (cuda when visible, else cpu) | cpu | cuda | cuda:N
+    dtype: str = "float32"  # weights and KV: float32 | bfloat16 (the one for GPUs) | float16
+    attention_backend: str = "auto"  # auto | torch | cpu | triton (see EngineConfig)
+    batch_invariant: bool | None = None  # None: on with the C++ kernels and float weights
     heartbeat_interval: float = 1.0  # seconds between heartbeats (and KV event checks)
     transfer_timeout: float = 30.0  # seconds one KV transfer may take at most
     # A decode reservation waits this long for its first KV chunk (the prefill may queue),
@@ -36,8 +40,9 @@ class WorkerConfig:
     otlp_endpoint: str = ""  # traces over OTLP/HTTP; "": off
     metrics_port: int | None = None  # Prometheus /metrics; 0: a free port; None: not served
     quantization: str | None = None  # None | int8 | int4 (weight-only, applied at load)
-    speculative: str | None = None  # None | ngram (used by the decoding side)
+    speculative: str | None = None  # None | ngram | draft (used by the decoding side only)
     num_speculative_tokens: int = 4
+    draft_model_dir: Path | None = None  # speculative="draft": same vocabulary as the model
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -48,6 +53,8 @@ class WorkerConfig:
             raise ValueError(
                 "heartbeat_interval, transfer_timeout and reservation_timeout must be positive"
             )
+        if (self.speculative == "draft") != (self.draft_model_dir is not None):
+            raise ValueError("--speculative draft needs --draft-model, and only it takes one")
 
     @property
     def prefills(self) -> bool:
@@ -66,9 +73,14 @@ class WorkerConfig:
             num_kv_blocks=self.num_kv_blocks,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            device=self.device,
+            dtype=self.dtype,
+            attention_backend=self.attention_backend,
+            batch_invariant=self.batch_invariant,
             model_id=self.model_name,
             num_threads=self.num_threads,
             quantization=self.quantization,
-            speculative=self.speculative,
+            speculative=self.speculative if self.decodes else None,
             num_speculative_tokens=self.num_speculative_tokens,
+            draft_model_dir=self.draft_model_dir if self.decodes else None,
         )

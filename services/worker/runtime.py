@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nats.aio.msg import Msg
 
@@ -22,6 +22,7 @@ from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.outputs import RequestOutput
+from shared.engine.spec_decode import SpecDecodeStats
 from shared.kvtransfer import KVLayout
 from shared.kvtransfer.nats_transport import serve_kv
 from shared.protocol import (
@@ -55,6 +56,7 @@ class EngineStats:
     usage: float  # fraction of KV blocks in use
     prefix_queries: int  # since start, in tokens
     prefix_hits: int
+    spec_decode: SpecDecodeStats  # a copy: draft tokens proposed, accepted, verify steps
 
 
 def engine_stats(engine: LLMEngine) -> EngineStats:
@@ -69,6 +71,7 @@ def engine_stats(engine: LLMEngine) -> EngineStats:
         usage=blocks.usage,
         prefix_queries=blocks.prefix_queries,
         prefix_hits=blocks.prefix_hits,
+        spec_decode=replace(engine.spec_stats),
     )
 
 
@@ -96,6 +99,7 @@ class Worker:
         self.telemetry = WorkerTelemetry(config)
         self.metrics_port = 0  # bound by start() when config.metrics_port is set
         self._prefix_counted = (0, 0)  # (queries, hits) already added to the counters
+        self._spec_counted = SpecDecodeStats()  # already added to the counters
 
     async def start(self) -> None:
         """Load the model, connect, subscribe, start heartbeats."""
@@ -210,6 +214,9 @@ class Worker:
             kv_blocks_received=self.ctx.kv_blocks_received,
             prefix_queries=stats.prefix_queries,
             prefix_hits=stats.prefix_hits,
+            spec_proposed_tokens=stats.spec_decode.proposed,
+            spec_accepted_tokens=stats.spec_decode.accepted,
+            spec_verify_steps=stats.spec_decode.verify_steps,
             metrics_port=self.metrics_port,
         )
         await bus.publish(subjects.heartbeat, beat)
@@ -222,7 +229,6 @@ class Worker:
             await bus.publish(subjects.kv_events, events)
             self._cached = stats.cached
 
-
     def _update_gauges(self, stats: EngineStats) -> None:
         metrics, role = self.telemetry.metrics, self.config.role
         metrics.running.labels(role).set(stats.num_running)
@@ -232,6 +238,12 @@ class Worker:
         metrics.prefix_queries.labels(role).inc(stats.prefix_queries - queries)
         metrics.prefix_hits.labels(role).inc(stats.prefix_hits - hits)
         self._prefix_counted = (stats.prefix_queries, stats.prefix_hits)
+        spec, counted = stats.spec_decode, self._spec_counted
+        metrics.spec_proposed.labels(role).inc(spec.proposed - counted.proposed)
+        metrics.spec_accepted.labels(role).inc(spec.accepted - counted.accepted)
+        metrics.spec_verify_steps.labels(role).inc(spec.verify_steps - counted.verify_steps)
+        metrics.spec_acceptance.labels(role).set(spec.acceptance_rate)
+        self._spec_counted = spec
 
 
 def _refuse(reason: str) -> TaskAck:

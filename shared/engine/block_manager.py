@@ -118,7 +118,7 @@ class BlockManager:
                     self._evictable[block_id] = None
         seq.block_table = []
         seq.block_hashes = []
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_draft_computed_tokens = 0
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Give back the blocks past the first `num_tokens` tokens' (speculative decoding: the

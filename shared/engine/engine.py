@@ -26,7 +26,10 @@ from shared.engine.sampler import SampledToken
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledChunk, Scheduler
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
-from shared.engine.spec_decode import SpecDecodeStats, ngram
+from shared.engine.spec_decode import SpecDecodeStats
+from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
+from shared.engine.spec_decode.ngram import NgramProposer
+from shared.engine.spec_decode.proposer import Proposer
 from shared.engine.structured_output import GrammarCompilers, GrammarState, tokenizer_info
 
 
@@ -37,20 +40,28 @@ class LLMEngine:
         self.config = config
         self.model_config = ModelConfig.from_dir(config.model_dir)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
-        num_blocks = config.num_kv_blocks or int(
-            config.kv_cache_gib
-            * 2**30
-            // KVCache.bytes_per_block(self.model_config, config.block_size, config.torch_dtype)
+        draft_config = None
+        if config.draft_model_dir is not None:  # checked before any weights load
+            draft_config = ModelConfig.from_dir(config.draft_model_dir)
+            check_same_vocabulary(
+                config.model_dir, self.model_config, config.draft_model_dir, draft_config
+            )
+        # The cache's memory holds the target's blocks and, beside them, the draft model's.
+        bytes_per_block = sum(
+            KVCache.bytes_per_block(model, config.block_size, config.torch_dtype)
+            for model in (self.model_config, draft_config)
+            if model is not None
         )
+        num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 // bytes_per_block)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.model_id, config.enable_prefix_caching
         )
-        propose = self._propose if config.speculative else None
-        self.scheduler = Scheduler(
-            self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, propose
-        )
-        self.spec_stats = SpecDecodeStats()  # speculative decoding: proposed, accepted
         self.runner = ModelRunner(config, self.model_config, num_blocks, self.max_model_len)
+        self.spec_stats = SpecDecodeStats()  # speculative decoding: proposed, accepted
+        self.proposer = self._proposer(draft_config, num_blocks)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, self.proposer
+        )
         self.requests: dict[str, Sequence] = {}
         self._grammars: GrammarCompilers | None = None  # built at the first guided request
 
@@ -222,17 +233,15 @@ class LLMEngine:
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
 
     # -- speculative decoding (spec_decode/) -------------------------------------------------
-    def _propose(self, seq: Sequence) -> list[int]:
-        """Draft tokens for a decoding `seq`; none for guided or held requests, and never more
-        than the request may still output or the context may still hold."""
-        if seq.grammar is not None or seq.hold_kv or not seq.num_output_tokens:
-            return []
-        k = min(
-            self.config.num_speculative_tokens,
-            seq.params.max_tokens - seq.num_output_tokens - 1,
-            self.max_model_len - seq.num_tokens - 1,
-        )
-        return ngram.propose(seq.token_ids, k)
+    def _proposer(self, draft_config: ModelConfig | None, num_blocks: int) -> Proposer | None:
+        config, k, max_len = self.config, self.config.num_speculative_tokens, self.max_model_len
+        if config.speculative == "ngram":
+            return NgramProposer(k, max_len)
+        if config.speculative == "draft":
+            assert draft_config is not None and config.draft_model_dir is not None
+            runner = ModelRunner(config, draft_config, num_blocks, max_len, config.draft_model_dir)
+            return DraftProposer(k, max_len, runner, self.runner.sampler)
+        return None
 
     def _append_verified(self, chunk: ScheduledChunk, tokens: list[SampledToken]) -> RequestOutput:
         """A verify chunk ran: `tokens` are its accepted drafts then one more. The KV of the last
@@ -252,6 +261,10 @@ class LLMEngine:
         if seq.status == SequenceStatus.RUNNING:
             self.block_manager.truncate(seq, seq.num_tokens)
             self.block_manager.commit(seq)
+            # The draft model's KV past the target's is that of rejected drafts: stale.
+            seq.num_draft_computed_tokens = min(
+                seq.num_draft_computed_tokens, seq.num_computed_tokens
+            )
         return replace(
             outputs[-1],
             new_token_ids=[t for out in outputs for t in out.new_token_ids],

@@ -13,7 +13,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass(slots=True, frozen=True)
 class EngineConfig:
     model_dir: Path
+    # Weights and KV cache. float32 is exact but slow on a GPU: there, pass bfloat16.
     dtype: str = "float32"
+    # Where weights, KV cache and step tensors live: auto (cuda when torch sees a CUDA
+    # device, else cpu) | cpu | cuda | cuda:N. On CUDA, attention auto resolves to triton.
+    device: str = "auto"
     block_size: int = 16
     kv_cache_gib: float = 2.0  # memory for the paged KV cache; sets the number of blocks
     num_kv_blocks: int | None = None  # overrides kv_cache_gib when set
@@ -21,16 +25,29 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences running at once
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    attention_backend: str = "auto"  # auto | torch | cpu | triton (auto: cpu when built)
+    attention_backend: str = "auto"  # auto | torch | cpu | triton (see attention/__init__.py)
+    # Every matmul batch-invariant (shared/engine/batch_invariant.py), so a row's logits do
+    # not depend on the rest of its step. None (auto): on when the C++ kernels are built, the
+    # weights are float and attention is `cpu`; True insists (and fails without them).
+    batch_invariant: bool | None = None
     model_id: str = ""  # mixed into block hashes so two models never share cache entries
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     quantization: str | None = None  # None | int8 (per channel) | int4 (groups of 32)
-    speculative: str | None = None  # None | ngram (prompt lookup; greedy-identical, lossless)
+    # None | ngram (prompt lookup) | draft (a draft model); greedy-identical, lossless
+    speculative: str | None = None
     num_speculative_tokens: int = 4  # draft tokens proposed per decode step
+    draft_model_dir: Path | None = None  # speculative="draft": same vocabulary as the target
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {self.dtype!r}")
+        device = self.torch_device  # raises ValueError for a device that is not there
+        if device.type == "cuda" and self.attention_backend == "cpu":
+            raise ValueError("the cpu attention backend reads CPU memory: not with device cuda")
+        if device.type == "cuda" and (self.quantization or self.batch_invariant):
+            raise ValueError(
+                "quantization and batch_invariant run CPU kernels: not with device cuda"
+            )
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, not {self.block_size}")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
@@ -41,11 +58,45 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be positive")
         if self.quantization not in (None, "int8", "int4"):
             raise ValueError(f"quantization must be int8, int4 or None, not {self.quantization!r}")
-        if self.speculative not in (None, "ngram"):
-            raise ValueError(f"speculative must be ngram or None, not {self.speculative!r}")
+        if self.batch_invariant and self.quantization:
+            raise ValueError("batch_invariant needs float weights (int8/int4 matmuls are not)")
+        if self.batch_invariant and self.attention_backend not in ("auto", "cpu"):
+            raise ValueError("batch_invariant needs the cpu attention backend (or auto)")
+        if self.speculative not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative must be ngram, draft or None, not {self.speculative!r}")
+        if (self.speculative == "draft") != (self.draft_model_dir is not None):
+            raise ValueError('speculative="draft" needs a draft_model_dir, and only it takes one')
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be positive")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        """`device` resolved: auto picks cuda when a CUDA device is visible, else cpu."""
+        return resolve_device(self.device)
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device that exists here, or ValueError saying why not."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {name!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {name!r} asked for, but torch sees {torch.cuda.device_count()} "
+                "CUDA device(s)"
+            )
+        if device.index is None:  # bare cuda: the current device, named, so devices compare
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device

@@ -2,6 +2,8 @@
 
 One tensor per layer: [num_blocks, block_size, 2, kv_heads, head_dim] (K at index 0, V at 1),
 so a block of one layer is one contiguous run of memory and a gather by block id is cheap.
+The tensors live on the engine's device; blocks copied out (`read_blocks`) are always on
+the CPU, for the KV transfer to ship as bytes, and blocks copied in may come from anywhere.
 """
 
 from __future__ import annotations
@@ -10,15 +12,23 @@ import torch
 
 from shared.engine.model_config import ModelConfig
 
+CPU = torch.device("cpu")
+
 
 class KVCache:
     def __init__(
-        self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device = CPU,
     ) -> None:
         self.block_shape = (block_size, 2, config.num_kv_heads, config.head_dim)
         self.dtype = dtype
+        self.device = device
         self.layers = [
-            torch.zeros(num_blocks, *self.block_shape, dtype=dtype)
+            torch.zeros(num_blocks, *self.block_shape, dtype=dtype, device=device)
             for _ in range(config.num_layers)
         ]
 
@@ -32,9 +42,9 @@ class KVCache:
         return len(self.layers)
 
     def read_blocks(self, block_ids: list[int], layers: range) -> torch.Tensor:
-        """A copy of the blocks: [len(layers), len(block_ids), block_size, 2, kv_heads, d]."""
-        index = torch.tensor(block_ids, dtype=torch.int64)
-        return torch.stack([self.layers[i].index_select(0, index) for i in layers])
+        """A CPU copy of the blocks: [len(layers), len(block_ids), block_size, 2, kv_heads, d]."""
+        index = torch.tensor(block_ids, dtype=torch.int64).to(self.device)
+        return torch.stack([self.layers[i].index_select(0, index) for i in layers]).cpu()
 
     def write_blocks(self, block_ids: list[int], layers: range, data: torch.Tensor) -> None:
         expected = (len(layers), len(block_ids), *self.block_shape)
@@ -48,7 +58,8 @@ class KVCache:
         num_blocks = self.layers[0].shape[0]
         if any(not 0 <= b < num_blocks for b in block_ids):
             raise ValueError(f"block ids outside [0, {num_blocks})")
-        index = torch.tensor(block_ids, dtype=torch.int64)
+        index = torch.tensor(block_ids, dtype=torch.int64).to(self.device)
+        data = data.to(self.device)  # one host-to-device copy for all the layers
         for offset, layer in enumerate(layers):
             self.layers[layer].index_copy_(0, index, data[offset])
 

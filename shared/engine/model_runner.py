@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import accumulate
+from pathlib import Path
 
 import torch
 
+from shared.engine import batch_invariant
 from shared.engine.attention import get_backend
 from shared.engine.attention.metadata import AttentionMetadata, PrefillChunk
 from shared.engine.engine_config import EngineConfig
@@ -19,26 +22,48 @@ from shared.engine.scheduler import ScheduledChunk
 from shared.engine.spec_decode.verify import verify_drafts
 
 
+@dataclass(slots=True)
+class Span:
+    """One sequence's new tokens in a forward pass, and how many logits rows it wants."""
+
+    token_ids: list[int]  # computed at positions start, start + 1, ...
+    start: int
+    block_table: list[int]  # the sequence's blocks; slots for every new token are allocated
+    num_logits: int  # logits of the last num_logits tokens are wanted (0: none)
+
+
 class ModelRunner:
     def __init__(
-        self, config: EngineConfig, model_config: ModelConfig, num_blocks: int, max_len: int
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        num_blocks: int,
+        max_len: int,
+        model_dir: Path | None = None,  # default config.model_dir; a draft model passes its own
     ) -> None:
         self.block_size = config.block_size
-        weights = load_weights(config.model_dir, model_config, config.torch_dtype)
+        self.device = device = config.torch_device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # Triton launches on the current device
+        model_dir = model_dir or config.model_dir
+        weights = load_weights(model_dir, model_config, config.torch_dtype, device)
         vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
         if config.quantization:
             weights = quantize_weights(weights, config.quantization)
-        self.model = LlamaModel(
-            model_config, weights, get_backend(config.attention_backend), max_len
+        elif batch_invariant.resolve(config):
+            weights = batch_invariant.pack_weights(weights)
+        attention = get_backend(config.attention_backend, device)
+        self.model = LlamaModel(model_config, weights, attention, max_len)
+        self.kv_cache = KVCache(
+            model_config, num_blocks, config.block_size, config.torch_dtype, device
         )
-        self.kv_cache = KVCache(model_config, num_blocks, config.block_size, config.torch_dtype)
         self.sampler = Sampler(vocab_size, model_config.eos_token_ids)
 
     def run(self, chunks: list[ScheduledChunk]) -> list[list[SampledToken]]:
         """Compute `chunks` (decodes first) and sample for those that complete, in order: one
         token per chunk, or for a verify chunk its accepted drafts and one token more."""
-        input_ids, positions, meta, logits_rows, completing = self._prepare(chunks)
-        logits = self.model.forward(input_ids, positions, meta, self.kv_cache.layers, logits_rows)
+        completing = [chunk for chunk in chunks if chunk.completes]
+        logits = self.forward([_span(chunk) for chunk in chunks])
         plain = [i for i, chunk in enumerate(completing) if not chunk.draft_token_ids]
         rows = [
             SamplingRow(
@@ -63,59 +88,74 @@ class ModelRunner:
             if chunk.draft_token_ids:
                 rows_of_chunk = logits[starts[i] : starts[i + 1]]  # [K + 1, V]
                 results[i] = verify_drafts(
-                    rows_of_chunk, chunk.seq, chunk.draft_token_ids, self.sampler
+                    rows_of_chunk, chunk.seq, chunk.draft_token_ids, self.sampler, chunk.draft_probs
                 )
         return results
 
-    def _prepare(self, chunks: list[ScheduledChunk]):
+    def forward(self, spans: list[Span]) -> torch.Tensor:
+        """Compute `spans` (single-token ones first) into the KV cache. Returns the wanted
+        logits, [sum of num_logits, V'], span after span."""
+        input_ids, positions, meta, logits_rows = self._prepare(spans)
+        return self.model.forward(input_ids, positions, meta, self.kv_cache.layers, logits_rows)
+
+    def _prepare(self, spans: list[Span]):
+        """The step's tensors, built on the host, then one copy each to the device."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         logits_rows: list[int] = []
-        completing = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefills: list[PrefillChunk] = []
-        for chunk in chunks:
-            seq, start = chunk.seq, chunk.seq.num_computed_tokens
-            end = start + chunk.num_tokens
-            row = len(input_ids)
-            input_ids.extend(seq.token_ids[start:end])
-            input_ids.extend(chunk.draft_token_ids)  # a verify chunk: last token, then drafts
+        for span in spans:
+            start, row, table = span.start, len(input_ids), span.block_table
+            end = start + len(span.token_ids)
+            input_ids.extend(span.token_ids)
             positions.extend(range(start, end))
-            table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if chunk.num_tokens == 1:
+            if len(span.token_ids) == 1:
+                assert not prefills, "single-token spans come first"
                 decode_tables.append(table[: -(-end // bs)])
                 decode_lens.append(end)
             else:
                 prefills.append(
                     PrefillChunk(
                         query_start=row,
-                        query_len=chunk.num_tokens,
+                        query_len=len(span.token_ids),
                         context_len=end,
-                        block_table=torch.tensor(table[: -(-end // bs)], dtype=torch.int64),
+                        block_table=self._to_device(table[: -(-end // bs)]),
                     )
                 )
-            if chunk.completes:  # a verify chunk wants the logits of every one of its rows
-                first = len(input_ids) - 1 - len(chunk.draft_token_ids)
-                logits_rows.extend(range(first, len(input_ids)))
-                completing.append(chunk)
+            logits_rows.extend(range(len(input_ids) - span.num_logits, len(input_ids)))
+        mask = _decode_mask(decode_lens, bs)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            slot_mapping=self._to_device(slots),
             num_decodes=len(decode_tables),
-            decode_block_tables=_pad_tables(decode_tables),
-            decode_mask=_decode_mask(decode_lens, bs),
+            decode_block_tables=_pad_tables(decode_tables).to(self.device, non_blocking=True),
+            decode_mask=None if mask is None else mask.to(self.device, non_blocking=True),
             prefills=prefills,
         )
         return (
-            torch.tensor(input_ids, dtype=torch.int64),
-            torch.tensor(positions, dtype=torch.int64),
+            self._to_device(input_ids),
+            self._to_device(positions),
             meta,
-            torch.tensor(logits_rows, dtype=torch.int64),
-            completing,
+            self._to_device(logits_rows),
         )
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """[len(values)] int64 on the runner's device (on the CPU, no copy at all)."""
+        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
+
+
+def _span(chunk: ScheduledChunk) -> Span:
+    """A chunk's tokens: a verify chunk is the last real token, then its drafts, and wants the
+    logits of every one of its rows; another chunk wants its last row's when it completes."""
+    seq, start = chunk.seq, chunk.seq.num_computed_tokens
+    num_real = chunk.num_tokens - len(chunk.draft_token_ids)
+    token_ids = seq.token_ids[start : start + num_real] + chunk.draft_token_ids
+    num_logits = 1 + len(chunk.draft_token_ids) if chunk.completes else 0
+    return Span(token_ids, start, seq.block_table, num_logits)
 
 
 def _pad_tables(tables: list[list[int]]) -> torch.Tensor:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from shared.engine.batch_invariant import PackedLinear
 from shared.engine.model.weights import LayerWeights, ModelWeights
 
 QUANTIZATIONS = ("int8", "int4")
@@ -145,9 +146,11 @@ def _tensors_of(layer: LayerWeights) -> list[torch.Tensor]:
     return out
 
 
-def _flat(w: torch.Tensor | QuantizedLinear) -> list[torch.Tensor]:
+def _flat(w: torch.Tensor | PackedLinear | QuantizedLinear) -> list[torch.Tensor]:
     if isinstance(w, torch.Tensor):
         return [w]
+    if isinstance(w, PackedLinear):
+        return [w.packed]
     if isinstance(w, Int8Linear):
         return [w.weight, w.scales]
     return [w.packed, w.scales_and_zeros]

@@ -39,6 +39,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks, in order
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    num_draft_computed_tokens: int = 0  # draft model: tokens whose draft KV is in its cache
     finish_reason: FinishReason | None = None
     grammar: GrammarState | None = None  # structured output: where the output is in its grammar
 

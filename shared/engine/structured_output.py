@@ -119,5 +119,5 @@ class GrammarState:
 
     def mask(self, logits: torch.Tensor) -> None:
         """logits: [V'] float32, in place: -inf for every token the grammar forbids next."""
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        xgr.apply_token_bitmask_inplace(logits[None], self._bitmask)
+        self._matcher.fill_next_token_bitmask(self._bitmask)  # the matcher fills it on the CPU
+        xgr.apply_token_bitmask_inplace(logits[None], self._bitmask.to(logits.device))

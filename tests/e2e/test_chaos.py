@@ -225,18 +225,12 @@ def test_prefill_worker_sigkill(two_by_two, mesh_model_dir):  # noqa: F811
     kill = lambda: os.kill(worker_pid(two_by_two, "prefill-0"), signal.SIGKILL)  # noqa: E731
     outcomes = run_load(two_by_two, jobs, kill, after_chunks=0)
     assert report("prefill SIGKILL", outcomes)[0] == STREAMS
-    greedy = [i for i, job in enumerate(jobs) if job.seed is None]
-    assert_same_texts(
-        [jobs[i] for i in greedy], [outcomes[i] for i in greedy], [expected[i] for i in greedy]
-    )
+    # Stream 5 of these jobs has a seeded draw (token 40) whose inverse-CDF margin is 1.1e-6:
+    # it holds only because the mesh's logits are bitwise the engine's (batch-invariant
+    # matmuls, on by default), whatever the batches and chunks the fault leads to.
+    assert_same_texts(jobs, outcomes, expected)
     wait_replaced(two_by_two, "prefill-0")
     assert_blocks_return(two_by_two, 4)
-    try:
-        assert_same_texts(jobs, outcomes, expected)
-    except AssertionError as exc:
-        # Known bug (open): after this fault a seeded stream sometimes continues differently
-        # mid-stream, at repeatable positions; greedy streams never do.
-        pytest.xfail(f"seeded streams after a prefill failure: {exc}")
 
 
 def test_prefill_worker_sigterm_drains_and_exits_0(two_by_two):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -105,5 +106,6 @@ def test_unreachable_registry_is_a_pull_error(
 
 
 def test_unknown_model_is_a_pull_error(tmp_path: Path) -> None:
-    with pytest.raises(PullError, match="unknown model 'nope'; known models: smollm2-135m"):
+    known = "qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct, smollm2-135m-instruct"
+    with pytest.raises(PullError, match=re.escape(f"unknown model 'nope'; known models: {known}")):
         pull_model("nope", home=tmp_path)

@@ -4,6 +4,7 @@ nats-server (killing what ignores SIGTERM), and the readiness probe has a deadli
 
 from __future__ import annotations
 
+import argparse
 import logging
 import socket
 import sys
@@ -11,7 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+from services import launcher
 from services.launcher import ChildSpec, LauncherConfig, child_specs, run_mesh
+from services.worker import cli as worker_cli
+from services.worker.cli import engine_argv
 from shared.nats_server import free_port
 
 # A stand-in service: records its start (name pid), and on SIGTERM records its stop.
@@ -143,3 +147,23 @@ def test_command_table():
     aggregated = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), prefill=3, aggregated=True)
     roles = [s.argv[5] for s in child_specs(aggregated, "u") if s.role == "worker"]
     assert roles == ["both", "both", "both"]
+
+
+def test_engine_flags_of_up_reach_every_worker_and_parse_there():
+    """`splitserve up --quantization int8 --speculative ngram ...` hands the engine flags
+    that differ from their defaults to each worker, whose own parser takes them."""
+    parser = argparse.ArgumentParser()
+    launcher.add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["up", "--quantization", "int8", "--speculative", "ngram", "--no-batch-invariant"]
+    )
+    config = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), worker_args=engine_argv(args))
+    workers = [s for s in child_specs(config, "nats://x:1") if s.role == "worker"]
+    assert len(workers) == 2
+    worker_parser = argparse.ArgumentParser()
+    worker_cli.add_arguments(worker_parser)
+    for spec in workers:
+        parsed = worker_parser.parse_args(spec.argv[4:])
+        assert (parsed.quantization, parsed.speculative) == ("int8", "ngram")
+        assert parsed.batch_invariant is False and parsed.max_num_seqs == 64
+    assert engine_argv(parser.parse_args(["up"])) == ()

@@ -40,8 +40,9 @@ ALLOWED = "http://127.0.0.1:5555"
 CHAT = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
 BEATS = [
     Heartbeat("p0", "prefill", MODEL, 1, 2, 90, 100, 16),
-    Heartbeat("d0", "decode", MODEL, 3, 0, 25, 100, 16, draining=True, prefix_queries=400,
-              prefix_hits=100),
+    Heartbeat(
+        "d0", "decode", MODEL, 3, 0, 25, 100, 16, draining=True, prefix_queries=400, prefix_hits=100
+    ),
 ]
 
 

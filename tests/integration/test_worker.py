@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
 from nats.aio.msg import Msg
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.worker.config import WorkerConfig
 from services.worker.runtime import Worker
@@ -273,3 +275,48 @@ def test_sigterm_drains_refuses_new_work_and_exits_zero(nats_server, tiny_model_
         assert process.wait(timeout=10) == 0
     finally:
         process.kill()
+
+
+def test_draft_model_speculation_reaches_heartbeats_and_metrics(nats_server, tiny_model_dir):
+    """The decode worker speculates with a draft model (the target itself, so drafts pass):
+    the stream is plain decoding's, several tokens a chunk, and the counters reach its
+    heartbeats and its /metrics. The prefill worker does not speculate."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    async def scenario(mesh: Mesh) -> None:
+        await mesh.split(mesh.request("spec", params))
+        await until(lambda: any(c.finish_reason for c in mesh.chunks.get("spec", [])))
+        chunks = mesh.chunks["spec"]
+        assert [t for c in chunks for t in c.token_ids] == reference(tiny_model_dir, PROMPT, params)
+        assert len(chunks) < params.max_tokens  # accepted drafts arrive with their step's token
+        await until(lambda: "decode" in mesh.beats and mesh.beats["decode"].spec_verify_steps > 0)
+        beat = mesh.beats["decode"]
+        assert 0.9 * beat.spec_proposed_tokens <= beat.spec_accepted_tokens
+        assert beat.spec_accepted_tokens <= beat.spec_proposed_tokens
+        assert mesh.beats["prefill"].spec_proposed_tokens == 0
+
+        def exported() -> dict[str, float]:
+            url = f"http://127.0.0.1:{beat.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                families = text_string_to_metric_families(reply.read().decode())
+            return {s.name: s.value for f in families for s in f.samples if "spec_decode" in s.name}
+
+        expected = {
+            "splitserve_spec_decode_proposed_tokens_total": beat.spec_proposed_tokens,
+            "splitserve_spec_decode_accepted_tokens_total": beat.spec_accepted_tokens,
+            "splitserve_spec_decode_verify_steps_total": beat.spec_verify_steps,
+            "splitserve_spec_decode_acceptance_rate": (
+                beat.spec_accepted_tokens / beat.spec_proposed_tokens
+            ),
+        }
+        # The counters move when a heartbeat goes out; the request is over, so they settle.
+        await until(lambda: expected.items() <= exported().items(), timeout=5)
+
+    run_mesh(
+        nats_server.url,
+        tiny_model_dir,
+        scenario,
+        speculative="draft",
+        draft_model_dir=tiny_model_dir,
+        metrics_port=0,
+    )

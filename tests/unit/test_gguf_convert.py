@@ -1,7 +1,7 @@
 """GGUF -> HF conversion on tiny GGUF files written here with gguf.GGUFWriter.
 
 The files mimic llama.cpp's converter: Q/K rows permuted for llama (not for qwen2),
-quantized tensors (F16, BF16, Q8_0, Q4_0, Q4_1), a byte-level BPE vocabulary with merges
+quantized tensors (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), a byte-level BPE vocabulary with merges
 and control tokens. Conversion must give back the original weights under HF names.
 """
 
@@ -37,6 +37,8 @@ STORED_AS = {
     "blk.0.ffn_up.weight": GGMLQuantizationType.BF16,
     "blk.1.ffn_gate.weight": GGMLQuantizationType.Q4_0,
     "blk.1.ffn_down.weight": GGMLQuantizationType.Q4_1,
+    "blk.1.attn_v.weight": GGMLQuantizationType.Q5_0,
+    "blk.1.attn_output.weight": GGMLQuantizationType.Q5_1,
 }
 # Worst-case absolute error of each type on N(0, 0.02) weights.
 TOLERANCE = {
@@ -46,6 +48,8 @@ TOLERANCE = {
     GGMLQuantizationType.Q8_0: 1e-3,
     GGMLQuantizationType.Q4_0: 0.02,
     GGMLQuantizationType.Q4_1: 0.02,
+    GGMLQuantizationType.Q5_0: 0.01,
+    GGMLQuantizationType.Q5_1: 0.01,
 }
 HF_PARTS = {
     "attn_norm": "input_layernorm",

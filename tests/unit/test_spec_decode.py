@@ -109,7 +109,7 @@ def test_rejection_sampling_draws_from_the_target_distribution() -> None:
         assert abs(seen - p) < 4.5 * math.sqrt(p * (1 - p) / trials), (kind, token)
 
 
-def _chi2_critical(dof: int, z: float = 3.09) -> float:
+def chi2_critical(dof: int, z: float = 3.09) -> float:
     """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
     a = 2.0 / (9.0 * dof)
     return dof * (1.0 - a + z * math.sqrt(a)) ** 3
@@ -141,4 +141,4 @@ def test_sampled_token_frequencies_match_plain_decoding(tiny_model_dir) -> None:
         b = Counter((out[position - 1], out[position]) for out in spec.values())
         keys = [t for t in a.keys() | b.keys() if a[t] + b[t] >= 5]
         stat = sum((a[t] - b[t]) ** 2 / (a[t] + b[t]) for t in keys)
-        assert stat < _chi2_critical(max(1, len(keys) - 1)), (position, a, b)
+        assert stat < chi2_critical(max(1, len(keys) - 1)), (position, a, b)

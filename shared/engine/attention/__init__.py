@@ -2,12 +2,14 @@
 
 `torch` is the reference; `cpu` runs the C++ kernels of csrc/cpu (when built); `triton`
 runs the Triton kernels (CUDA tensors, or anywhere under TRITON_INTERPRET=1); `auto` is
-`cpu` when its kernels are built and `torch` otherwise.
+`triton` on a CUDA device, and on the CPU `cpu` when its kernels are built, else `torch`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import torch
 
 from shared.engine import native
 from shared.engine.attention.base import AttentionBackend
@@ -33,16 +35,22 @@ BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
 }
 
 
-def resolve_backend(name: str) -> str:
-    """The concrete backend `name` stands for (`auto` picks; other names stand for themselves)."""
+CPU = torch.device("cpu")
+
+
+def resolve_backend(name: str, device: torch.device = CPU) -> str:
+    """The concrete backend `name` stands for on `device` (`auto` picks; other names stand
+    for themselves)."""
     if name == "auto":
+        if device.type == "cuda":
+            return "triton"
         return "cpu" if native.load() is not None else "torch"
     return name
 
 
-def get_backend(name: str) -> AttentionBackend:
+def get_backend(name: str, device: torch.device = CPU) -> AttentionBackend:
     try:
-        factory = BACKENDS[resolve_backend(name)]
+        factory = BACKENDS[resolve_backend(name, device)]
     except KeyError:
         raise ValueError(
             f"attention backend {name!r} is not available (have: auto, {', '.join(BACKENDS)})"

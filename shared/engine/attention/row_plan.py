@@ -29,17 +29,18 @@ class RowPlan:
 
 
 def plan_rows(meta: AttentionMetadata, block_size: int) -> RowPlan:
-    d_rows = meta.num_decodes
+    """The plan, on the device of the metadata's tensors."""
+    d_rows, device = meta.num_decodes, meta.slot_mapping.device
     tables = [meta.decode_block_tables.view(d_rows, -1)] if d_rows else []
     tables += [chunk.block_table.view(1, -1) for chunk in meta.prefills]
     width = max(t.shape[1] for t in tables)
     block_tables = torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables])
-    row_table = [torch.arange(d_rows)]
+    row_table = [torch.arange(d_rows, device=device)]
     row_context = [_decode_lengths(meta, block_size)]
     for i, chunk in enumerate(meta.prefills):
-        row_table.append(torch.full((chunk.query_len,), d_rows + i))
+        row_table.append(torch.full((chunk.query_len,), d_rows + i, device=device))
         first = chunk.context_len - chunk.query_len + 1  # context of the chunk's first row
-        row_context.append(torch.arange(first, chunk.context_len + 1))
+        row_context.append(torch.arange(first, chunk.context_len + 1, device=device))
     return RowPlan(block_tables, torch.cat(row_table), torch.cat(row_context))
 
 
@@ -47,5 +48,6 @@ def _decode_lengths(meta: AttentionMetadata, block_size: int) -> torch.Tensor:
     """[D] int64 context lengths, read back from the mask (no mask: every slot is valid)."""
     d_rows = meta.num_decodes
     if meta.decode_mask is None:
-        return torch.full((d_rows,), meta.decode_block_tables.shape[-1] * block_size)
+        width = meta.decode_block_tables.shape[-1] * block_size
+        return torch.full((d_rows,), width, device=meta.decode_block_tables.device)
     return meta.decode_mask.view(d_rows, -1).sum(dim=1)

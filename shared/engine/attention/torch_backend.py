@@ -54,8 +54,9 @@ class TorchAttention:
             keys, values = ctx[:, 0], ctx[:, 1]
             # query i sits at position context_len - n + i and sees keys up to there
             offset = chunk.context_len - n
-            rows = torch.arange(n).unsqueeze(1) + offset
-            mask, causal = torch.arange(chunk.context_len).unsqueeze(0) <= rows, False
+            rows = torch.arange(n, device=q.device).unsqueeze(1) + offset  # [n, 1]
+            keys_at = torch.arange(chunk.context_len, device=q.device).unsqueeze(0)  # [1, C]
+            mask, causal = keys_at <= rows, False
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),  # [1, heads, n, d]
             keys.transpose(0, 1).unsqueeze(0),  # [1, kvh, C, d]

@@ -17,7 +17,8 @@ class DevicePlan:
     meta: AttentionMetadata  # the step it was built for
     rows: RowPlan  # on the cache's device
     slots: torch.Tensor  # [T] int64 slot mapping, on the cache's device
-    max_context: int  # longest row context: the number of splits, known without a sync
+    # longest row context: the number of splits, read once per step (from a GPU: one sync)
+    max_context: int
 
 
 class TritonAttention:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from shared.engine.attention import AttentionBackend
 from shared.engine.attention.metadata import AttentionMetadata
+from shared.engine.batch_invariant import PackedLinear
 from shared.engine.model.rope import apply_rope_, rope_table
 from shared.engine.model.weights import ModelWeights
 from shared.engine.model_config import ModelConfig
@@ -24,7 +25,8 @@ class LlamaModel:
         self.config = config
         self.weights = weights
         self.attention = attention
-        self.rotations = rope_table(config, max_len)  # [max_len, head_dim/2] complex64
+        # [max_len, head_dim/2] complex64, beside the weights
+        self.rotations = rope_table(config, max_len).to(weights.embed.device)
 
     @torch.inference_mode()
     def forward(
@@ -54,17 +56,23 @@ class LlamaModel:
             gate_up = linear(F.rms_norm(h, norm_shape, layer.post_norm, eps), layer.gate_up)
             h = h + linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.down)
         h = F.rms_norm(h[logits_rows], norm_shape, w.norm, eps)
-        # The two layouts of the head are each fastest for a different number of rows.
+        # With torch's matmul, the two layouts of the head are each fastest for a different
+        # number of rows; packed (batch-invariant) and quantized heads have a single layout.
         head = w.lm_head_column_major if h.shape[0] <= 2 else w.lm_head
         return linear(h, head).float()
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    w: torch.Tensor | PackedLinear | QuantizedLinear,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x: [T, in] -> [T, out]. `w` is a float matrix, or an int8 / int4 one made by
-    `quantization.quantize_weights`, which runs its own kernel."""
+    """x: [T, in] -> [T, out]. `w` is a float matrix (torch's matmul), one packed by
+    `batch_invariant.pack_weights` (the batch-invariant C++ kernel), or an int8 / int4 one
+    made by `quantization.quantize_weights`, which runs its own kernel."""
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, bias)
+    if isinstance(w, PackedLinear):
+        return w(x, bias)
     y = w(x)
     return y if bias is None else y + bias

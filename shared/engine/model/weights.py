@@ -12,7 +12,10 @@ from safetensors import safe_open
 from shared.engine.model.rope import interleave_permutation
 from shared.engine.model_config import ModelConfig
 
-if TYPE_CHECKING:  # quantize_weights swaps matrices for these (shared/engine/quantization.py)
+CPU = torch.device("cpu")
+
+if TYPE_CHECKING:  # quantize_weights / pack_weights swap matrices for these
+    from shared.engine.batch_invariant import PackedLinear
     from shared.engine.quantization import QuantizedLinear
 
 
@@ -22,16 +25,20 @@ def column_major(w: torch.Tensor) -> torch.Tensor:
     return w.t().contiguous().t()
 
 
+def _same(w: torch.Tensor) -> torch.Tensor:
+    return w
+
+
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
     # [(heads + 2 * kv_heads) * head_dim, hidden]; q and k rows interleaved
-    qkv: torch.Tensor | QuantizedLinear
+    qkv: torch.Tensor | PackedLinear | QuantizedLinear
     qkv_bias: torch.Tensor | None  # [(heads + 2 * kv_heads) * head_dim] (Qwen2)
-    o_proj: torch.Tensor | QuantizedLinear  # [hidden, heads * head_dim]
+    o_proj: torch.Tensor | PackedLinear | QuantizedLinear  # [hidden, heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor | QuantizedLinear  # [2 * intermediate, hidden]
-    down: torch.Tensor | QuantizedLinear  # [hidden, intermediate]
+    gate_up: torch.Tensor | PackedLinear | QuantizedLinear  # [2 * intermediate, hidden]
+    down: torch.Tensor | PackedLinear | QuantizedLinear  # [hidden, intermediate]
 
 
 @dataclass(slots=True)
@@ -39,11 +46,16 @@ class ModelWeights:
     embed: torch.Tensor  # [vocab, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor | QuantizedLinear  # [vocab, hidden]; the embedding itself when tied
-    lm_head_column_major: torch.Tensor | QuantizedLinear  # the same, laid out for 1-2 rows
+    lm_head: torch.Tensor | PackedLinear | QuantizedLinear  # [vocab, hidden]; tied: the embedding
+    # the same, laid out for torch's 1-2 row products (packed or quantized: the same object)
+    lm_head_column_major: torch.Tensor | PackedLinear | QuantizedLinear
 
 
-def load_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> ModelWeights:
+def load_weights(
+    model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device = CPU
+) -> ModelWeights:
+    """The checkpoint in `dtype` on `device`. Each tensor moves there as it is read, so the
+    host never holds more than one tensor of a model bound for a GPU."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{model_dir}: no *.safetensors file")
@@ -51,16 +63,19 @@ def load_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> Mo
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                tensors[name] = handle.get_tensor(name)
+                tensors[name] = handle.get_tensor(name).to(device=device, dtype=dtype)
 
     def take(name: str) -> torch.Tensor:
         try:
-            return tensors.pop(name).to(dtype)
+            return tensors.pop(name)
         except KeyError:
             raise KeyError(f"{model_dir}: tensor {name} is missing") from None
 
     d = config.head_dim
-    perm = interleave_permutation(d)
+    perm = interleave_permutation(d).to(device)
+    # The CPU's matmul is fastest on the column-major layout for decoding's few rows; a
+    # GPU's takes the checkpoint's own [out, in] layout, and the head is not stored twice.
+    layout = column_major if device.type == "cpu" else _same
 
     def interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
         return w.view(heads, d, -1)[:, perm].reshape(w.shape)
@@ -79,14 +94,14 @@ def load_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> Mo
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
-                qkv=column_major(torch.cat([q, k, v])),
+                qkv=layout(torch.cat([q, k, v])),
                 qkv_bias=bias,
-                o_proj=column_major(take(p + "self_attn.o_proj.weight")),
+                o_proj=layout(take(p + "self_attn.o_proj.weight")),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=column_major(
+                gate_up=layout(
                     torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
                 ),
-                down=column_major(take(p + "mlp.down_proj.weight")),
+                down=layout(take(p + "mlp.down_proj.weight")),
             )
         )
     embed = take("model.embed_tokens.weight")
@@ -97,7 +112,7 @@ def load_weights(model_dir: Path, config: ModelConfig, dtype: torch.dtype) -> Mo
         layers=layers,
         norm=take("model.norm.weight"),
         lm_head=lm_head,
-        lm_head_column_major=column_major(lm_head),
+        lm_head_column_major=layout(lm_head),
     )
     unused = [name for name in tensors if "rotary_emb" not in name]
     if unused:

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from shared.engine.sequence import Sequence
+from shared.engine.spec_decode.proposer import Drafts, Proposer
+
+
+class NgramProposer(Proposer):
+    def propose(self, seqs: list[Sequence], num_drafts: list[int]) -> list[Drafts]:
+        return [Drafts(propose(seq.token_ids, k)) for seq, k in zip(seqs, num_drafts, strict=True)]
+
 
 def propose(token_ids: list[int], k: int, max_n: int = 3, min_n: int = 2) -> list[int]:
     """Up to `k` tokens that followed the latest earlier occurrence of the sequence's last n

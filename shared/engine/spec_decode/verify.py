@@ -6,11 +6,14 @@ d1..di already been output (penalties, min_tokens, bias), so the target distribu
 is the one plain decoding would draw from.
 - greedy: accept while argmax p_i == d(i+1); the first mismatch's argmax (or, all accepted,
   row K's) is the extra token: the output is token for token plain greedy decoding's.
-- sampling: the n-gram proposal is a point mass, q_i(d) = 1, so accept d with probability
-  min(1, p_i(d) / q_i(d)) = p_i(d); on rejection draw from the residual max(0, p_i - q_i),
-  which is p_i without d. Randomness stays a pure function of (seed, position, stream):
-  ACCEPT_STREAM for the test, RESIDUAL_STREAM for the residual draw, and the sampler's own
-  stream 0 for the bonus token.
+- sampling: rejection sampling (Leviathan et al.) against the proposal q_i that d(i+1) was
+  drawn from: accept it with probability min(1, p_i(d) / q_i(d)); on rejection draw from the
+  residual normalize(max(0, p_i - q_i)); all accepted, the bonus token comes from p_K.
+  A draft model's q_i is its own processed distribution (spec_decode/draft.py); an n-gram
+  draft is a point mass, q_i(d) = 1, so d is accepted with probability p_i(d) and the
+  residual is p_i without d. Randomness stays a pure function of (seed, position, stream):
+  ACCEPT_STREAM for the test, RESIDUAL_STREAM for the residual draw, the sampler's own
+  stream 0 for the bonus token, and DRAFT_STREAM for the draft model's own draws.
 """
 
 from __future__ import annotations
@@ -24,12 +27,18 @@ from shared.engine.sequence import Sequence
 
 ACCEPT_STREAM = 1
 RESIDUAL_STREAM = 2
+DRAFT_STREAM = 3
 
 
 def verify_drafts(
-    logits: torch.Tensor, seq: Sequence, drafts: list[int], sampler: Sampler
+    logits: torch.Tensor,
+    seq: Sequence,
+    drafts: list[int],
+    sampler: Sampler,
+    draft_probs: torch.Tensor | None = None,
 ) -> list[SampledToken]:
-    """logits: [K + 1, V'] for the last real token and the K drafts of `seq`.
+    """logits: [K + 1, V'] for the last real token and the K drafts of `seq`; draft_probs:
+    [K, V], the proposal each draft was drawn from, or None for point masses.
     Returns the accepted drafts followed by one more token (1 to K + 1 tokens)."""
     k = len(drafts)
     outputs = seq.output_token_ids
@@ -50,28 +59,43 @@ def verify_drafts(
         n = next((i for i in range(k) if target[i] != drafts[i]), k)
         token_ids = [*drafts[:n], target[n]]
     else:
-        token_ids = _rejection_sample(
-            truncated_weights(processed, [seq.params] * (k + 1)), rows, drafts
-        )
+        weights = truncated_weights(processed, [seq.params] * (k + 1))
+        token_ids = _rejection_sample(weights, rows, drafts, draft_probs)
     logprobs = sampler.logprobs(logits[: len(token_ids)], token_ids, rows[: len(token_ids)])
     return [SampledToken(t, lp) for t, lp in zip(token_ids, logprobs, strict=True)]
 
 
 def _rejection_sample(
-    weights: torch.Tensor, rows: list[SamplingRow], drafts: list[int]
+    weights: torch.Tensor,
+    rows: list[SamplingRow],
+    drafts: list[int],
+    draft_probs: torch.Tensor | None = None,
 ) -> list[int]:
-    """weights: [K + 1, V] >= 0, proportional to the target probabilities p_i."""
+    """weights: [K + 1, V] >= 0, proportional to the target probabilities p_i; draft_probs:
+    [K, V], the proposals q_i (rows summing to 1), or None for point masses on the drafts."""
     probs = weights / weights.sum(dim=-1, keepdim=True)  # [K + 1, V]
     for i, draft in enumerate(drafts):
         row = rows[i]
-        p, q = probs[i, draft].item(), 1.0  # q: the proposal's probability of its own draft
+        p = probs[i, draft].item()
+        q = 1.0 if draft_probs is None else draft_probs[i, draft].item()  # > 0: d was drawn
         # p >= q: always accept the draft token; otherwise accept with probability p / q.
         if uniform(row.seed, row.position, ACCEPT_STREAM) < p / q:
             continue
-        residual = weights[i].clone()  # max(0, p - q): p with the draft's mass taken out
-        residual[draft] = 0.0
-        u = torch.tensor([uniform(row.seed, row.position, RESIDUAL_STREAM)], dtype=torch.float64)
+        if draft_probs is None:  # max(0, p - q) for a point mass: p with the draft taken out
+            residual = probs[i].clone()
+            residual[draft] = 0.0
+        else:
+            residual = (probs[i] - draft_probs[i]).clamp_(min=0.0)
+            if not residual.sum() > 0:  # p == q up to rounding: p itself is the residual
+                residual = probs[i]
+        u = torch.tensor(
+            [uniform(row.seed, row.position, RESIDUAL_STREAM)],
+            dtype=torch.float64,
+            device=probs.device,
+        )  # [1]
         return [*drafts[:i], int(draw(residual[None], u)[0])]
     last = rows[-1]
-    u = torch.tensor([uniform(last.seed, last.position)], dtype=torch.float64)
+    u = torch.tensor(
+        [uniform(last.seed, last.position)], dtype=torch.float64, device=weights.device
+    )  # [1]
     return [*drafts, int(draw(weights[-1:], u)[0])]

@@ -1,0 +1,70 @@
+"""`splitserve bench linear`: matmul time per forward step, torch against the batch-invariant
+C++ kernel (csrc/cpu/linear.cpp), on SmolLM2-135M's shapes (fp32).
+
+One step of T rows: 30 layers of fused qkv [960, 576], o_proj [576, 576], fused gate_up
+[3072, 576] and down [576, 1536], then the LM head [49152, 576]. torch gets the engine's
+layouts (column-major layers; the head column-major up to 2 rows, row-major above); the
+kernel its packed ones. Weights repeat across layers here, so they stay in cache: this
+times the arithmetic, not the weight streaming of a real decode (see `bench engine`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from shared.engine.batch_invariant import PackedLinear
+from shared.engine.model.weights import column_major
+
+MATRICES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+HEAD = (49152, 576)
+
+
+@dataclass(slots=True, frozen=True)
+class LinearBenchConfig:
+    rows: tuple[int, ...] = (1, 32, 64, 256)
+    layers: int = 30
+    trials: int = 7
+
+
+def time_matrix(shape: tuple[int, int], rows: int, trials: int, head: bool) -> list[float]:
+    """[torch, kernel] µs per [rows, K] @ [N, K].T: the best of `trials` runs of repeated
+    calls (a few ms each), the two interleaved."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(*shape, generator=gen)
+    x = torch.randn(rows, shape[1], generator=gen)
+    torch_w = column_major(w) if not head or rows <= 2 else w
+    packed = PackedLinear.pack(w)
+    calls: list[Callable[[], torch.Tensor]] = [lambda: F.linear(x, torch_w), lambda: packed(x)]
+    for call in calls:  # warm-up
+        call()
+    repeats = max(1, 2 * 10**8 // (rows * shape[0] * shape[1]))  # ~2e8 multiply-adds a run
+    best = [float("inf")] * len(calls)
+    for _ in range(trials):
+        for i, call in enumerate(calls):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            best[i] = min(best[i], (time.perf_counter() - start) / repeats)
+    return [t * 1e6 for t in best]
+
+
+def run_linear_bench(cfg: LinearBenchConfig) -> None:
+    print(f"torch threads: {torch.get_num_threads()}; ms of matmuls per forward step (fp32)")
+    print(f"{'rows':>5} {'matrix':>8} {'torch':>9} {'kernel':>9} {'ratio':>6}")
+    for rows in cfg.rows:
+        total = [0.0, 0.0]
+        for name, shape in [*MATRICES.items(), ("lm_head", HEAD)]:
+            count = 1 if name == "lm_head" else cfg.layers
+            ms = [t * count / 1e3 for t in time_matrix(shape, rows, cfg.trials, count == 1)]
+            total = [a + b for a, b in zip(total, ms, strict=True)]
+            print_row(rows, name, ms)
+        print_row(rows, "step", total)
+
+
+def print_row(rows: int, name: str, ms: list[float]) -> None:
+    print(f"{rows:>5} {name:>8} {ms[0]:>9.2f} {ms[1]:>9.2f} {ms[1] / ms[0]:>6.2f}")

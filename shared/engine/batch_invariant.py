@@ -1,0 +1,87 @@
+"""Batch-invariant matmuls: a row's logits do not depend on what else shares its step.
+
+Seeded sampling is a pure function of (seed, position) only if the logits are too. torch's
+CPU matmul (MKL / oneDNN) is not batch-invariant: the same input row gets different last
+bits depending on how many rows share the call (one row takes a GEMV, 2-3 rows and 4+ rows
+other blocked paths). Rarely, an inverse-CDF draw sits within those bits of a boundary, and
+a request migrated to another worker, or re-batched, then samples a different token.
+
+`pack_weights(weights)` replaces every float matrix (fused qkv, o_proj, fused gate_up,
+down, the LM head) by a `PackedLinear`, which runs the C++ kernel of csrc/cpu/linear.cpp:
+each output element is one k-ordered chain of fused multiply-adds whatever the number of
+rows, the tiling or the thread count. The LM head has a single layout for every row count.
+The rest of the forward pass is already per row: RMSNorm, rope, SiLU, the embedding, and
+the `cpu` attention backend (one routine per (row, head), decode and prefill rows alike).
+The `torch` attention backend and int8 / int4 weights (torch's packed kernels) are not
+batch-invariant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import ModuleType
+
+import torch
+
+from shared.engine import native
+from shared.engine.attention import resolve_backend
+from shared.engine.engine_config import EngineConfig
+from shared.engine.model.weights import ModelWeights
+
+
+def resolve(config: EngineConfig) -> bool:
+    """config.batch_invariant → on or off. None (auto): on when the C++ kernels are built,
+    the weights are float and attention resolves to `cpu` (so never on CUDA). True without
+    the kernels raises (EngineConfig itself refuses True with quantization, another
+    attention backend or a CUDA device)."""
+    built = native.load() is not None
+    if config.batch_invariant is None:
+        backend = resolve_backend(config.attention_backend, config.torch_device)
+        cpu_attention = backend == "cpu"  # never on CUDA: auto is triton there
+        return built and config.quantization is None and cpu_attention
+    if config.batch_invariant and not built:
+        raise RuntimeError(
+            "batch_invariant needs the C++ CPU kernels: run `make install` "
+            "(or `python -m shared.engine.native`) with a C++ compiler present"
+        )
+    return config.batch_invariant
+
+
+@dataclass(slots=True, frozen=True)
+class PackedLinear:
+    """A float [N, K] matrix laid out for the batch-invariant kernel: [ceil(N / 64), K, 64]."""
+
+    packed: torch.Tensor
+    out_features: int
+
+    @classmethod
+    def pack(cls, w: torch.Tensor) -> PackedLinear:
+        """w: [N, K] float32, bfloat16 or float16 (any layout)."""
+        return cls(_kernels().pack_linear_weight(w), w.shape[0])
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [T, K] in the weight's dtype -> [T, N]; bias [N] added once, after the sum."""
+        return _kernels().linear(x, self.packed, self.out_features, bias)
+
+
+def pack_weights(weights: ModelWeights) -> ModelWeights:
+    """Packs the matrices of `weights` in place, one layer at a time (so the float copies go
+    as it goes), and returns it. The embedding stays as it is (a lookup); a tied head is
+    packed as a copy of it."""
+    for i, layer in enumerate(weights.layers):
+        weights.layers[i] = replace(
+            layer,
+            qkv=PackedLinear.pack(layer.qkv),
+            o_proj=PackedLinear.pack(layer.o_proj),
+            gate_up=PackedLinear.pack(layer.gate_up),
+            down=PackedLinear.pack(layer.down),
+        )
+    head = PackedLinear.pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows
+    weights.lm_head = weights.lm_head_column_major = head
+    return weights
+
+
+def _kernels() -> ModuleType:
+    kernels = native.load()
+    assert kernels is not None, "batch-invariant matmuls without the C++ kernels"
+    return kernels

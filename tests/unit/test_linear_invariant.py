@@ -1,0 +1,149 @@
+"""The batch-invariant linear kernel (csrc/cpu/linear.cpp) and the engine's batch_invariant
+mode: accuracy against float64 on shapes with tails, bitwise row invariance across batch
+sizes and thread counts, and a request's logits and seeded tokens bitwise the same alone,
+batched with others, chunked, or resumed after any number of delivered tokens.
+
+Without batch_invariant (torch's matmul) the engine test fails on every row: a decode row's
+logits differ in the last bits from the same row computed in a prefill or a larger batch.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shared.engine import batch_invariant, native
+from shared.engine.engine import LLMEngine
+from shared.engine.engine_config import EngineConfig
+from shared.engine.sampling_params import SamplingParams
+from tests.engine_harness import LogitsRecorder, hf_logits, run_to_completion
+
+pytestmark = pytest.mark.skipif(native.load() is None, reason="C++ kernels not built")
+
+SHAPES = [(64, 64), (67, 33), (576, 960), (1536, 576), (5, 1), (200, 130), (1, 17)]  # (K, N)
+
+
+def packed_linear(x, w, bias=None):
+    return batch_invariant.PackedLinear.pack(w)(x, bias)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"K{s[0]}-N{s[1]}")
+def test_matches_float64_on_shapes_with_tails(shape):
+    k, n = shape
+    gen = torch.Generator().manual_seed(k * 1000 + n)
+    w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    for m in (1, 2, 3, 5, 6, 7, 64, random.Random(n).randint(8, 300)):
+        x = torch.randn(m, k, generator=gen)
+        y = packed_linear(x, w, bias)
+        reference = F.linear(x.double(), w.double(), bias.double())
+        scale = (x.abs().double() @ w.abs().double().t()).max().item() + 1.0
+        assert y.dtype == torch.float32 and y.shape == (m, n)
+        assert (y.double() - reference).abs().max().item() <= 2e-6 * scale, (m, k, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_weights_round_the_fp32_sum_once(dtype):
+    gen = torch.Generator().manual_seed(0)
+    w, x, bias = (torch.randn(*s, generator=gen).to(dtype) for s in ((130, 67), (9, 67), (130,)))
+    y = packed_linear(x, w, bias)
+    reference = F.linear(x.double(), w.double(), bias.double())
+    assert y.dtype == dtype
+    assert torch.allclose(y.double(), reference, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(67, 130), (576, 960)], ids=["K67-N130", "K576-N960"])
+def test_a_row_is_bitwise_the_same_for_every_batch_size(shape):
+    k, n = shape
+    gen = torch.Generator().manual_seed(1)
+    layer = batch_invariant.PackedLinear.pack(torch.randn(n, k, generator=gen))
+    x = torch.randn(300, k, generator=gen)
+    full = layer(x)
+    for m in range(1, 301):
+        assert torch.equal(layer(x[:m]), full[:m]), m
+    for start in (1, 7, 100):  # the same rows at other offsets of the batch
+        assert torch.equal(layer(x[start : start + 5]), full[start : start + 5]), start
+
+
+def test_rows_do_not_depend_on_the_thread_count():
+    gen = torch.Generator().manual_seed(2)
+    layer = batch_invariant.PackedLinear.pack(torch.randn(4099, 576, generator=gen))
+    x = torch.randn(40, 576, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            results.append([layer(x[:m]) for m in (1, 2, 7, 40)])
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_auto_turns_on_only_with_float_weights_and_cpu_attention(tmp_path):
+    def resolved(**settings) -> bool:
+        return batch_invariant.resolve(EngineConfig(model_dir=tmp_path, **settings))
+
+    assert resolved()
+    assert not resolved(batch_invariant=False)
+    assert not resolved(quantization="int8")
+    assert not resolved(attention_backend="torch")
+    with pytest.raises(ValueError, match="float weights"):
+        EngineConfig(model_dir=tmp_path, batch_invariant=True, quantization="int4")
+    with pytest.raises(ValueError, match="cpu attention"):
+        EngineConfig(model_dir=tmp_path, batch_invariant=True, attention_backend="torch")
+
+
+PROMPT = [(13 * i) % 250 + 3 for i in range(21)]
+OTHERS = [[(7 * i + j) % 250 + 3 for i in range(5 + 9 * j)] for j in range(4)]
+SEEDED = SamplingParams(temperature=1.0, seed=7, max_tokens=24, ignore_eos=True)
+
+
+def recorded_engine(model_dir, **overrides) -> tuple[LLMEngine, LogitsRecorder]:
+    settings = {"num_kv_blocks": 128, "max_num_batched_tokens": 64, "max_num_seqs": 8}
+    engine = LLMEngine(
+        EngineConfig(model_dir=model_dir, batch_invariant=True, **(settings | overrides))
+    )
+    return engine, LogitsRecorder(engine)
+
+
+def rows_of(recorder: LogitsRecorder, prompt: list[int]) -> dict[int, torch.Tensor]:
+    return {pos: row for (p, pos), row in recorder.rows.items() if p == tuple(prompt)}
+
+
+@pytest.mark.slow
+def test_logits_and_seeded_tokens_do_not_depend_on_batch_chunking_or_resume(tiny_model_dir):
+    # Alone: a prefill, then one decode row per step.
+    engine, recorder = recorded_engine(tiny_model_dir)
+    engine.add_request("r", PROMPT, SEEDED)
+    reference = run_to_completion(engine)["r"]
+    reference_rows = rows_of(recorder, PROMPT)
+    full = PROMPT + reference
+    hf = hf_logits(tiny_model_dir, full)
+    for pos, row in reference_rows.items():
+        assert torch.allclose(row, hf[pos - 1], atol=1e-4), pos
+
+    # Batched with four others, prefills chunked by 16 tokens: decode rows share steps with
+    # prefill chunks and a varying number of other decodes.
+    engine, recorder = recorded_engine(tiny_model_dir, max_num_batched_tokens=16)
+    for j, other in enumerate(OTHERS):
+        engine.add_request(f"other{j}", other, SEEDED)
+    engine.add_request("r", PROMPT, SEEDED)
+    assert run_to_completion(engine)["r"] == reference
+    batched = rows_of(recorder, PROMPT)
+    assert batched.keys() == reference_rows.keys()
+    for pos, row in batched.items():
+        assert torch.equal(row, reference_rows[pos]), pos
+
+    # Resumed on a fresh engine after k delivered tokens, as after a migration: the prefill
+    # recomputes the delivered tokens in one pass of len(PROMPT) + k rows.
+    for k in range(1, len(reference)):
+        engine, recorder = recorded_engine(tiny_model_dir)
+        engine.add_request("r", PROMPT, SEEDED, output_token_ids=reference[:k])
+        assert reference[:k] + run_to_completion(engine)["r"] == reference, k
+        for pos, row in rows_of(recorder, PROMPT).items():
+            assert torch.equal(row, reference_rows[pos]), (k, pos)

@@ -1,0 +1,56 @@
+"""The native build's staleness check: a library whose recorded digest no longer matches
+csrc is rebuilt on load, and a failing rebuild leaves torch (None) with a warning rather
+than the stale kernels. No compiler runs here: the sources and the library are stand-ins."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from shared.engine import native
+
+
+@pytest.fixture
+def fake_build(tmp_path, monkeypatch):
+    """A build directory with a 'library' and a source file, both stand-ins."""
+    source = tmp_path / "src" / "kernel.cpp"
+    source.parent.mkdir()
+    source.write_text("// v1\n")
+    monkeypatch.setattr(native, "SOURCES", [source])
+    monkeypatch.setattr(native, "HEADERS", [])
+    monkeypatch.setattr(native, "BUILD_DIR", tmp_path / "build")
+    native.BUILD_DIR.mkdir()
+    native.library_path().write_bytes(b"not really a library")
+    native.digest_path().write_text(native.source_digest() + "\n")
+    native.load.cache_clear()
+    yield source
+    native.load.cache_clear()  # the next caller loads the real kernels again
+
+
+def test_a_build_is_current_until_its_sources_change(fake_build):
+    assert native.is_current()
+    fake_build.write_text("// v2\n")
+    assert not native.is_current()
+
+
+def test_a_library_without_a_digest_is_stale(fake_build):
+    native.digest_path().unlink()
+    assert not native.is_current()
+
+
+def test_without_sources_the_shipped_library_is_current(fake_build, monkeypatch):
+    monkeypatch.setattr(native, "SOURCES", [])  # an installed package, as in the images
+    native.digest_path().unlink()
+    assert native.is_current()
+
+
+def test_a_failing_rebuild_warns_and_loads_nothing(fake_build, monkeypatch, caplog):
+    def failing_build(verbose: bool = False):
+        raise RuntimeError("compiler says no")
+
+    monkeypatch.setattr(native, "build", failing_build)
+    fake_build.write_text("// v2\n")
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.load() is None
+    assert "rebuilding" in caplog.text and "compiler says no" in caplog.text
