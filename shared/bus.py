@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.wire_codec import WireError, decode, encode
+from shared.wire_codec import WireError, decode, decode_one_of, encode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,13 +99,19 @@ class Bus:
     async def subscribe(
         self,
         subject: str,
-        message_type: type[T],
+        message_type: type[T] | tuple[type, ...],
         handler: Callable[[T, Headers], Awaitable[None]],
         queue: str = "",
     ) -> Subscription:
+        """Call `handler` with each message; `message_type` may be a tuple of the types a
+        subject carries (the events subject: RequestFailed or WorkerLost)."""
+
         async def on_message(msg: Msg) -> None:
             try:
-                message = decode(msg.data, message_type)
+                if isinstance(message_type, tuple):
+                    message = decode_one_of(msg.data, *message_type)
+                else:
+                    message = decode(msg.data, message_type)
             except WireError as exc:
                 log.warning("dropped a bad frame on %s: %s", msg.subject, exc)
                 return

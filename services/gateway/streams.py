@@ -13,11 +13,10 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared.bus import Bus, Headers
-from shared.protocol import RequestFailed, TokenChunk, WireError, WorkerLost, decode_one_of
+from shared.protocol import RequestFailed, TokenChunk, WorkerLost
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -71,7 +70,9 @@ class TokenStreams:
             await self.bus.subscribe(
                 self.subjects.tokens(self.gateway_id), TokenChunk, self._on_chunk
             ),
-            await self.bus.nc.subscribe(self.subjects.events, cb=self._on_event),
+            await self.bus.subscribe(
+                self.subjects.events, (RequestFailed, WorkerLost), self._on_event
+            ),
         ]
         await self.bus.nc.flush()
 
@@ -92,12 +93,7 @@ class TokenStreams:
         if stream is not None:  # else: a late chunk of a finished or cancelled request
             stream.offer(chunk)
 
-    async def _on_event(self, msg: Msg) -> None:
-        try:
-            event = decode_one_of(msg.data, RequestFailed, WorkerLost)
-        except WireError as exc:
-            log.warning("dropped a bad event: %s", exc)
-            return
+    async def _on_event(self, event: RequestFailed | WorkerLost, headers: Headers) -> None:
         if isinstance(event, RequestFailed):
             failures = {event.request_id: f"request failed: {event.error}"}
             lost = ""

@@ -11,15 +11,13 @@ import contextlib
 import logging
 from dataclasses import dataclass, replace
 
-from nats.aio.msg import Msg
-
 from services.worker.config import WorkerConfig
 from services.worker.context import WorkerContext
 from services.worker.decode import DecodeSide
 from services.worker.engine_thread import EngineThread
 from services.worker.prefill import PrefillSide
 from services.worker.telemetry import WorkerTelemetry
-from shared.bus import Bus
+from shared.bus import Bus, Headers
 from shared.engine.engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.engine.spec_decode import SpecDecodeStats
@@ -35,9 +33,7 @@ from shared.protocol import (
     Reservation,
     Reserve,
     TaskAck,
-    WireError,
     WorkerLost,
-    decode_one_of,
 )
 from shared.subjects import Subjects
 from shared.telemetry.metrics import serve_metrics
@@ -125,7 +121,7 @@ class Worker:
             await bus.serve(subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
             await bus.serve(subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
             await serve_kv(bus, subjects.kv(wid), decode.on_chunk, decode.on_done)
-            await bus.nc.subscribe(subjects.events, cb=self._on_event)
+            await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
             self._background.append(asyncio.create_task(decode.publish_tokens()))
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._heartbeats()))
@@ -168,13 +164,8 @@ class Worker:
             elif self.decode is not None:
                 self.decode.on_output(output)
 
-    async def _on_event(self, msg: Msg) -> None:
+    async def _on_event(self, event: RequestFailed | WorkerLost, headers: Headers) -> None:
         """Scheduler events: a `WorkerLost` frees the reservations its prefills would fill."""
-        try:
-            event = decode_one_of(msg.data, RequestFailed, WorkerLost)
-        except WireError as exc:
-            log.warning("dropped a bad event: %s", exc)
-            return
         lost = isinstance(event, WorkerLost) and event.worker_id != self.config.worker_id
         if lost and self.decode is not None:
             await self.decode.on_worker_lost(event.request_ids)

@@ -115,30 +115,42 @@ def chi2_critical(dof: int, z: float = 3.09) -> float:
     return dof * (1.0 - a + z * math.sqrt(a)) ** 3
 
 
-def test_sampled_token_frequencies_match_plain_decoding(tiny_model_dir) -> None:
-    """Many seeded runs with and without drafts: for each pair of consecutive output
-    positions, the histograms of token pairs pass a two-sample chi-square test (p = 0.001).
-    A logit bias keeps the output among the prompt's tokens, so the n-gram drafts are often
-    right but not always (acceptance ~0.2). Accepting with probability sqrt(p) instead of p
-    fails this test; so does accepting every draft."""
-    runs, length = 800, 6
-    bias = {5: 10.0, 6: 10.0, 7: 10.0, 8: 10.0}
+SAMPLED_BIAS = {5: 10.0, 6: 10.0, 7: 10.0, 8: 10.0}  # output among the prompt's tokens
+
+
+def assert_same_sampled_pairs(
+    plain_engine: LLMEngine, spec_engine: LLMEngine, runs: int = 800, length: int = 6
+) -> None:
+    """`runs` seeded requests on each engine (different seeds): for each pair of consecutive
+    output positions the histograms of token pairs pass a two-sample chi-square test
+    (p = 0.001). SAMPLED_BIAS keeps the output among the prompt's tokens."""
 
     def sampled(offset: int):
         def params(request_id: str) -> SamplingParams:
             seed = offset + int(request_id)
-            return SamplingParams(max_tokens=length, seed=seed, logit_bias=bias, ignore_eos=True)
+            return SamplingParams(
+                max_tokens=length, seed=seed, logit_bias=SAMPLED_BIAS, ignore_eos=True
+            )
 
         return params
 
     prompts = {str(i): [5, 6, 7, 8] * 3 for i in range(runs)}
-    plain = run_all(make_engine(tiny_model_dir, None), prompts, sampled(0))
-    engine = make_engine(tiny_model_dir, "ngram", num_speculative_tokens=3)
-    spec = run_all(engine, prompts, sampled(100_000))
-    assert 0.1 < engine.spec_stats.acceptance_rate < 0.5
+    plain = run_all(plain_engine, prompts, sampled(0))
+    spec = run_all(spec_engine, prompts, sampled(100_000))
     for position in range(1, length):
         a = Counter((out[position - 1], out[position]) for out in plain.values())
         b = Counter((out[position - 1], out[position]) for out in spec.values())
         keys = [t for t in a.keys() | b.keys() if a[t] + b[t] >= 5]
         stat = sum((a[t] - b[t]) ** 2 / (a[t] + b[t]) for t in keys)
         assert stat < chi2_critical(max(1, len(keys) - 1)), (position, a, b)
+
+
+def test_sampled_token_frequencies_match_plain_decoding(tiny_model_dir) -> None:
+    """Many seeded runs with and without drafts: for each pair of consecutive output
+    positions, the histograms of token pairs pass a two-sample chi-square test (p = 0.001).
+    A logit bias keeps the output among the prompt's tokens, so the n-gram drafts are often
+    right but not always (acceptance ~0.2). Accepting with probability sqrt(p) instead of p
+    fails this test; so does accepting every draft."""
+    engine = make_engine(tiny_model_dir, "ngram", num_speculative_tokens=3)
+    assert_same_sampled_pairs(make_engine(tiny_model_dir, None), engine)
+    assert 0.1 < engine.spec_stats.acceptance_rate < 0.5
