@@ -88,6 +88,14 @@ def _bench_linear(args: argparse.Namespace) -> None:
     run_linear_bench(LinearBenchConfig(rows=tuple(args.rows)))
 
 
+def _bench_idle(args: argparse.Namespace) -> None:
+    from services.bench.idle import IdleBenchConfig, run_idle_bench
+    from shared.models.pull import pull_model
+
+    model_dir = args.model_dir or pull_model(args.model)
+    run_idle_bench(IdleBenchConfig(model_dir, args.seconds, up_args=tuple(args.up_args)))
+
+
 def _bench_quant(args: argparse.Namespace) -> None:
     from services.bench.quant import QuantBenchConfig, run_quant_bench
     from shared.models.pull import pull_model
@@ -181,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     linear = targets.add_parser("linear", help="matmul ms per forward step: torch vs invariant")
     linear.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 256])
     linear.set_defaults(func=_bench_linear)
+    idle = targets.add_parser("idle", help="CPU time of an idle `splitserve up` mesh")
+    idle.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    idle.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    idle.add_argument("--seconds", type=float, default=30.0, help="the idle window")
+    idle.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
+    idle.set_defaults(func=_bench_idle)
     quant = targets.add_parser("quant", help="perplexity, greedy agreement, tok/s: fp32/int8/int4")
     quant.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     quant.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")

@@ -15,6 +15,13 @@ Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each group SIGTERM,
 prints `splitserve is up: http://HOST:PORT/v1`; if that takes longer than `ready_timeout`
 it names the children not running and keeps going.
 
+Flags: `up` takes every engine flag (forwarded to each worker), every gateway flag and
+every scheduler flag, and passes on those that differ from their defaults; a flag both a
+worker and the gateway or scheduler read (`--max-model-len`, `--block-size`) goes to both.
+`up` sets these itself: the gateway's `--host`, `--port` and `--model-dir` (its own flags of
+those names), each worker's `--role`, `--worker-id` and `--model-dir`, and every service's
+`--nats`, `--namespace`, `--otlp-endpoint` and `--metrics-port`.
+
 Observability: `--otlp-endpoint URL` goes to every service; the scheduler and each worker
 get a `--metrics-port` (from `--metrics-port BASE` upwards, or free ports when 0), listed
 at start; the gateway serves /metrics on its own port.
@@ -36,8 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from services.gateway.config import GatewayConfig
+from services.scheduler.config import SchedulerConfig
 from services.worker.cli import add_engine_arguments, engine_argv
 from shared.config import env
+from shared.engine.engine_config import EngineConfig
+from shared.flags import add_flags, changed_argv, flag_names
 from shared.nats_server import free_port, start_nats_server
 from shared.subjects import DEFAULT_NAMESPACE
 
@@ -46,6 +57,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
 MAX_BACKOFF_S = 30.0
+# `up`'s own flags of these names set them: not forwarded as the gateway's.
+GATEWAY_SET_BY_UP = ("host", "port", "model_dir")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,8 @@ class LauncherConfig:
     otlp_endpoint: str = ""  # passed to every service; "": no trace export
     metrics_port: int = 0  # first /metrics port of scheduler and workers; 0: free ports
     worker_args: tuple[str, ...] = ()  # engine flags passed to every worker as they are
+    gateway_args: tuple[str, ...] = ()  # gateway flags, passed to it as they are
+    scheduler_args: tuple[str, ...] = ()  # scheduler flags, passed to it as they are
 
     def __post_init__(self) -> None:
         if self.prefill < (1 if self.aggregated else 0) or self.decode < 0:
@@ -95,18 +110,19 @@ def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
     def metrics() -> tuple[str, ...]:
         return ("--metrics-port", str(next(ports) if config.metrics_port else free_port()))
 
-    specs = [ChildSpec("scheduler", "scheduler", (*service, "scheduler", *common, *metrics()))]
+    scheduler = (*service, "scheduler", *common, *metrics(), *config.scheduler_args)
+    specs = [ChildSpec("scheduler", "scheduler", scheduler)]
     pools = [("both", config.prefill)] if config.aggregated else []
     pools = pools or [("prefill", config.prefill), ("decode", config.decode)]
     for role, count in pools:
         for i in range(count):
             worker_id = f"{role}-{i}"
             argv = (*service, "worker", "--role", role, "--model-dir", str(config.model_dir))
-            argv += ("--worker-id", worker_id, "--num-threads", "1", *common, *metrics())
+            argv += ("--worker-id", worker_id, *common, *metrics())
             argv += config.worker_args
             specs.append(ChildSpec(f"worker {worker_id}", "worker", argv))
     gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))
-    gateway += ("--model-dir", str(config.model_dir), *common)
+    gateway += ("--model-dir", str(config.model_dir), *common, *config.gateway_args)
     specs.append(ChildSpec("gateway", "gateway", gateway))
     return specs
 
@@ -308,19 +324,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=0, help="first scheduler/worker /metrics port"
     )
-    engine = parser.add_argument_group("engine (every worker)")
-    add_engine_arguments(engine)
+    add_engine_arguments(parser.add_argument_group("engine (every worker)"), ("model_dir",))
+    engine = flag_names(EngineConfig)
+    gateway = parser.add_argument_group("gateway")
+    add_flags(gateway, GatewayConfig, (*GATEWAY_SET_BY_UP, *engine))
+    add_flags(parser.add_argument_group("scheduler"), SchedulerConfig, engine)
     parser.set_defaults(func=main)
 
 
-def main(args: argparse.Namespace) -> None:
-    from shared.models.pull import default_home, pull_model
-
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s up: %(message)s"
-    )
-    config = LauncherConfig(
-        home=default_home(),
+def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
+    return LauncherConfig(
+        home=home,
         host=args.host,
         port=args.port,
         nats_url=args.nats,
@@ -338,7 +352,18 @@ def main(args: argparse.Namespace) -> None:
         otlp_endpoint=args.otlp_endpoint,
         metrics_port=args.metrics_port,
         worker_args=engine_argv(args),
+        gateway_args=changed_argv(GatewayConfig, args, GATEWAY_SET_BY_UP),
+        scheduler_args=changed_argv(SchedulerConfig, args),
     )
+
+
+def main(args: argparse.Namespace) -> None:
+    from shared.models.pull import default_home, pull_model
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s up: %(message)s"
+    )
+    config = config_from_args(args, default_home())
     if config.model_dir is None:
         config = replace(config, model_dir=pull_model(config.model))
     stop = threading.Event()

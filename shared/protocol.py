@@ -8,6 +8,7 @@ No torch here: the gateway and the scheduler import this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from shared.engine.sampling_params import SamplingParams
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
@@ -15,6 +16,17 @@ from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, 
 __all__ = ["SCHEMA_VERSION", "WireError", "decode", "decode_one_of", "encode"]
 
 ROLES = ("prefill", "decode", "both")
+
+
+class Outcome(IntEnum):
+    """How a worker, or the scheduler, answered a request for work (acks, reservations,
+    KV transfers). Every refusal names its reason in the message's `error`."""
+
+    OK = 0
+    BUSY = 1  # no room right now (KV blocks, queue): ask again later, or elsewhere
+    UNAVAILABLE = 2  # this one takes no such work (draining, no such worker or role)
+    INVALID = 3  # the request itself is bad (the engine's reason): nobody will take it
+    FAILED = 4  # an internal error or a lost peer: try another worker
 
 
 # -- gateway ⇄ scheduler ------------------------------------------------------------------
@@ -32,12 +44,15 @@ class SubmitRequest:
 @dataclass(slots=True)
 class SubmitAck:
     request_id: str
-    accepted: bool
+    outcome: Outcome
     error: str = ""
     retry_after: float = 0.0  # seconds, when refused for load
     prefill_worker: str = ""  # "" when the decode worker prefills itself
     decode_worker: str = ""
-    invalid: bool = False  # refused because the request itself is bad (a worker said so)
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome == Outcome.OK
 
 
 # -- workers → scheduler ------------------------------------------------------------------
@@ -53,6 +68,7 @@ class Heartbeat:
     block_size: int
     draining: bool = False
     metrics_port: int = 0
+    num_requests: int = 0  # requests the worker holds in any state (0: nothing left behind)
     kv_blocks_sent: int = 0  # since start: blocks shipped to decode workers (prefill side)
     kv_blocks_received: int = 0  # since start: blocks written from prefill workers (decode side)
     prefix_queries: int = 0  # since start: prompt tokens looked up in the prefix cache
@@ -87,11 +103,14 @@ class Reserve:
 @dataclass(slots=True)
 class Reservation:
     request_id: str
-    ok: bool
+    outcome: Outcome
     num_blocks: int = 0
     num_cached_blocks: int = 0  # leading blocks decode already holds: not to be sent
     error: str = ""
-    invalid: bool = False  # the engine refused the request itself, not for lack of room
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == Outcome.OK
 
 
 @dataclass(slots=True)
@@ -111,9 +130,12 @@ class DecodeTask:
 @dataclass(slots=True)
 class TaskAck:
     request_id: str
-    ok: bool
+    outcome: Outcome
     error: str = ""
-    invalid: bool = False  # the engine refused the request itself (no worker will take it)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == Outcome.OK
 
 
 # -- prefill → decode (KV transfer) ---------------------------------------------------------
@@ -135,8 +157,12 @@ class KVDone:
     request_id: str
     num_chunks: int
     first_token_id: int  # the token the prefill worker sampled and already streamed
-    ok: bool = True
+    outcome: Outcome = Outcome.OK  # anything else: the transfer is off, drop the reservation
     error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == Outcome.OK
 
 
 # -- workers → gateway --------------------------------------------------------------------

@@ -2,20 +2,21 @@
 
 A frame is the msgpack array `[schema_version, type_name, {field: value}]`. Decoding checks
 the version, the expected type, that every field is present and of its annotated type
-(nested dataclasses, lists, dicts, optionals), and that no unknown field appears — and
+(nested dataclasses, lists, dicts, optionals, int enums), and that no unknown field appears — and
 raises `WireError` with the field's name rather than crashing the receiving service.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from typing import Any, TypeVar
 
 import msgpack
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one `Outcome` enum in every answer instead of ok/invalid flags
 MAX_FRAME_BYTES = 64 * 2**20  # no message, KV chunks included, may exceed this
 
 T = TypeVar("T")
@@ -51,6 +52,8 @@ def decode(data: bytes, cls: type[T]) -> T:
 
 
 def _to_plain(value: Any) -> Any:
+    if isinstance(value, enum.IntEnum):
+        return int(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list | tuple):
@@ -112,6 +115,13 @@ def _from_plain(value: Any, hint: Any, where: str) -> Any:
         }
     if hint is Any:
         return value
+    if isinstance(hint, type) and issubclass(hint, enum.IntEnum):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WireError(f"{where}: expected {hint.__name__} (an int)")
+        try:
+            return hint(value)
+        except ValueError:
+            raise WireError(f"{where}: {value} is no {hint.__name__}") from None
     if hint is type(None):
         if value is not None:
             raise WireError(f"{where}: expected null")

@@ -118,9 +118,14 @@ def run_spec_bench(cfg: SpecBenchConfig) -> None:
         line = f"{index:5} {n:6} {n / plain_s:12.1f}"
         for name in spec_names:
             engine.scheduler.proposer = proposers[name]
-            engine.spec_stats = stats = SpecDecodeStats()
+            before = engine.stats().spec_decode
             tokens, seconds = decode(engine, prompt, cfg.max_tokens)
-            total = spec_totals[name]
+            after, total = engine.stats().spec_decode, spec_totals[name]
+            stats = SpecDecodeStats(
+                after.proposed - before.proposed,
+                after.accepted - before.accepted,
+                after.verify_steps - before.verify_steps,
+            )
             total.proposed += stats.proposed
             total.accepted += stats.accepted
             total.verify_steps += stats.verify_steps

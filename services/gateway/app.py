@@ -1,4 +1,4 @@
-"""The gateway's aiohttp application: `init_app(config)`, `setup_routes(app)`, `run(config)`.
+"""The gateway's aiohttp application: `init_app(config)`, `setup_routes(app)`, `create_runner`.
 
 One NATS connection per process (opened in `cleanup_ctx`, drained on shutdown) and one
 token subscription for all requests. Errors leave in the OpenAI shape. With API keys
@@ -9,10 +9,8 @@ open. Every POST to /v1/* runs in a `gateway.request` span (continuing the clien
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
@@ -77,29 +75,6 @@ def setup_routes(app: web.Application) -> None:
 def create_runner(config: GatewayConfig) -> web.AppRunner:
     # A client that disconnects cancels its handler, and Mesh.events then sends Cancel.
     return web.AppRunner(init_app(config), handler_cancellation=True, access_log=None)
-
-
-async def serve(config: GatewayConfig) -> None:
-    """Serve until SIGTERM or SIGINT, then stop intake and drain the NATS connection."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    runner = create_runner(config)
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.port).start()
-    log.info("gateway %s on http://%s:%d", config.gateway_id, config.host, config.port)
-    await stop.wait()
-    await runner.cleanup()
-
-
-def run(config: GatewayConfig) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(config))
-    else:
-        uvloop.run(serve(config))
 
 
 async def health(request: web.Request) -> web.Response:

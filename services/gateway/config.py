@@ -1,4 +1,7 @@
-"""GatewayConfig: the gateway's settings, frozen, filled from CLI flags and SPLITSERVE_* env."""
+"""GatewayConfig: the gateway's settings, frozen, filled from CLI flags and SPLITSERVE_* env.
+
+The fields declared with `flag(...)` are the gateway's flags (`shared/flags.py`).
+"""
 
 from __future__ import annotations
 
@@ -9,27 +12,39 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.config import CommonConfig
+from shared.flags import build, flag
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     common: CommonConfig
-    model_dir: Path  # tokenizer.json, tokenizer_config.json (chat template), config.json
-    served_model_name: str
-    gateway_id: str  # tokens come back on <ns>.gateway.<gateway_id>.tokens
-    max_model_len: int  # prompt tokens + max_tokens may not exceed it
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_keys: tuple[str, ...] = ()  # empty: no authentication
-    request_timeout: float = 600.0  # seconds from arrival to the last token
-    stall_timeout: float = 60.0  # seconds without a token before the request is failed
-    # Seconds to wait for the scheduler's SubmitAck: longer than a placement that tries a
-    # worker or two (the scheduler's --reserve-timeout each), bounded by the request deadline.
-    submit_timeout: float = 30.0
-    max_pending: int = 256  # requests in flight on this gateway; more are refused with 429
-    migration_limit: int = 3  # resubmits of one request after a worker failure; 0: none
-    cors_origins: tuple[str, ...] = ()  # origins browsers may call /v1/* from; "*": any
-    sse_heartbeat: float = 15.0  # seconds of silence before an SSE comment line
+    # tokenizer.json, tokenizer_config.json (chat template), config.json
+    model_dir: Path = flag(help="tokenizer and chat template")
+    served_model_name: str = flag(unset="", help="default: the model directory's name")
+    # tokens come back on <ns>.gateway.<gateway_id>.tokens
+    gateway_id: str = flag(unset="", help="default: random")
+    # prompt tokens + max_tokens may not exceed it
+    max_model_len: int = flag(unset=None, help="default: max_position_embeddings of config.json")
+    host: str = flag("127.0.0.1", help="HTTP bind address")
+    port: int = flag(8000, help="HTTP port")
+    api_keys: tuple[str, ...] = flag(
+        (), name="--api-key", help="repeatable or comma-separated; none: no auth"
+    )
+    request_timeout: float = flag(600.0, help="seconds from arrival to the last token")
+    stall_timeout: float = flag(
+        60.0, help="seconds without a token before the request migrates (or fails)"
+    )
+    # Seconds to wait for the scheduler's SubmitAck. The scheduler holds a request it has no
+    # room for up to its --queue-timeout (60 s) and then answers: keep this comfortably above.
+    submit_timeout: float = 90.0
+    max_pending: int = flag(256, help="requests in flight; more are refused with 429")
+    migration_limit: int = flag(3, help="resubmits of a request whose worker failed; 0: none")
+    cors_origins: tuple[str, ...] = flag(
+        (),
+        help="comma-separated origins allowed to call /v1/* from a browser; '*': any; "
+        "default: none",
+    )
+    sse_heartbeat: float = flag(15.0, help="seconds of stream silence per keep-alive comment")
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -45,22 +60,14 @@ class GatewayConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
-        model_dir = Path(args.model_dir)
-        return cls(
+        model_dir: Path = args.model_dir
+        return build(
+            cls,
+            args,
             common=CommonConfig.from_args(args),
-            model_dir=model_dir,
             served_model_name=args.served_model_name or model_dir.name,
             gateway_id=args.gateway_id or f"gw-{uuid.uuid4().hex[:8]}",
             max_model_len=args.max_model_len or model_max_len(model_dir),
-            host=args.host,
-            port=args.port,
-            api_keys=tuple(k for k in args.api_key if k),
-            request_timeout=args.request_timeout,
-            stall_timeout=args.stall_timeout,
-            max_pending=args.max_pending,
-            migration_limit=args.migration_limit,
-            cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-            sse_heartbeat=args.sse_heartbeat,
         )
 
 

@@ -1,11 +1,13 @@
 """One request's life on the mesh: submit, then turn TokenChunks into text events.
 
 `Mesh.submit` asks the scheduler (request/reply) and opens the request's token stream;
-refusals become ApiErrors (429/503 with Retry-After), retried for `retry_for` seconds when
-the caller asks (a later choice of an accepted request). `Mesh.events` then yields Delta and
-Finish: it detokenizes, applies stop strings, and enforces the stall timeout and the
-request deadline. Whenever it ends without the worker's own finish (stop string, error,
-timeout, client gone), it publishes Cancel so every worker frees the request's blocks.
+refusals become ApiErrors (INVALID: 400; BUSY, a full scheduler queue: 429 with Retry-After;
+UNAVAILABLE or FAILED, no worker took it within the scheduler's queue timeout: 503 with
+Retry-After), retried for `retry_for` seconds when the caller asks (a later choice of an
+accepted request). `Mesh.events` then yields Delta and Finish: it detokenizes, applies stop
+strings, and enforces the stall timeout and the request deadline. Whenever it ends without
+the worker's own finish (stop string, error, timeout, client gone), it publishes Cancel so
+every worker frees the request's blocks.
 
 Migration: when an attempt fails after acceptance (an error chunk, `WorkerLost`, an abort,
 or no token for the stall timeout), the gateway cancels it and resubmits the prompt plus
@@ -41,7 +43,7 @@ from services.gateway.stop_strings import StopStringMatcher
 from services.gateway.streams import RequestStream, TokenStreams
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
-from shared.protocol import Cancel, SubmitAck, SubmitRequest, TokenChunk, TokenLogprob
+from shared.protocol import Cancel, Outcome, SubmitAck, SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
 from shared.telemetry.metrics import GatewayMetrics
 from shared.telemetry.tracing import fail, inject
@@ -176,9 +178,10 @@ class Mesh:
             raise
         if not ack.accepted:
             self.streams.close_stream(request_id)
-            if ack.invalid:
+            if ack.outcome == Outcome.INVALID:
                 raise ApiError(400, f"invalid request: {ack.error}")
-            status = 429 if ack.retry_after > 0 else 503
+            # BUSY: the scheduler's queue is full; UNAVAILABLE / FAILED: no worker took it.
+            status = 429 if ack.outcome == Outcome.BUSY else 503
             raise ApiError(
                 status, f"request refused: {ack.error or 'overloaded'}", retry_after=ack.retry_after
             )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 
 from services.scheduler.config import SchedulerConfig, add_scheduler_args
 from services.scheduler.service import SchedulerService
 from shared.bus import Bus
+from shared.service_loop import run, run_until_signal
 from shared.telemetry.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
@@ -26,28 +25,40 @@ def main(args: argparse.Namespace) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(serve(config))
+    run(serve(config))
+
+
+class SchedulerProcess:
+    """The scheduler's connection, service and /metrics: `start`, then `shutdown`."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.bus: Bus | None = None
+        self.service: SchedulerService | None = None
+
+    async def start(self) -> None:
+        config = self.config
+        self.bus = await Bus.connect(config.nats_url, "scheduler", on_reconnect=self._reconnected)
+        self.service = SchedulerService(config, self.bus)
+        port = serve_metrics(self.service.metrics.registry, config.metrics_port)
+        print(f"scheduler metrics on port {port}", flush=True)
+        await self.service.start()
+        log.info("scheduler ready on %s (namespace %s)", config.nats_url, config.namespace)
+
+    async def shutdown(self) -> None:
+        log.info("scheduler stopping")
+        if self.service is not None:
+            await self.service.stop()
+        if self.bus is not None:
+            await self.bus.close()
+        if self.service is not None:
+            self.service.tracing.shutdown()
+
+    async def _reconnected(self) -> None:
+        if self.service is not None:
+            self.service.on_reconnect()
 
 
 async def serve(config: SchedulerConfig) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    service: SchedulerService | None = None
-
-    async def reconnected() -> None:
-        if service is not None:
-            service.on_reconnect()
-
-    bus = await Bus.connect(config.nats_url, "scheduler", on_reconnect=reconnected)
-    service = SchedulerService(config, bus)
-    port = serve_metrics(service.metrics.registry, config.metrics_port)
-    print(f"scheduler metrics on port {port}", flush=True)
-    await service.start()
-    log.info("scheduler ready on %s (namespace %s)", config.nats_url, config.namespace)
-    await stop.wait()
-    log.info("scheduler stopping")
-    await service.stop()
-    await bus.close()
-    service.tracing.shutdown()
+    scheduler = SchedulerProcess(config)
+    await run_until_signal(scheduler.start, scheduler.shutdown)

@@ -1,7 +1,8 @@
 """Soft state about the workers, rebuilt from what they publish (a restarted scheduler
 refills within one heartbeat interval).
 
-- Heartbeats register a worker and refresh it; one silent for `heartbeat_timeout` (3 missed
+- Heartbeats register a worker and refresh it, and say when it may have new room (the
+  scheduler's waiting line tries again then); one silent for `heartbeat_timeout` (3 missed
   1 s beats) is expired and handed back to the caller with the requests placed on it.
 - KV events keep a set of cached block hashes per worker. They apply in seq order; anything
   but the next seq no. (a gap: events were lost, or a lower one: the worker restarted)
@@ -43,15 +44,24 @@ class Registry:
     def __contains__(self, worker_id: str) -> bool:
         return worker_id in self._workers
 
-    def on_heartbeat(self, heartbeat: Heartbeat, now: float) -> None:
+    def on_heartbeat(self, heartbeat: Heartbeat, now: float) -> bool:
+        """Register or refresh a worker; True when it may have room it had not before (it
+        joined, stopped draining, or reports more free blocks or fewer requests)."""
         state = self._workers.get(heartbeat.worker_id)
         if state is None:
             self._workers[heartbeat.worker_id] = WorkerState(heartbeat, now)
-            return
+            return not heartbeat.draining
+        old = state.heartbeat
+        more_room = not heartbeat.draining and (
+            old.draining
+            or heartbeat.free_blocks > old.free_blocks
+            or heartbeat.num_running + heartbeat.num_waiting < old.num_running + old.num_waiting
+        )
         state.heartbeat = heartbeat
         state.last_seen = now
         state.placed_since_heartbeat = 0
         state.blocks_since_heartbeat = 0
+        return more_room
 
     def on_kv_events(self, events: KVEvents) -> None:
         """Apply one KV event message; ignored for a worker not (yet) heard from."""

@@ -1,17 +1,19 @@
-"""What the prefill and decode sides of a worker share: connection, engine, layout, and
-the conversion of engine outputs to `TokenChunk`s."""
+"""What the prefill and decode sides of a worker share: connection, engine client, request
+table, and the conversions of engine outputs to `TokenChunk`s."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from opentelemetry.context import Context
+
 from services.worker.config import WorkerConfig
-from services.worker.engine_thread import EngineThread
+from services.worker.engine_client import EngineClient
+from services.worker.requests import RequestState, RequestTable, Trace, WorkerRequest
+from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus
-from shared.engine.engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.engine.sequence import FinishReason
 from shared.kvtransfer import KVLayout
@@ -30,22 +32,49 @@ class WorkerContext:
     config: WorkerConfig
     bus: Bus
     subjects: Subjects
-    engine: EngineThread
+    engine: EngineClient
     layout: KVLayout
+    table: RequestTable
+    telemetry: WorkerTelemetry
+    outbox: asyncio.Queue[tuple[str, TokenChunk]]  # to gateways, published in order
     draining: bool = False  # set on SIGTERM: new tasks are refused
     kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
     kv_blocks_received: int = 0
 
+    def new_request(
+        self,
+        request: SubmitRequest,
+        state: RequestState,
+        parent: Context,
+        *,
+        decodes: bool,
+        deadline_limit: float | None = None,
+    ) -> WorkerRequest:
+        """Add `request` to the table in `state`; its stream resumes after what was delivered."""
+        entry = WorkerRequest(
+            request=request,
+            state=state,
+            deadline=loop_deadline(request.deadline, deadline_limit),
+            subject=self.subjects.tokens(request.gateway_id),
+            next_index=len(request.delivered_token_ids),
+            trace=Trace(parent, time.time()),
+            decodes=decodes,
+        )
+        self.table.add(entry)
+        return entry
 
-def admit(request: SubmitRequest, hold_kv: bool = False) -> Callable[[LLMEngine], None]:
-    """The engine command that queues `request` (resumed after its delivered tokens)."""
-    return lambda engine: engine.add_request(
-        request.request_id,
-        request.prompt_token_ids,
-        request.sampling,
-        output_token_ids=request.delivered_token_ids,
-        hold_kv=hold_kv,
-    )
+    def stream(self, entry: WorkerRequest, output: RequestOutput) -> None:
+        """Queue the output's tokens (and finish) for the request's gateway."""
+        self.outbox.put_nowait((entry.subject, token_chunk(output, entry.next_index)))
+        entry.next_index += len(output.new_token_ids)
+
+    def fail(self, entry: WorkerRequest, reason: str) -> None:
+        """Tell the gateway the request failed here (it migrates it), and forget it."""
+        error = TokenChunk(
+            entry.request_id, entry.next_index, [], finish_reason="abort", error=reason
+        )
+        self.outbox.put_nowait((entry.subject, error))
+        self.table.end(entry, reason, time.time())
 
 
 def loop_deadline(unix_deadline: float, limit: float | None = None) -> float:
@@ -71,7 +100,3 @@ def token_chunk(output: RequestOutput, index: int) -> TokenChunk:
         num_prompt_tokens=output.num_prompt_tokens,
         num_cached_tokens=output.num_cached_tokens,
     )
-
-
-def error_chunk(request_id: str, index: int, error: str) -> TokenChunk:
-    return TokenChunk(request_id, index, [], finish_reason="abort", error=error)

@@ -1,13 +1,12 @@
-"""The engine in its own thread: the only code that touches the (synchronous) `LLMEngine`.
+"""The engine in its own thread: the only code that calls the (synchronous) `LLMEngine`.
 
-Commands come in through a queue as functions of the engine; each one's result (or
-exception) resolves an asyncio future on the caller's loop. Between commands the thread
-steps the engine while it has work and hands every step's outputs back to the loop with
-`call_soon_threadsafe`; when idle it blocks on the queue with a short timeout.
-
-A step can take seconds on a CPU (a long prefill chunk), and a command waits for the step in
-progress. What must never wait — the heartbeat — reads `observed` instead: `observe(engine)`
-taken by the thread after every step and every batch of commands.
+Commands come in through a queue as functions of the engine. Between commands the thread
+steps the engine; each step's report goes back to the event loop with
+`call_soon_threadsafe`. The thread sleeps on the queue — using no CPU — whenever stepping
+would change nothing: the engine holds no work, or its last step scheduled no token (every
+waiting request lacks blocks; only a command — a release, an abort, an import — can free
+them). After every step and every batch of commands it snapshots the engine's counters
+(`stats`) and gathers its prefix-cache events, which the loop reads without waiting.
 """
 
 from __future__ import annotations
@@ -18,94 +17,156 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shared.engine.engine import LLMEngine
-from shared.engine.engine_config import EngineConfig
 from shared.engine.outputs import RequestOutput
+from shared.engine.stats import EngineStats, KVCacheEvents, KVEventLog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-IDLE_WAIT = 0.05  # seconds the idle thread waits for a command
 
-Command = tuple[Callable[[LLMEngine], Any], asyncio.Future]
+
+@dataclass(slots=True)
+class StepReport:
+    step_started: float  # Unix seconds
+    outputs: list[RequestOutput]
+    started: list[str]  # requests whose first chunk this step computed
+
+
+@dataclass(slots=True)
+class _Command:
+    fn: Callable[[LLMEngine], Any]
+    on_done: Callable[[Any, BaseException | None], None]  # called in the engine thread
 
 
 class EngineThread:
     def __init__(
         self,
-        config: EngineConfig,
-        on_outputs: Callable[[list[RequestOutput], float], None],
-        observe: Callable[[LLMEngine], Any],
+        build: Callable[[], LLMEngine],
+        on_step: Callable[[LLMEngine, StepReport], None],
+        on_fatal: Callable[[BaseException], None],
     ) -> None:
-        """`on_outputs(outputs, step_started)` runs on the loop; `step_started` is the
-        step's start in Unix seconds (the end of the requests' queueing, for telemetry)."""
-        self.config = config
-        self.on_outputs = on_outputs
-        self.observe = observe
-        self.observed: Any = None  # the latest observe(engine); None until the engine is built
-        self._commands: queue.Queue[Command | None] = queue.Queue()
+        """`on_step(engine, report)` runs in the engine thread right after a step (to read
+        what only the thread may read) and must hand its results to the loop itself;
+        `on_fatal` runs on the loop when the thread dies."""
+        self.build = build
+        self.on_step = on_step
+        self.on_fatal = on_fatal
+        self.stats: EngineStats | None = None  # None until the engine is built
+        self.error: BaseException | None = None  # why the thread stopped, if it failed
+        self._commands: queue.Queue[_Command | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.error: BaseException | None = None  # why the thread stopped, if it failed
+        self._events = _SharedEventLog()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "start() first"
+        return self._loop
 
     async def start(self) -> None:
-        """Build the engine inside its thread (weights load there) and start stepping."""
+        """Build the engine inside its thread (weights load there) and start stepping; a
+        failed build raises its own error here."""
         self._loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = self._loop.create_future()
-        self._commands.put((lambda engine: None, ready))
+        ready = self._submit(lambda engine: None)  # queued first: answered once it is built
         self._thread.start()
         await ready
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run `fn(engine)` in the engine thread and return its result."""
-        assert self._loop is not None, "start() first"
+        """Run `fn(engine)` between steps and return its result (or raise its error)."""
         if self.error is not None:
-            raise RuntimeError(f"the engine thread has stopped: {self.error}")
-        future: asyncio.Future[T] = self._loop.create_future()
-        self._commands.put((fn, future))
-        return await future
+            raise RuntimeError(f"the engine has stopped: {self.error}")
+        return await self._submit(fn)
+
+    def _submit(self, fn: Callable[[LLMEngine], T]) -> asyncio.Future[T]:
+        loop = self._loop
+        assert loop is not None, "start() first"
+        future: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: Any, exc: BaseException | None) -> None:
+            def resolve() -> None:
+                if future.done():  # the caller gave up (cancelled)
+                    return
+                if exc is not None:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+
+            loop.call_soon_threadsafe(resolve)
+
+        self._commands.put(_Command(fn, settle))
+        return future
+
+    def post(self, fn: Callable[[LLMEngine], Any], on_error: Callable[[BaseException], None]):
+        """Queue `fn(engine)` without waiting; `on_error(exc)` runs on the loop if it raises.
+        Dropped once the engine has stopped (`on_fatal` speaks for every request then)."""
+        loop = self._loop
+        assert loop is not None, "start() first"
+
+        def settle(result: Any, exc: BaseException | None) -> None:
+            if exc is not None and self.error is None:
+                loop.call_soon_threadsafe(on_error, exc)
+
+        if self.error is None:
+            self._commands.put(_Command(fn, settle))
+
+    def take_kv_events(self) -> KVCacheEvents:
+        return self._events.take()
 
     async def stop(self) -> None:
-        if not self._thread.is_alive():
-            return
-        self._commands.put(None)
-        await asyncio.to_thread(self._thread.join)
+        if self._thread.is_alive():
+            self._commands.put(None)
+            await asyncio.to_thread(self._thread.join)
 
     def _run(self) -> None:
         try:
-            engine = LLMEngine(self.config)
+            engine = self.build()
         except Exception as exc:
             self._fail(exc)
             return
         try:
-            self.observed = self.observe(engine)
-            while self._apply_queued(engine, block=not engine.has_unfinished_requests()):
-                self.observed = self.observe(engine)
-                if engine.has_unfinished_requests():
-                    started = time.time()
-                    outputs = engine.step()
-                    self.observed = self.observe(engine)
-                    if outputs:
-                        assert self._loop is not None
-                        self._loop.call_soon_threadsafe(self.on_outputs, outputs, started)
+            stalled = False
+            while self._apply_commands(engine, stalled or not engine.has_unfinished_requests()):
+                if not engine.has_unfinished_requests():
+                    continue
+                report = StepReport(time.time(), [], [])
+                report.outputs = engine.step()
+                stalled = engine.last_step_num_tokens == 0
+                self.on_step(engine, report)
+                self._observe(engine)
         except Exception as exc:  # an engine bug: fail every caller rather than hang them
             log.exception("engine thread failed")
             self._fail(exc)
 
-    def _apply_queued(self, engine: LLMEngine, block: bool) -> bool:
-        """Apply every queued command, first waiting up to IDLE_WAIT for one when `block`.
+    def _apply_commands(self, engine: LLMEngine, wait: bool) -> bool:
+        """Apply every queued command, first sleeping until one comes when `wait`.
         False when told to stop."""
-        try:
-            command = (
-                self._commands.get(timeout=IDLE_WAIT) if block else self._commands.get_nowait()
-            )
-            while command is not None:
-                self._apply(engine, command)
-                command = self._commands.get_nowait()
-            return False
-        except queue.Empty:
+        if not wait and self._commands.empty():
             return True
+        command = self._commands.get()  # blocks only when `wait`: else one is queued
+        while command is not None:
+            try:
+                result = command.fn(engine)
+            except Exception as exc:
+                command.on_done(None, exc)
+            else:
+                command.on_done(result, None)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                self._observe(engine)
+                return True
+        return False
+
+    def _observe(self, engine: LLMEngine) -> None:
+        self.stats = engine.stats()
+        self._events.add(engine.take_kv_events())
 
     def _fail(self, exc: BaseException) -> None:
         self.error = exc
@@ -113,27 +174,29 @@ class EngineThread:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                break
             if command is not None:
-                self._resolve(command[1], None, exc)
+                command.on_done(None, exc)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.on_fatal, exc)
 
-    def _apply(self, engine: LLMEngine, command: Command) -> None:
-        fn, future = command
-        try:
-            result = fn(engine)
-        except Exception as exc:
-            self._resolve(future, None, exc)
-        else:
-            self._resolve(future, result, None)
 
-    def _resolve(self, future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
-        def settle() -> None:
-            if future.done():  # the caller gave up (cancelled)
-                return
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+class _SharedEventLog:
+    """A `KVEventLog` the engine thread fills after each step and the loop takes from."""
 
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(settle)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._log = KVEventLog()
+
+    def add(self, events: KVCacheEvents) -> None:
+        if not (events.stored or events.removed):
+            return
+        with self._lock:
+            for block_hash in events.removed:
+                self._log.removed(block_hash)
+            for block_hash in events.stored:
+                self._log.stored(block_hash)
+
+    def take(self) -> KVCacheEvents:
+        with self._lock:
+            return self._log.take()

@@ -1,9 +1,11 @@
-"""The prefill side of a worker. A request passes through, in order:
+"""The prefill side of a worker. A request passes through, in order (requests.py):
 
-waiting (engine queue) → running (chunked prefill in the batch) → held (first token sampled
-and streamed to the gateway; KV kept) → transferring (KV chunks to the decode worker) →
-released (blocks freed). A request that finishes at its first token skips the transfer and
-tells the decode worker to drop its reservation.
+QUEUED (the `PrefillTask` is acked at once: validity is checked without waiting for a step)
+→ COMPUTING (its first chunk is scheduled) → HELD (first token sampled, streamed to the
+gateway; KV pinned) → TRANSFERRING (all its blocks exported in one copy, sent as chunks,
+then `KVDone`) → released. A request that finishes at its first token skips the transfer
+and tells the decode worker to drop its reservation. A cancel while the KV is in flight
+stops the transfer; the blocks are freed once no copy of them is running.
 """
 
 from __future__ import annotations
@@ -12,141 +14,125 @@ import asyncio
 import logging
 import time
 
-from services.worker.context import (
-    WorkerContext,
-    admit,
-    error_chunk,
-    loop_deadline,
-    token_chunk,
-)
-from services.worker.telemetry import WorkerTelemetry
+from opentelemetry.context import Context
+
+from services.worker.context import WorkerContext, loop_deadline, token_chunk
+from services.worker.refusals import refusal
+from services.worker.requests import RequestState, WorkerRequest
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer import to_chunks
 from shared.kvtransfer.nats_transport import KVSender, TransferError
-from shared.protocol import KVDone, PrefillTask, TaskAck
+from shared.protocol import KVDone, Outcome, PrefillTask, TaskAck
 from shared.telemetry.tracing import inject
 
 log = logging.getLogger(__name__)
+S = RequestState
 
 
 class PrefillSide:
-    def __init__(self, ctx: WorkerContext, telemetry: WorkerTelemetry) -> None:
+    def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
-        self.telemetry = telemetry
-        self.computing: dict[str, PrefillTask] = {}  # waiting or running in the engine
-        self.transferring: set[str] = set()  # held: first token out, KV on its way
-        self.cancelled: set[str] = set()  # cancelled mid-transfer: no error to the gateway
-        self.tasks: set[asyncio.Task[None]] = set()  # first token + transfer, one per request
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.computing or self.transferring)
-
-    async def on_task(self, task: PrefillTask, headers: dict[str, str]) -> TaskAck:
-        request = task.request
-        if self.ctx.draining:
-            return TaskAck(request.request_id, ok=False, error="draining")
-        if request.request_id in self.computing or request.request_id in self.transferring:
-            return TaskAck(request.request_id, ok=False, error="duplicate request id")
-        self.computing[request.request_id] = task  # before the engine can emit its output
-        self.telemetry.queue(request.request_id, "prefill", headers)
-        try:
-            await self.ctx.engine.call(admit(request, hold_kv=True))
-        except ValueError as exc:
-            del self.computing[request.request_id]
-            self.telemetry.forget(request.request_id)
-            return TaskAck(request.request_id, ok=False, error=str(exc), invalid=True)
-        return TaskAck(request.request_id, ok=True)
-
-    def on_output(self, output: RequestOutput) -> None:
-        """The first token is out (called on the loop): stream it, then move the KV."""
-        self.transferring.add(output.request_id)
-        task = asyncio.create_task(self._hand_off(self.computing.pop(output.request_id), output))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def cancel(self, request_id: str) -> None:
-        self.telemetry.forget(request_id)
-        if request_id in self.transferring:
-            self.cancelled.add(request_id)
-        if self.computing.pop(request_id, None) or request_id in self.transferring:
-            await self.ctx.engine.call(lambda e: e.abort_request(request_id))
-
-    async def expire(self) -> None:
-        """Fail requests still queued or computing past their deadline (a transfer has its own)."""
-        for request_id, task in list(self.computing.items()):
-            if loop_deadline(task.request.deadline) <= asyncio.get_running_loop().time():
-                await self.cancel(request_id)
-                gateway = self.ctx.subjects.tokens(task.request.gateway_id)
-                index = len(task.request.delivered_token_ids)
-                await self.ctx.bus.publish(gateway, error_chunk(request_id, index, "deadline"))
-
-    async def _hand_off(self, task: PrefillTask, output: RequestOutput) -> None:
+    async def on_task(self, task: PrefillTask, parent: Context) -> TaskAck:
         request = task.request
         ctx = self.ctx
-        index = len(request.delivered_token_ids)
-        first_token = output.new_token_ids[0]
-        deadline = loop_deadline(request.deadline, ctx.config.transfer_timeout)
-        sender = KVSender(
-            ctx.bus, ctx.subjects.kv(task.decode_worker), ctx.config.kv_window, deadline
-        )
+        if ctx.draining:
+            return TaskAck(request.request_id, Outcome.UNAVAILABLE, "draining")
+        if request.request_id in ctx.table:
+            return TaskAck(request.request_id, Outcome.UNAVAILABLE, "duplicate request id")
         try:
-            await ctx.bus.publish(
-                ctx.subjects.tokens(request.gateway_id), token_chunk(output, index)
-            )
-            if output.finish_reason is not None:
-                done = KVDone(request.request_id, 0, first_token, ok=False, error="finished")
-                await sender.abort(done)
-                return
-            await self._transfer(task, sender, first_token)
-        finally:
-            self.telemetry.after_prefill.pop(request.request_id, None)
-            self.transferring.discard(request.request_id)
-            self.cancelled.discard(request.request_id)
+            await ctx.engine.check(request)
+        except Exception as exc:
+            outcome, error = refusal(request.request_id, exc)
+            return TaskAck(request.request_id, outcome, error)
+        if request.request_id in ctx.table:  # the same id again while this one was checked
+            return TaskAck(request.request_id, Outcome.UNAVAILABLE, "duplicate request id")
+        entry = ctx.new_request(request, S.QUEUED, parent, decodes=False)
+        entry.decode_worker, entry.skip_blocks = task.decode_worker, task.skip_blocks
+        ctx.engine.submit(request, hold_kv=True)
+        return TaskAck(request.request_id, Outcome.OK)
 
-    async def _transfer(self, task: PrefillTask, sender: KVSender, first_token: int) -> None:
-        """Ship the blocks decode lacks, layer group by layer group, then KVDone; release."""
-        request, ctx = task.request, self.ctx
-        request_id = request.request_id
-        layout = ctx.layout
+    def on_output(self, entry: WorkerRequest, output: RequestOutput) -> None:
+        """The first token is out (on the loop): stream it, then move the KV."""
+        entry.trace.cached_tokens = output.num_cached_tokens
+        self.ctx.table.move(entry, S.HELD, time.time())
+        entry.hand_off = asyncio.create_task(self._hand_off(entry, output))
+
+    def stop(self, entry: WorkerRequest, reason: str, *, tell_gateway: bool) -> None:
+        """Abort the request; HELD or TRANSFERRING, its hand-off is cancelled and cleans up."""
+        if entry.hand_off is not None:
+            entry.failure = entry.failure or (reason if tell_gateway else "")
+            entry.hand_off.cancel()
+        elif tell_gateway:
+            self.ctx.engine.abort(entry.request_id)
+            self.ctx.fail(entry, reason)
+        else:
+            self.ctx.engine.abort(entry.request_id)
+            self.ctx.table.end(entry, reason, time.time())
+
+    async def _hand_off(self, entry: WorkerRequest, output: RequestOutput) -> None:
+        ctx, request_id = self.ctx, entry.request_id
+        first_token = output.new_token_ids[0]
+        deadline = loop_deadline(entry.request.deadline, ctx.config.transfer_timeout)
+        subject = ctx.subjects.kv(entry.decode_worker)
+        sender = KVSender(ctx.bus, subject, ctx.config.kv_window, deadline)
+        try:
+            await ctx.bus.publish(entry.subject, token_chunk(output, entry.next_index))
+            entry.next_index += 1
+            if output.finish_reason is not None:  # the engine has freed it: no KV to move
+                await sender.abort(KVDone(request_id, 0, first_token, Outcome.FAILED, "finished"))
+                ctx.table.end(entry, "finished", time.time())
+                return
+            ctx.table.move(entry, S.TRANSFERRING, time.time())
+            await self._transfer(entry, sender, first_token)
+        except asyncio.CancelledError:  # stopped: a Cancel, or a failure to report
+            ctx.engine.abort(request_id)
+            reason = entry.failure or "cancelled"
+            if entry.failure:
+                ctx.fail(entry, entry.failure)
+            else:
+                ctx.table.end(entry, reason, time.time())
+            await sender.abort(KVDone(request_id, 0, first_token, Outcome.FAILED, reason))
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, TransferError) else f"internal error: {exc!r}"
+            log.warning("%s: KV transfer failed: %s", request_id, reason)
+            ctx.engine.abort(request_id)
+            done = KVDone(request_id, sender.num_chunks, first_token, Outcome.FAILED, reason)
+            await sender.abort(done)
+            ctx.fail(entry, reason)
+        else:
+            ctx.engine.release(request_id)
+            ctx.table.end(entry, "finished", time.time())
+
+    async def _transfer(self, entry: WorkerRequest, sender: KVSender, first_token: int) -> None:
+        """Ship the blocks decode lacks (one export of every layer), then KVDone."""
+        ctx, request_id, layout = self.ctx, entry.request_id, self.ctx.layout
+        request = entry.request
         num_tokens = len(request.prompt_token_ids) + len(request.delivered_token_ids)
-        num_blocks = -(-num_tokens // layout.block_size) - task.skip_blocks
-        max_bytes = ctx.bus.max_payload - ctx.config.kv_headroom
-        group = max(1, max_bytes // max(1, num_blocks * layout.block_bytes))
-        num_bytes = max(0, num_blocks) * layout.block_bytes * layout.num_layers
-        span = self.telemetry.start_send(request_id, max(0, num_blocks), num_bytes)
+        num_blocks = max(0, -(-num_tokens // layout.block_size) - entry.skip_blocks)
+        num_bytes = num_blocks * layout.block_bytes * layout.num_layers
+        span = ctx.telemetry.start_send(entry, num_blocks, num_bytes)
         sender.headers = inject(span)
         started = time.perf_counter()
         try:
-            for start in range(0, layout.num_layers if num_blocks > 0 else 0, group):
-                layers = range(start, min(layout.num_layers, start + group))
-                blocks = await ctx.engine.call(
-                    lambda e, layers=layers: e.export_kv(request_id, layers, task.skip_blocks)
-                )
-                for chunk in to_chunks(blocks, max_bytes, sender.num_chunks):
+            if num_blocks:
+                blocks = await ctx.engine.export_kv(request_id, entry.skip_blocks)
+                max_bytes = ctx.bus.max_payload - ctx.config.kv_headroom
+                for chunk in to_chunks(blocks, max_bytes):
                     await sender.send(chunk)
-            done = KVDone(request_id, sender.num_chunks, first_token)
-            await sender.finish(done)
-            ctx.kv_blocks_sent += max(0, num_blocks)
-            seconds = time.perf_counter() - started
-            self.telemetry.end_send(span, seconds, num_bytes)
-            megabytes = num_bytes / 1e6
-            log.info(
-                "%s: KV transfer of %d blocks, %.1f MB in %.1f ms (%.0f MB/s)",
-                request_id,
-                num_blocks,
-                megabytes,
-                seconds * 1e3,
-                megabytes / max(seconds, 1e-9),
-            )
-            await ctx.engine.call(lambda e: e.release(request_id))
-        except (TransferError, KeyError, ValueError) as exc:
-            reason = "cancelled" if request_id in self.cancelled else str(exc)
-            log.warning("%s: KV transfer failed: %s", request_id, reason)
-            self.telemetry.end_send(span, time.perf_counter() - started, 0, reason)
-            await ctx.engine.call(lambda e: e.abort_request(request_id))
-            await sender.abort(KVDone(request_id, sender.num_chunks, first_token, False, reason))
-            if request_id not in self.cancelled:
-                index = len(request.delivered_token_ids) + 1
-                gateway = ctx.subjects.tokens(request.gateway_id)
-                await ctx.bus.publish(gateway, error_chunk(request_id, index, reason))
+            await sender.finish(KVDone(request_id, sender.num_chunks, first_token))
+        except BaseException as exc:
+            error = "cancelled" if isinstance(exc, asyncio.CancelledError) else str(exc)
+            ctx.telemetry.end_send(span, time.perf_counter() - started, 0, error)
+            raise
+        seconds = time.perf_counter() - started
+        ctx.kv_blocks_sent += num_blocks
+        ctx.telemetry.end_send(span, seconds, num_bytes)
+        log.info(
+            "%s: KV transfer of %d blocks, %.1f MB in %.1f ms (%.0f MB/s)",
+            request_id,
+            num_blocks,
+            num_bytes / 1e6,
+            seconds * 1e3,
+            num_bytes / 1e6 / max(seconds, 1e-9),
+        )

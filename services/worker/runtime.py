@@ -1,7 +1,11 @@
-"""The NATS side of a worker: subscriptions per role, heartbeats, KV events, deadlines and
-an ordered shutdown (stop intake → finish in-flight work within the grace period → close
-the connection → stop the engine thread). See prefill.py and decode.py for the queues a
-request passes through on each side.
+"""The NATS side of a worker: subscriptions per role, the engine's events routed to the
+request table (requests.py), heartbeats, KV events, deadlines and an ordered shutdown
+(stop intake → finish in-flight work within the grace period → fail what is left, so its
+gateways migrate it → close the connection → stop the engine). prefill.py and decode.py
+hold what each side does with a request; the engine sits behind `EngineClient`.
+
+An engine that dies (a bug in a step) fails every request it held — each gateway migrates
+its streams at once — and sets `failed`, on which the process exits non-zero to be restarted.
 """
 
 from __future__ import annotations
@@ -9,25 +13,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TypeVar
+
+from opentelemetry.context import Context
 
 from services.worker.config import WorkerConfig
 from services.worker.context import WorkerContext
 from services.worker.decode import DecodeSide
-from services.worker.engine_thread import EngineThread
+from services.worker.engine_client import EngineClient
+from services.worker.native_client import NativeEngineClient
 from services.worker.prefill import PrefillSide
+from services.worker.requests import RequestState, RequestTable, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus, Headers
-from shared.engine.engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.engine.spec_decode import SpecDecodeStats
-from shared.kvtransfer import KVLayout
+from shared.engine.stats import EngineStats
 from shared.kvtransfer.nats_transport import serve_kv
 from shared.protocol import (
     Cancel,
     DecodeTask,
     Heartbeat,
     KVEvents,
+    Outcome,
     PrefillTask,
     RequestFailed,
     Reservation,
@@ -37,75 +47,40 @@ from shared.protocol import (
 )
 from shared.subjects import Subjects
 from shared.telemetry.metrics import serve_metrics
+from shared.telemetry.tracing import extract
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    free_blocks: int
-    total_blocks: int
-    block_size: int
-    cached: frozenset[int]  # block hashes in the prefix cache
-    usage: float  # fraction of KV blocks in use
-    prefix_queries: int  # since start, in tokens
-    prefix_hits: int
-    spec_decode: SpecDecodeStats  # a copy: draft tokens proposed, accepted, verify steps
-
-
-def engine_stats(engine: LLMEngine) -> EngineStats:
-    blocks = engine.block_manager
-    return EngineStats(
-        num_running=len(engine.scheduler.running),
-        num_waiting=len(engine.scheduler.waiting),
-        free_blocks=blocks.num_free_blocks,
-        total_blocks=blocks.num_blocks,
-        block_size=blocks.block_size,
-        cached=frozenset(blocks.cached),
-        usage=blocks.usage,
-        prefix_queries=blocks.prefix_queries,
-        prefix_hits=blocks.prefix_hits,
-        spec_decode=replace(engine.spec_stats),
-    )
-
-
-def kv_layout(engine: LLMEngine) -> KVLayout:
-    model = engine.model_config
-    return KVLayout(
-        num_layers=model.num_layers,
-        block_size=engine.config.block_size,
-        num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        dtype=engine.config.dtype,
-    )
+S = RequestState
+M = TypeVar("M")
+R = TypeVar("R")
+OUTBOX_FLUSH_S = 1.0  # at shutdown, how long queued token chunks may take to go out
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, engine: EngineClient | None = None) -> None:
         self.config = config
-        self.engine = EngineThread(config.engine_config(), self._on_outputs, engine_stats)
+        self.engine = engine or NativeEngineClient(config.engine_config())
+        self.telemetry = WorkerTelemetry(config)
+        self.table = RequestTable(self.telemetry)
+        self.failed = asyncio.Event()  # the engine died: the process should exit non-zero
         self.ctx: WorkerContext | None = None
         self.prefill: PrefillSide | None = None
         self.decode: DecodeSide | None = None
-        self._cached: frozenset[int] = frozenset()  # as last announced in KVEvents
-        self._seq_no = 0
-        self._background: list[asyncio.Task[None]] = []
-        self.telemetry = WorkerTelemetry(config)
         self.metrics_port = 0  # bound by start() when config.metrics_port is set
+        self._seq_no = -1  # of the last KVEvents published
+        self._background: list[asyncio.Task[None]] = []
         self._prefix_counted = (0, 0)  # (queries, hits) already added to the counters
         self._spec_counted = SpecDecodeStats()  # already added to the counters
 
     async def start(self) -> None:
         """Load the model, connect, subscribe, start heartbeats."""
-        config = self.config
-        await self.engine.start()
-        layout = await self.engine.call(kv_layout)
-        bus = await Bus.connect(config.nats_url, f"worker-{config.worker_id}")
+        config, wid = self.config, self.config.worker_id
+        layout = await self.engine.start(self)
+        bus = await Bus.connect(config.nats_url, f"worker-{wid}")
         subjects = Subjects(config.namespace)
-        self.ctx = ctx = WorkerContext(config, bus, subjects, self.engine, layout)
-        wid = config.worker_id
+        self.ctx = ctx = WorkerContext(
+            config, bus, subjects, self.engine, layout, self.table, self.telemetry, asyncio.Queue()
+        )
         if config.metrics_port is not None:
             self.metrics_port = serve_metrics(
                 self.telemetry.metrics.registry,
@@ -114,82 +89,145 @@ class Worker:
             )
             print(f"worker {wid} metrics on port {self.metrics_port}", flush=True)
         if config.prefills:
-            self.prefill = PrefillSide(ctx, self.telemetry)
-            await bus.serve(subjects.prefill(wid), PrefillTask, self.prefill.on_task, _refuse)
+            self.prefill = prefill = PrefillSide(ctx)
+            await _serve(bus, subjects.prefill(wid), PrefillTask, prefill.on_task, _refuse)
         if config.decodes:
-            self.decode = decode = DecodeSide(ctx, self.telemetry)
-            await bus.serve(subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
-            await bus.serve(subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
+            self.decode = decode = DecodeSide(ctx)
+            await _serve(bus, subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
+            await _serve(bus, subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
             await serve_kv(bus, subjects.kv(wid), decode.on_chunk, decode.on_done)
             await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
-            self._background.append(asyncio.create_task(decode.publish_tokens()))
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
+        self._background.append(asyncio.create_task(self._publish_tokens()))
         self._background.append(asyncio.create_task(self._heartbeats()))
         log.info("worker %s (%s) serving %s", wid, config.role, config.model_name)
 
-    @property
-    def busy(self) -> bool:
-        return any(side is not None and side.busy for side in (self.prefill, self.decode))
-
     async def shutdown(self) -> None:
-        """Stop intake, let in-flight work finish within the grace period, then close."""
-        if self.ctx is None:
-            await self.engine.stop()
+        """Stop intake, let in-flight work finish within the grace period, then close.
+        Idempotent."""
+        ctx = self.ctx
+        if ctx is None:
+            await self.engine.cleanup()
             return
-        self.ctx.draining = True
-        await self._beat()
+        if ctx.draining:
+            return
+        ctx.draining = True
+        with contextlib.suppress(Exception):  # a lost connection must not stop the drain
+            await self._beat()
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.config.grace_period
-        while self.busy and loop.time() < give_up:
+        while len(self.table) and loop.time() < give_up:
             await asyncio.sleep(0.05)
-        if self.busy:
-            log.warning("grace period over with work in flight; dropping it")
-        if self.decode is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.decode.outbox.join(), timeout=1.0)
+        if len(self.table):
+            log.warning("grace period over with %d requests in flight", len(self.table))
+            hand_offs = [e.hand_off for e in self.table if e.hand_off is not None]
+            self._fail_all("the worker is shutting down")
+            if hand_offs:  # each tells its gateway, then its decode worker (bounded)
+                await asyncio.wait(hand_offs, timeout=OUTBOX_FLUSH_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.outbox.join(), timeout=OUTBOX_FLUSH_S)
         for task in self._background:
             task.cancel()
-        if self.prefill is not None:
-            for task in list(self.prefill.tasks):
-                task.cancel()
-        await self.ctx.bus.close()
-        await self.engine.stop()
+        await ctx.bus.close()
+        await self.engine.cleanup()
         self.telemetry.tracing.shutdown()
 
-    def _on_outputs(self, outputs: list[RequestOutput], step_started: float) -> None:
+    # -- EngineEvents (called on the loop) ------------------------------------------------
+    def on_started(self, request_ids: list[str], step_started: float) -> None:
+        for request_id in request_ids:
+            entry = self.table.get(request_id)
+            if entry is None or entry.state != S.QUEUED:
+                continue
+            self.table.move(entry, S.RUNNING if entry.decodes else S.COMPUTING, step_started)
+
+    def on_outputs(self, outputs: list[RequestOutput], step_started: float) -> None:
         for output in outputs:
-            self.telemetry.on_output(output, step_started)
-            if self.prefill is not None and output.request_id in self.prefill.computing:
-                self.prefill.on_output(output)
-            elif self.decode is not None:
-                self.decode.on_output(output)
+            entry = self.table.get(output.request_id)
+            if entry is None:  # cancelled while the step ran
+                continue
+            self.telemetry.on_output(entry, output, step_started)
+            if entry.decodes:
+                assert self.decode is not None
+                self.decode.on_output(entry, output)
+            elif entry.state == S.COMPUTING:
+                assert self.prefill is not None
+                self.prefill.on_output(entry, output)
 
+    def on_request_failed(self, request_id: str, error: BaseException) -> None:
+        log.error("%s: the engine failed it", request_id, exc_info=error)
+        entry = self.table.get(request_id)
+        if entry is not None:
+            self._stop(entry, f"internal error: {error}", tell_gateway=True)
+
+    def on_fatal(self, error: BaseException) -> None:
+        log.critical("the engine stopped: %r; failing every request", error)
+        self._fail_all(f"internal error: the engine stopped ({error})")
+        self.failed.set()
+
+    # -- subscriptions ----------------------------------------------------------------------
     async def _on_event(self, event: RequestFailed | WorkerLost, headers: Headers) -> None:
-        """Scheduler events: a `WorkerLost` frees the reservations its prefills would fill."""
-        lost = isinstance(event, WorkerLost) and event.worker_id != self.config.worker_id
-        if lost and self.decode is not None:
-            await self.decode.on_worker_lost(event.request_ids)
+        """A `WorkerLost` frees the reservations its prefills would have filled (a request
+        already decoding has its whole KV here and goes on)."""
+        if not isinstance(event, WorkerLost) or event.worker_id == self.config.worker_id:
+            return
+        for request_id in event.request_ids:
+            entry = self.table.get(request_id)
+            if entry is not None and entry.state in (S.RESERVED, S.RECEIVING):
+                self._stop(entry, "cancelled", tell_gateway=False)
 
-    async def _on_cancel(self, msg: Cancel, headers: dict[str, str]) -> None:
-        for side in (self.prefill, self.decode):
-            if side is not None:
-                await side.cancel(msg.request_id)
+    async def _on_cancel(self, msg: Cancel, headers: Headers) -> None:
+        entry = self.table.get(msg.request_id)
+        if entry is not None:
+            self._stop(entry, "cancelled", tell_gateway=False)
+
+    def _stop(self, entry: WorkerRequest, reason: str, *, tell_gateway: bool) -> None:
+        side = self.decode if entry.decodes else self.prefill
+        assert side is not None
+        side.stop(entry, reason, tell_gateway=tell_gateway)
+
+    def _fail_all(self, reason: str) -> None:
+        """Fail every request held here; a gateway whose stream this worker carries (not a
+        reservation: its prefill worker carries it) migrates it at once."""
+        for entry in self.table:
+            carries_stream = entry.state not in (S.RESERVED, S.RECEIVING)
+            self._stop(entry, reason, tell_gateway=carries_stream)
+
+    # -- background tasks ---------------------------------------------------------------------
+    async def _publish_tokens(self) -> None:
+        """Forever: publish queued token chunks in order."""
+        assert self.ctx is not None
+        outbox = self.ctx.outbox
+        while True:
+            subject, chunk = await outbox.get()
+            try:
+                await self.ctx.bus.publish(subject, chunk)
+            except Exception:  # a lost connection: the gateway's stall timeout migrates it
+                log.exception("%s: token chunk not published", chunk.request_id)
+            outbox.task_done()
 
     async def _heartbeats(self) -> None:
         while True:
             try:
                 await self._beat()
-                for side in (self.prefill, self.decode):
-                    if side is not None:
-                        await side.expire()
-            except Exception:  # a lost connection or a failed engine must not stop the beat
+                self._expire()
+            except Exception:  # a lost connection must not stop the beat
                 log.exception("heartbeat failed")
             await asyncio.sleep(self.config.heartbeat_interval)
 
-    async def _beat(self) -> None:
-        """Publish a Heartbeat, and KVEvents when the prefix cache's hashes changed."""
+    def _expire(self) -> None:
+        """Drop reservations whose KV stopped coming; fail work past its deadline (a
+        transfer in flight has its own)."""
         assert self.ctx is not None
-        stats: EngineStats = self.engine.observed  # never waits for a step in progress
+        now = asyncio.get_running_loop().time()
+        for entry in self.table:
+            if entry.deadline > now or entry.state in (S.HELD, S.TRANSFERRING):
+                continue
+            self._stop(entry, "deadline", tell_gateway=entry.state not in (S.RESERVED, S.RECEIVING))
+
+    async def _beat(self) -> None:
+        """Publish a Heartbeat, and KVEvents when the prefix cache changed."""
+        assert self.ctx is not None
+        stats = self.engine.stats()  # counters the engine thread keeps: never waits
         config, bus, subjects = self.config, self.ctx.bus, self.ctx.subjects
         beat = Heartbeat(
             worker_id=config.worker_id,
@@ -201,6 +239,7 @@ class Worker:
             total_blocks=stats.total_blocks,
             block_size=stats.block_size,
             draining=self.ctx.draining,
+            num_requests=len(self.table),
             kv_blocks_sent=self.ctx.kv_blocks_sent,
             kv_blocks_received=self.ctx.kv_blocks_received,
             prefix_queries=stats.prefix_queries,
@@ -212,13 +251,11 @@ class Worker:
         )
         await bus.publish(subjects.heartbeat, beat)
         self._update_gauges(stats)
-        if stats.cached != self._cached:
-            stored = sorted(stats.cached - self._cached)
-            removed = sorted(self._cached - stats.cached)
+        events = self.engine.take_kv_events()
+        if events.stored or events.removed:
             self._seq_no += 1
-            events = KVEvents(config.worker_id, self._seq_no, stored, removed)
-            await bus.publish(subjects.kv_events, events)
-            self._cached = stats.cached
+            message = KVEvents(config.worker_id, self._seq_no, events.stored, events.removed)
+            await bus.publish(subjects.kv_events, message)
 
     def _update_gauges(self, stats: EngineStats) -> None:
         metrics, role = self.telemetry.metrics, self.config.role
@@ -234,12 +271,25 @@ class Worker:
         metrics.spec_accepted.labels(role).inc(spec.accepted - counted.accepted)
         metrics.spec_verify_steps.labels(role).inc(spec.verify_steps - counted.verify_steps)
         metrics.spec_acceptance.labels(role).set(spec.acceptance_rate)
-        self._spec_counted = spec
+        self._spec_counted = replace(spec)
+
+
+async def _serve(
+    bus: Bus,
+    subject: str,
+    message_type: type[M],
+    handler: Callable[[M, Context], Awaitable[R]],
+    refuse: Callable[[str], R],
+) -> None:
+    """Answer `subject` with `handler(message, trace context of its headers)`."""
+    await bus.serve(
+        subject, message_type, lambda msg, headers: handler(msg, extract(headers)), refuse
+    )
 
 
 def _refuse(reason: str) -> TaskAck:
-    return TaskAck("", ok=False, error=reason)
+    return TaskAck("", Outcome.INVALID, reason)
 
 
 def _refuse_reserve(reason: str) -> Reservation:
-    return Reservation("", ok=False, error=reason)
+    return Reservation("", Outcome.INVALID, error=reason)

@@ -7,9 +7,10 @@ other blocked paths). Rarely, an inverse-CDF draw sits within those bits of a bo
 a request migrated to another worker, or re-batched, then samples a different token.
 
 `pack_weights(weights)` replaces every float matrix (fused qkv, o_proj, fused gate_up,
-down, the LM head) by a `PackedLinear`, which runs the C++ kernel of csrc/cpu/linear.cpp:
-each output element is one k-ordered chain of fused multiply-adds whatever the number of
-rows, the tiling or the thread count. The LM head has a single layout for every row count.
+down, the LM head) by a `PackedLinear` (model/linear_weights.py), which runs the C++ kernel
+of csrc/cpu/linear.cpp: each output element is one k-ordered chain of fused multiply-adds
+whatever the number of rows, the tiling or the thread count. The LM head has a single
+layout for every row count.
 The rest of the forward pass is already per row: RMSNorm, rope, SiLU, the embedding, and
 the `cpu` attention backend (one routine per (row, head), decode and prefill rows alike).
 The `torch` attention backend and int8 / int4 weights (torch's packed kernels) are not
@@ -18,14 +19,12 @@ batch-invariant.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from types import ModuleType
-
-import torch
+from dataclasses import replace
 
 from shared.engine import native
 from shared.engine.attention import resolve_backend
 from shared.engine.engine_config import EngineConfig
+from shared.engine.model.linear_weights import PackedLinear
 from shared.engine.model.weights import ModelWeights
 
 
@@ -47,23 +46,6 @@ def resolve(config: EngineConfig) -> bool:
     return config.batch_invariant
 
 
-@dataclass(slots=True, frozen=True)
-class PackedLinear:
-    """A float [N, K] matrix laid out for the batch-invariant kernel: [ceil(N / 64), K, 64]."""
-
-    packed: torch.Tensor
-    out_features: int
-
-    @classmethod
-    def pack(cls, w: torch.Tensor) -> PackedLinear:
-        """w: [N, K] float32, bfloat16 or float16 (any layout)."""
-        return cls(_kernels().pack_linear_weight(w), w.shape[0])
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [T, K] in the weight's dtype -> [T, N]; bias [N] added once, after the sum."""
-        return _kernels().linear(x, self.packed, self.out_features, bias)
-
-
 def pack_weights(weights: ModelWeights) -> ModelWeights:
     """Packs the matrices of `weights` in place, one layer at a time (so the float copies go
     as it goes), and returns it. The embedding stays as it is (a lookup); a tied head is
@@ -79,9 +61,3 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
     head = PackedLinear.pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows
     weights.lm_head = weights.lm_head_column_major = head
     return weights
-
-
-def _kernels() -> ModuleType:
-    kernels = native.load()
-    assert kernels is not None, "batch-invariant matmuls without the C++ kernels"
-    return kernels

@@ -5,7 +5,8 @@ A block is in exactly one of three states:
 - free and cached: ref_count == 0 but its hash is registered, so a later prompt with the
   same prefix can claim it; kept in LRU order and evicted oldest first when space is needed;
 - free and empty: ref_count == 0, no hash; handed out before any cached block is evicted.
-Only full blocks whose KV has been computed are registered in the cache.
+Only full blocks whose KV has been computed are registered in the cache. Every hash
+registered or evicted is recorded as it happens (`events`, see stats.KVEventLog).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from shared.engine.block_hash import hash_full_blocks
+from shared.engine.errors import OutOfBlocks
 from shared.engine.sequence import Sequence
+from shared.engine.stats import KVEventLog
 
 
 class BlockManager:
@@ -32,6 +35,7 @@ class BlockManager:
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens served from it
         self.evictions = 0
+        self.events = KVEventLog()  # hashes registered and evicted since the last take
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -80,7 +84,7 @@ class BlockManager:
         """Grow the block table so the next `num_new_tokens` tokens have slots."""
         needed = self.num_new_blocks(seq, num_new_tokens)
         if needed > self.num_free_blocks:
-            raise MemoryError(
+            raise OutOfBlocks(
                 f"{seq.request_id}: needs {needed} blocks, {self.num_free_blocks} free"
             )
         for _ in range(needed):
@@ -104,6 +108,7 @@ class BlockManager:
             if block_hash not in self.cached:  # a duplicate of a cached block stays anonymous
                 self.cached[block_hash] = block_id
                 self.block_hashes[block_id] = block_hash
+                self.events.stored(block_hash)
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references. Its tail blocks become the first candidates for eviction."""
@@ -136,7 +141,7 @@ class BlockManager:
         assert not child.block_table, "fork() needs a child that holds no blocks"
         num_full = parent.num_computed_tokens // self.block_size
         if len(parent.block_table) - num_full > self.num_free_blocks:
-            raise MemoryError(f"{child.request_id}: too few free blocks to fork into")
+            raise OutOfBlocks(f"{child.request_id}: too few free blocks to fork into")
         copies = []
         for index, block_id in enumerate(parent.block_table):
             if index < num_full:
@@ -172,7 +177,10 @@ class BlockManager:
         if self._empty:
             return self._empty.pop()
         block_id, _ = self._evictable.popitem(last=False)
-        del self.cached[self.block_hashes[block_id]]
+        block_hash = self.block_hashes[block_id]
+        assert block_hash is not None, "an evictable block has a hash"
+        del self.cached[block_hash]
         self.block_hashes[block_id] = None
+        self.events.removed(block_hash)
         self.evictions += 1
         return block_id

@@ -5,6 +5,11 @@ A prefill worker adds requests with `hold_kv=True`: after the first token the re
 HELD with its blocks until `export_kv` has copied them out and `release` frees them.
 A decode worker `reserve`s blocks for a prompt (RESERVED), writes the prefill worker's
 blocks with `import_kv`, then `start_decode` adds the request to the running batch.
+
+Errors (shared/engine/errors.py): a bad request raises `InvalidRequest`, an id not in the
+state an operation needs `UnknownRequest`, a full cache `OutOfBlocks`. `check_request` runs
+every validity check without touching the engine's state, so any thread may call it, even
+while the engine's own thread is inside `step`; the rest is for the engine's thread alone.
 """
 
 from __future__ import annotations
@@ -17,20 +22,23 @@ import torch
 from shared.engine.block_hash import hash_full_blocks
 from shared.engine.block_manager import BlockManager
 from shared.engine.engine_config import EngineConfig
+from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.kv_cache import KVCache
-from shared.engine.kv_handoff import KVBlocks, OutOfBlocks, Reservation
+from shared.engine.kv_handoff import KVBlocks, Reservation
 from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner
 from shared.engine.outputs import RequestOutput
-from shared.engine.sampler import SampledToken
+from shared.engine.request_check import RequestChecker
 from shared.engine.sampling_params import SamplingParams
-from shared.engine.scheduler import ScheduledChunk, Scheduler
+from shared.engine.scheduler import Scheduler
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
 from shared.engine.spec_decode.ngram import NgramProposer
 from shared.engine.spec_decode.proposer import Proposer
-from shared.engine.structured_output import GrammarCompilers, GrammarState, tokenizer_info
+from shared.engine.stats import EngineStats, KVCacheEvents
+from shared.engine.stopping import StopRules
+from shared.engine.structured_output import GrammarCompilers
 
 
 class LLMEngine:
@@ -57,15 +65,38 @@ class LLMEngine:
             num_blocks, config.block_size, config.model_id, config.enable_prefix_caching
         )
         self.runner = ModelRunner(config, self.model_config, num_blocks, self.max_model_len)
-        self.spec_stats = SpecDecodeStats()  # speculative decoding: proposed, accepted
         self.proposer = self._proposer(draft_config, num_blocks)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_batched_tokens, config.max_num_seqs, self.proposer
+            self.block_manager,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            StopRules(self.model_config.eos_token_ids, self.max_model_len),
+            self.proposer,
         )
-        self.requests: dict[str, Sequence] = {}
-        self._grammars: GrammarCompilers | None = None  # built at the first guided request
+        self.requests = self.scheduler.requests  # request id -> sequence, any unfinished status
+        grammars = GrammarCompilers(
+            config.model_dir, self.runner.sampler.vocab_size, self.model_config.eos_token_ids
+        )
+        self.checker = RequestChecker(
+            self.model_config.vocab_size,
+            self.max_model_len,
+            config.block_size,
+            num_blocks,
+            grammars,
+        )
+        self.last_step_num_tokens = 0  # tokens the last step scheduled; 0: nothing could run
 
     # -- requests ---------------------------------------------------------------------------
+    def check_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        output_token_ids: list[int] | tuple[int, ...] = (),
+    ) -> None:
+        """Raise InvalidRequest unless the engine could ever serve this request. Safe from any
+        thread: it reads only limits fixed at start and the lock-guarded grammar cache."""
+        self.checker.check(prompt_token_ids, params, output_token_ids)
+
     def add_request(
         self,
         request_id: str,
@@ -78,60 +109,102 @@ class LLMEngine:
         """Queue a request. `output_token_ids` resumes one from tokens it already produced."""
         seq = self._new_sequence(request_id, prompt_token_ids, params, output_token_ids)
         seq.hold_kv = hold_kv
-        self.requests[request_id] = seq
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
-        """Forget the request and free its blocks at once, in whatever state it is."""
+        """Forget the request and free its blocks at once, in whatever state it is. An unknown
+        id is no error: the request may have finished meanwhile."""
         seq = self.requests.get(request_id)
         if seq is not None:
-            self._finish(seq, FinishReason.ABORT)
+            self.scheduler.finish(seq, FinishReason.ABORT)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestOutput]:
+        """Run one step. Afterwards `last_step_num_tokens` is 0 when nothing could be scheduled
+        (say every waiting request lacks blocks): stepping again before a request is added,
+        aborted, released or started would schedule nothing either."""
         scheduled = self.scheduler.schedule()
-        if not scheduled.chunks:
-            return []
-        sampled = iter(self.runner.run(scheduled.chunks))
-        outputs = []
-        for chunk in scheduled.chunks:
-            seq = chunk.seq
-            if chunk.draft_token_ids:
-                outputs.append(self._append_verified(chunk, next(sampled)))
-                continue
-            completes = chunk.completes
-            seq.num_computed_tokens += chunk.num_tokens
-            self.block_manager.commit(seq)
-            if completes:
-                outputs.append(self._append_token(seq, next(sampled)[0]))
-        return outputs
+        self.last_step_num_tokens = scheduled.num_tokens
+        sampled = self.runner.run(scheduled.chunks) if scheduled.chunks else []
+        return self.scheduler.update(scheduled, sampled)
+
+    def stats(self) -> EngineStats:
+        """Counters kept as things happen: no set is copied."""
+        scheduler, blocks = self.scheduler, self.block_manager
+        return EngineStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_held=scheduler.num_held,
+            num_reserved=scheduler.num_reserved,
+            free_blocks=blocks.num_free_blocks,
+            total_blocks=blocks.num_blocks,
+            block_size=blocks.block_size,
+            usage=blocks.usage,
+            prefix_queries=blocks.prefix_queries,
+            prefix_hits=blocks.prefix_hits,
+            num_preemptions=scheduler.num_preemptions,
+            spec_decode=replace(scheduler.spec_stats),
+        )
+
+    @property
+    def spec_stats(self) -> SpecDecodeStats:
+        """Speculative decoding since start (live; `stats()` has a copy)."""
+        return self.scheduler.spec_stats
+
+    def take_kv_events(self) -> KVCacheEvents:
+        """The prefix cache's net changes (block hashes stored, removed) since the last call."""
+        return self.block_manager.events.take()
 
     # -- KV hand-off: prefill side ----------------------------------------------------------
     def export_kv(
         self, request_id: str, layers: range | None = None, first_block: int = 0
     ) -> KVBlocks:
         """Copy the prompt's KV blocks from `first_block` on, for `layers` (default: all)."""
-        seq = self._get(request_id, SequenceStatus.HELD)
-        layers = layers or range(self.model_config.num_layers)
-        num_blocks = self.block_manager.blocks_for(seq.num_computed_tokens)
-        block_ids = seq.block_table[first_block:num_blocks]
-        hashes: list[int | None] = list(seq.block_hashes[first_block:num_blocks])
-        hashes += [None] * (len(block_ids) - len(hashes))
+        block_ids, hashes = self.held_blocks(request_id)
+        if not 0 <= first_block <= len(block_ids):
+            reason = f"block {first_block} outside [0, {len(block_ids)}]"
+            raise InvalidRequest("first_block", reason)
+        layers = range(self.model_config.num_layers) if layers is None else layers
         return KVBlocks(
             request_id=request_id,
             layer_start=layers.start,
             layer_end=layers.stop,
             first_block=first_block,
-            block_hashes=hashes,
-            data=self.runner.kv_cache.read_blocks(block_ids, layers),
+            block_hashes=hashes[first_block:],
+            data=self.read_blocks(block_ids[first_block:], layers),
         )
+
+    def held_blocks(self, request_id: str) -> tuple[list[int], list[int | None]]:
+        """A held request's prompt blocks: (block ids, hash per block; None for a partly
+        filled one). They stay its own, unchanged, until `release` or `abort_request`."""
+        seq = self._get(request_id, SequenceStatus.HELD)
+        num_blocks = self.block_manager.blocks_for(seq.num_computed_tokens)
+        hashes: list[int | None] = list(seq.block_hashes[:num_blocks])
+        return seq.block_table[:num_blocks], hashes + [None] * (num_blocks - len(hashes))
+
+    def read_blocks(self, block_ids: list[int], layers: range | None = None) -> torch.Tensor:
+        """A CPU copy of these blocks' KV: [layers, blocks, block_size, 2, kv_heads, d].
+        Safe from any thread for blocks no running sequence writes (held ones)."""
+        layers = range(self.model_config.num_layers) if layers is None else layers
+        if layers.start < 0 or layers.stop > self.model_config.num_layers:
+            raise InvalidRequest("layers", f"layers {layers} outside the model's")
+        return self.runner.kv_cache.read_blocks(block_ids, layers)
+
+    def write_blocks(self, block_ids: list[int], layers: range, data: torch.Tensor) -> None:
+        """Write KV into these blocks, after checking shape, dtype and ranges (InvalidRequest).
+        Safe from any thread for blocks no running sequence reads (reserved ones)."""
+        self.runner.kv_cache.write_blocks(block_ids, layers, data)
+
+    def is_started(self, request_id: str) -> bool:
+        """Has the request been scheduled at least once (or left the engine)?"""
+        seq = self.requests.get(request_id)
+        return seq is None or seq.status != SequenceStatus.WAITING or seq.num_computed_tokens > 0
 
     def release(self, request_id: str) -> None:
         """The held request's KV has been shipped: free its blocks."""
-        self._get(request_id, SequenceStatus.HELD)
-        self.abort_request(request_id)
+        self.scheduler.finish(self._get(request_id, SequenceStatus.HELD), FinishReason.ABORT)
 
     # -- KV hand-off: decode side -----------------------------------------------------------
     def reserve(
@@ -141,15 +214,10 @@ class LLMEngine:
         params: SamplingParams,
         output_token_ids: list[int] | tuple[int, ...] = (),
     ) -> Reservation:
-        """Hold blocks for the prompt; its cached prefix counts and needs no transfer."""
+        """Hold blocks for the prompt; its cached prefix counts and needs no transfer.
+        OutOfBlocks when they do not fit now."""
         seq = self._new_sequence(request_id, prompt_token_ids, params, output_token_ids)
-        if not self.block_manager.can_allocate(seq, seq.num_tokens):
-            raise OutOfBlocks(f"{request_id}: {self.block_manager.num_free_blocks} blocks free")
-        self.block_manager.allocate(seq)
-        num_cached = len(seq.block_table)
-        self.block_manager.allocate_slots(seq, seq.num_uncomputed_tokens)
-        seq.status = SequenceStatus.RESERVED
-        self.requests[request_id] = seq
+        num_cached = self.scheduler.reserve(seq)
         return Reservation(block_ids=list(seq.block_table), num_cached_blocks=num_cached)
 
     def import_kv(self, request_id: str, blocks: KVBlocks) -> None:
@@ -157,23 +225,25 @@ class LLMEngine:
         seq = self._get(request_id, SequenceStatus.RESERVED)
         end = blocks.first_block + len(blocks.block_hashes)
         if blocks.first_block < 0 or end > len(seq.block_table):
-            raise ValueError(f"{request_id}: blocks [{blocks.first_block}, {end}) out of range")
+            reason = f"{request_id}: blocks [{blocks.first_block}, {end}) out of range"
+            raise InvalidRequest("kv", reason)
         expected = hash_full_blocks(seq.token_ids, self.config.block_size, self.config.model_id)
         for index, block_hash in enumerate(blocks.block_hashes, start=blocks.first_block):
             if block_hash is not None and index < len(expected) and expected[index] != block_hash:
-                raise ValueError(f"{request_id}: block {index} hash does not match the prompt")
-        block_ids = seq.block_table[blocks.first_block : end]
-        self.runner.kv_cache.write_blocks(block_ids, blocks.layers, blocks.data)
+                reason = f"{request_id}: block {index} hash does not match the prompt"
+                raise InvalidRequest("kv", reason)
+        self.write_blocks(seq.block_table[blocks.first_block : end], blocks.layers, blocks.data)
 
     def start_decode(self, request_id: str, first_token_id: int) -> RequestOutput:
         """All blocks are in: append the prefill worker's first token and join the batch."""
         seq = self._get(request_id, SequenceStatus.RESERVED)
-        seq.num_computed_tokens = seq.num_tokens
-        self.block_manager.commit(seq)
-        output = self._append_token(seq, SampledToken(token_id=first_token_id, logprobs=None))
-        if seq.status != SequenceStatus.FINISHED:
-            self.scheduler.add_running(seq)
-        return output
+        vocab = self.model_config.vocab_size
+        if not 0 <= first_token_id < vocab:
+            raise InvalidRequest("first_token_id", f"token ids must be in [0, {vocab})")
+        if seq.grammar is not None and not seq.grammar.allows(first_token_id):
+            reason = f"token {first_token_id} does not fit the request's grammar"
+            raise InvalidRequest("first_token_id", reason)
+        return self.scheduler.start_decode(seq, first_token_id)
 
     # -- internals --------------------------------------------------------------------------
     def _new_sequence(
@@ -184,53 +254,21 @@ class LLMEngine:
         output_token_ids: list[int] | tuple[int, ...],
     ) -> Sequence:
         if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in the engine")
+            reason = f"request id {request_id!r} is already in the engine"
+            raise InvalidRequest("request_id", reason)
+        grammar = self.checker.check(prompt_token_ids, params, output_token_ids)
         tokens = [*prompt_token_ids, *output_token_ids]
-        vocab = self.model_config.vocab_size
-        if not prompt_token_ids:
-            raise ValueError("prompt must contain at least one token")
-        if any(not 0 <= t < vocab for t in tokens):
-            raise ValueError(f"token ids must be in [0, {vocab})")
-        if len(tokens) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(tokens)} tokens; the model's context is {self.max_model_len}"
-            )
-        worst_case = min(self.max_model_len, len(prompt_token_ids) + params.max_tokens)
-        if self.block_manager.blocks_for(worst_case) > self.block_manager.num_blocks:
-            raise ValueError(
-                f"{worst_case} tokens need more KV blocks than the cache has "
-                f"({self.block_manager.num_blocks}); lower max_tokens or raise the cache size"
-            )
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = Sequence(request_id, tokens, len(prompt_token_ids), params, seed)
-        if params.guided_kind:
-            seq.grammar = self._grammar_state(params)
-            seq.grammar.replay(list(output_token_ids))
+        seq.grammar = grammar
         return seq
-
-    def _grammar_state(self, params: SamplingParams) -> GrammarState:
-        """A fresh matcher for the request's grammar (compiled once per distinct spec)."""
-        if self._grammars is None:
-            vocab_size = self.runner.sampler.vocab_size
-            eos = self.model_config.eos_token_ids
-            info = tokenizer_info(self.config.model_dir, vocab_size, eos)
-            self._grammars = GrammarCompilers(info)
-        compiled = self._grammars.compile(params.guided_kind, params.guided_spec)
-        return GrammarState(compiled, self._grammars.vocab_size)
 
     def _get(self, request_id: str, status: SequenceStatus) -> Sequence:
         seq = self.requests.get(request_id)
         if seq is None or seq.status != status:
             state = "unknown" if seq is None else seq.status.name
-            raise KeyError(f"request {request_id!r} is {state}, not {status.name}")
+            raise UnknownRequest(f"request {request_id!r} is {state}, not {status.name}")
         return seq
-
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        """Forget `seq` and free its blocks."""
-        del self.requests[seq.request_id]
-        self.scheduler.remove(seq)
-        self.block_manager.free(seq)
-        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
 
     # -- speculative decoding (spec_decode/) -------------------------------------------------
     def _proposer(self, draft_config: ModelConfig | None, num_blocks: int) -> Proposer | None:
@@ -242,61 +280,3 @@ class LLMEngine:
             runner = ModelRunner(config, draft_config, num_blocks, max_len, config.draft_model_dir)
             return DraftProposer(k, max_len, runner, self.runner.sampler)
         return None
-
-    def _append_verified(self, chunk: ScheduledChunk, tokens: list[SampledToken]) -> RequestOutput:
-        """A verify chunk ran: `tokens` are its accepted drafts then one more. The KV of the last
-        real token and of the accepted drafts is kept; the blocks of rejected ones go back."""
-        seq = chunk.seq
-        self.spec_stats.verify_steps += 1
-        self.spec_stats.proposed += len(chunk.draft_token_ids)
-        self.spec_stats.accepted += len(tokens) - 1
-        seq.num_computed_tokens += 1  # the last real token
-        outputs = []
-        for index, sampled in enumerate(tokens):
-            outputs.append(self._append_token(seq, sampled))
-            if seq.status != SequenceStatus.RUNNING:
-                break  # finished: its blocks are already freed
-            if index < len(tokens) - 1:
-                seq.num_computed_tokens += 1  # an accepted draft: its KV is in the cache
-        if seq.status == SequenceStatus.RUNNING:
-            self.block_manager.truncate(seq, seq.num_tokens)
-            self.block_manager.commit(seq)
-            # The draft model's KV past the target's is that of rejected drafts: stale.
-            seq.num_draft_computed_tokens = min(
-                seq.num_draft_computed_tokens, seq.num_computed_tokens
-            )
-        return replace(
-            outputs[-1],
-            new_token_ids=[t for out in outputs for t in out.new_token_ids],
-            new_logprobs=[lp for out in outputs for lp in out.new_logprobs],
-        )
-
-    def _append_token(self, seq: Sequence, sampled: SampledToken) -> RequestOutput:
-        token = sampled.token_id
-        seq.token_ids.append(token)
-        params = seq.params
-        if seq.grammar is not None:
-            seq.grammar.accept(token)
-        reason = None
-        if (
-            token in params.stop_token_ids
-            or (not params.ignore_eos and token in self.model_config.eos_token_ids)
-            or (seq.grammar is not None and seq.grammar.is_terminated)
-        ):
-            reason = FinishReason.STOP
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = FinishReason.LENGTH
-        output = RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=[token],
-            new_logprobs=[sampled.logprobs] if sampled.logprobs else [],
-            finish_reason=reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-        )
-        if reason is not None:
-            self._finish(seq, reason)
-        elif seq.hold_kv:
-            self.scheduler.remove(seq)
-            seq.status = SequenceStatus.HELD
-        return output

@@ -1,46 +1,76 @@
-"""Engine settings: batch limits, KV cache size and numerics, checked at construction."""
+"""Engine settings: batch limits, KV cache size and numerics, checked at construction.
+
+Each field that a worker takes from its command line declares its flag here, once
+(`shared/flags.py`): `splitserve worker`, `splitserve up` and the `SPLITSERVE_*` variables
+of compose and Kubernetes all come from these declarations. Importing this module does not
+import torch (the launcher and flag parsing never do): dtypes stay names until
+`torch_dtype`, and devices resolve in `resolve_device`, both importing torch when called.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from shared.flags import flag
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("int8", "int4")
+SPECULATIVE_METHODS = ("ngram", "draft")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 @dataclass(slots=True, frozen=True)
 class EngineConfig:
-    model_dir: Path
+    model_dir: Path = flag(help="HF-layout model directory")
     # Weights and KV cache. float32 is exact but slow on a GPU: there, pass bfloat16.
-    dtype: str = "float32"
+    dtype: str = flag(
+        "float32", choices=DTYPE_NAMES, help="weights and KV cache (on a GPU, bfloat16)"
+    )
     # Where weights, KV cache and step tensors live: auto (cuda when torch sees a CUDA
     # device, else cpu) | cpu | cuda | cuda:N. On CUDA, attention auto resolves to triton.
-    device: str = "auto"
-    block_size: int = 16
-    kv_cache_gib: float = 2.0  # memory for the paged KV cache; sets the number of blocks
-    num_kv_blocks: int | None = None  # overrides kv_cache_gib when set
-    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
-    max_num_seqs: int = 64  # sequences running at once
-    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
-    enable_prefix_caching: bool = True
-    attention_backend: str = "auto"  # auto | torch | cpu | triton (see attention/__init__.py)
+    device: str = flag("auto", help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda[:N]")
+    block_size: int = flag(16, help="tokens per KV block (the scheduler's must match)")
+    kv_cache_gib: float = flag(2.0, help="GiB for the paged KV cache; sets the block count")
+    num_kv_blocks: int | None = flag(None, help="KV blocks; overrides --kv-cache-gib")
+    max_num_batched_tokens: int = flag(
+        2048, help="token budget of one step (prefill chunks + decodes)"
+    )
+    max_num_seqs: int = flag(64, help="sequences running at once")
+    max_model_len: int | None = flag(None, help="context length (default: the model's)")
+    enable_prefix_caching: bool = flag(True, help="reuse the KV blocks of shared prefixes")
+    attention_backend: str = flag(
+        "auto", choices=ATTENTION_BACKENDS, help="see shared/engine/attention/__init__.py"
+    )
     # Every matmul batch-invariant (shared/engine/batch_invariant.py), so a row's logits do
     # not depend on the rest of its step. None (auto): on when the C++ kernels are built, the
     # weights are float and attention is `cpu`; True insists (and fails without them).
-    batch_invariant: bool | None = None
+    batch_invariant: bool | None = flag(
+        None,
+        help="batch-invariant matmuls, so seeded tokens survive migration "
+        "(default: on when the C++ kernels are built and the weights are float)",
+    )
     model_id: str = ""  # mixed into block hashes so two models never share cache entries
-    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
-    quantization: str | None = None  # None | int8 (per channel) | int4 (groups of 32)
+    num_threads: int | None = flag(None, help="torch intra-op threads (unset: torch's default)")
+    quantization: str | None = flag(
+        None, choices=QUANTIZATIONS, help="weight-only, at load: int8 per channel, int4 groups"
+    )
     # None | ngram (prompt lookup) | draft (a draft model); greedy-identical, lossless
-    speculative: str | None = None
-    num_speculative_tokens: int = 4  # draft tokens proposed per decode step
-    draft_model_dir: Path | None = None  # speculative="draft": same vocabulary as the target
+    speculative: str | None = flag(
+        None, choices=SPECULATIVE_METHODS, help="speculative decoding method"
+    )
+    num_speculative_tokens: int = flag(4, help="draft tokens proposed per decode step")
+    draft_model_dir: Path | None = flag(
+        None, name="--draft-model", help="--speculative draft: HF-layout dir, same vocabulary"
+    )
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {self.dtype!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, not {self.dtype!r}")
         device = self.torch_device  # raises ValueError for a device that is not there
         if device.type == "cuda" and self.attention_backend == "cpu":
             raise ValueError("the cpu attention backend reads CPU memory: not with device cuda")
@@ -56,13 +86,15 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be positive")
-        if self.quantization not in (None, "int8", "int4"):
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be positive")
+        if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"quantization must be int8, int4 or None, not {self.quantization!r}")
         if self.batch_invariant and self.quantization:
             raise ValueError("batch_invariant needs float weights (int8/int4 matmuls are not)")
         if self.batch_invariant and self.attention_backend not in ("auto", "cpu"):
             raise ValueError("batch_invariant needs the cpu attention backend (or auto)")
-        if self.speculative not in (None, "ngram", "draft"):
+        if self.speculative not in (None, *SPECULATIVE_METHODS):
             raise ValueError(f"speculative must be ngram, draft or None, not {self.speculative!r}")
         if (self.speculative == "draft") != (self.draft_model_dir is not None):
             raise ValueError('speculative="draft" needs a draft_model_dir, and only it takes one')
@@ -71,7 +103,7 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return torch_dtypes()[self.dtype]
 
     @property
     def torch_device(self) -> torch.device:
@@ -79,8 +111,17 @@ class EngineConfig:
         return resolve_device(self.device)
 
 
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """Each of DTYPE_NAMES → its torch dtype (imports torch)."""
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
 def resolve_device(name: str) -> torch.device:
     """auto | cpu | cuda | cuda:N -> a device that exists here, or ValueError saying why not."""
+    import torch
+
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from shared.engine.errors import InvalidRequest
 from shared.engine.model_config import ModelConfig
 
 CPU = torch.device("cpu")
@@ -47,17 +48,19 @@ class KVCache:
         return torch.stack([self.layers[i].index_select(0, index) for i in layers]).cpu()
 
     def write_blocks(self, block_ids: list[int], layers: range, data: torch.Tensor) -> None:
+        """data: as `read_blocks` returns. Data or layers that do not fit are the sender's
+        fault (InvalidRequest, field kv); block ids are the engine's own."""
         expected = (len(layers), len(block_ids), *self.block_shape)
         if tuple(data.shape) != expected or data.dtype != self.dtype:
-            raise ValueError(
+            reason = (
                 f"KV blocks of shape {tuple(data.shape)} {data.dtype} do not fit "
                 f"{expected} {self.dtype}"
             )
+            raise InvalidRequest("kv", reason)
         if layers.start < 0 or layers.stop > self.num_layers:
-            raise ValueError(f"layers {layers} outside [0, {self.num_layers})")
+            raise InvalidRequest("kv", f"layers {layers} outside [0, {self.num_layers})")
         num_blocks = self.layers[0].shape[0]
-        if any(not 0 <= b < num_blocks for b in block_ids):
-            raise ValueError(f"block ids outside [0, {num_blocks})")
+        assert all(0 <= b < num_blocks for b in block_ids), f"block ids outside [0, {num_blocks})"
         index = torch.tensor(block_ids, dtype=torch.int64).to(self.device)
         data = data.to(self.device)  # one host-to-device copy for all the layers
         for offset, layer in enumerate(layers):

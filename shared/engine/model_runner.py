@@ -18,7 +18,7 @@ from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.quantization import quantize_weights
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
-from shared.engine.scheduler import ScheduledChunk
+from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.spec_decode.verify import verify_drafts
 
 

@@ -1,110 +1,28 @@
 """Weight-only quantization, gpt-fast style: make a quantized weight set, then the model uses it.
 
 `quantize_weights(weights, "int8" | "int4")` replaces each layer's four matrices (fused qkv,
-o_proj, fused gate_up, down) and the LM head by a quantized linear; `LlamaModel` calls any
-of them through `model.llama.linear`. The embedding stays in float (a lookup reads T rows).
-
-- int8: symmetric per output channel, w ≈ q * scale, q in [-127, 127].
-  Matmul: `aten._weight_int8pack_mm(x bf16 [T, K], q int8 [N, K], scale bf16 [N])`.
-- int4: asymmetric per group of G input columns (32 or 64), w ≈ (q - 8) * scale + zero with
-  q in [0, 15] (zero = min + 8 * scale, gpt-fast's convention).
-  Matmul: `aten._weight_int4pack_mm_for_cpu(x bf16, packed, G, scales_and_zeros bf16)`
-  after `aten._convert_weight_to_int4pack_for_cpu`. The LM head is int8 in both modes.
-The kernels want bf16 activations to be fast: inputs are cast to bf16 and outputs back.
-Off CPU, the same quantized state is dequantized per call (correct, not fast).
+o_proj, fused gate_up, down) and the LM head by a quantized linear (`Int8Linear` or
+`Int4Linear`, model/linear_weights.py, which also describes the kernels); `LlamaModel` calls
+any of them through `model.llama.linear`. The embedding stays in float (a lookup reads T
+rows). The LM head is int8 in both modes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from shared.engine.batch_invariant import PackedLinear
+from shared.engine.model.linear_weights import (
+    Int4Linear,
+    Int8Linear,
+    LinearWeight,
+    PackedLinear,
+    QuantizedLinear,
+)
 from shared.engine.model.weights import LayerWeights, ModelWeights
 
 QUANTIZATIONS = ("int8", "int4")
-INT4_GROUP_SIZES = (32, 64)
-_ACT = torch.bfloat16  # activation dtype the packed kernels are fast with
-
-
-@dataclass(slots=True, frozen=True)
-class Int8Linear:
-    weight: torch.Tensor  # [N, K] int8, row-major
-    scales: torch.Tensor  # [N] bf16
-
-    @classmethod
-    def quantize(cls, w: torch.Tensor) -> Int8Linear:
-        """w: [N, K] float (any layout)."""
-        w = w.float().contiguous()
-        scales = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # [N]
-        q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-        return cls(q, scales.to(_ACT))
-
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
-
-    def dequantize(self) -> torch.Tensor:  # [N, K] float32
-        return self.weight.float() * self.scales.float()[:, None]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, K] -> [T, N] in x's dtype."""
-        if x.device.type != "cpu":
-            return torch.nn.functional.linear(x, self.dequantize().to(x.dtype))
-        return torch.ops.aten._weight_int8pack_mm(x.to(_ACT), self.weight, self.scales).to(x.dtype)
-
-
-@dataclass(slots=True, frozen=True)
-class Int4Linear:
-    packed: torch.Tensor  # [N, K / 2] uint8, torch's CPU int4 pack
-    scales_and_zeros: torch.Tensor  # [K / G, N, 2] bf16
-    group_size: int
-    in_features: int
-
-    @classmethod
-    def quantize(cls, w: torch.Tensor, group_size: int = 32) -> Int4Linear:
-        """w: [N, K] float (any layout), K a multiple of group_size."""
-        n, k = w.shape
-        if group_size not in INT4_GROUP_SIZES or k % group_size:
-            raise ValueError(f"int4 needs a group size in {INT4_GROUP_SIZES} dividing {k}")
-        groups = w.float().reshape(n, k // group_size, group_size)  # [N, K/G, G]
-        low, high = groups.amin(dim=-1), groups.amax(dim=-1)  # [N, K/G]
-        scales = (high - low).clamp(min=1e-6) / 15.0
-        zeros = low + 8.0 * scales  # so that w ≈ (q - 8) * scale + zero = q * scale + low
-        # The grid is min-based (as GGUF Q4_1): a checkpoint that came from Q4_1 is recovered
-        # up to the bf16 rounding of scales and zeros.
-        q = torch.round((groups - low[..., None]) / scales[..., None]).clamp_(0, 15)
-        q = q.reshape(n, k).to(torch.int32)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()
-        return cls(packed, scales_and_zeros.to(_ACT), group_size, k)
-
-    @property
-    def out_features(self) -> int:
-        return self.packed.shape[0]
-
-    def dequantize(self) -> torch.Tensor:  # [N, K] float32, through the kernel itself
-        eye = torch.eye(self.in_features, dtype=_ACT)
-        return (
-            torch.ops.aten._weight_int4pack_mm_for_cpu(
-                eye, self.packed, self.group_size, self.scales_and_zeros
-            )
-            .float()
-            .t()
-        )
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, K] -> [T, N] in x's dtype."""
-        if x.device.type != "cpu":
-            return torch.nn.functional.linear(x, self.dequantize().to(x.device, x.dtype))
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.to(_ACT), self.packed, self.group_size, self.scales_and_zeros
-        )
-        return y.to(x.dtype)
-
-
-QuantizedLinear = Int8Linear | Int4Linear
 
 
 def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> ModelWeights:
@@ -146,7 +64,7 @@ def _tensors_of(layer: LayerWeights) -> list[torch.Tensor]:
     return out
 
 
-def _flat(w: torch.Tensor | PackedLinear | QuantizedLinear) -> list[torch.Tensor]:
+def _flat(w: LinearWeight) -> list[torch.Tensor]:
     if isinstance(w, torch.Tensor):
         return [w]
     if isinstance(w, PackedLinear):

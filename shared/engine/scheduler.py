@@ -1,4 +1,5 @@
-"""Continuous batching: which sequences compute how many tokens in the next step.
+"""Continuous batching: which sequences compute how many tokens in the next step, and what
+becomes of them after it.
 
 Queues, in order: waiting → running → (finished, or back to waiting when preempted).
 Each step spends a token budget (`max_num_batched_tokens`): running sequences first, oldest
@@ -9,50 +10,29 @@ blocks are freed and it waits again, keeping its tokens; its prefix may still be
 Speculative decoding: a decoding sequence may reserve room for draft tokens (never by
 preempting anyone); once every running sequence is placed, the proposer fills the drafts
 of all of them in one call, and what it did not propose goes back before admission.
+After the step `update` owns every change of state: computed counts, prefix-cache commits,
+appended tokens, accepted drafts, and the end of a sequence. The KV hand-off adds two
+states outside the queues: HELD (prefill side, after the first token, until released) and
+RESERVED (decode side, blocks held until `start_decode`). `requests` holds every sequence
+in any of these states; `finish` is the one place a sequence leaves it.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.engine.block_manager import BlockManager
-from shared.engine.sequence import Sequence, SequenceStatus
+from shared.engine.errors import OutOfBlocks
+from shared.engine.outputs import RequestOutput
+from shared.engine.sampler import SampledToken
+from shared.engine.scheduler_output import ScheduledChunk, SchedulerOutput
+from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
+from shared.engine.spec_decode import SpecDecodeStats
+from shared.engine.stopping import StopRules, append_tokens
 
 if TYPE_CHECKING:
-    import torch
-
     from shared.engine.spec_decode.proposer import Proposer
-
-
-@dataclass(slots=True)
-class ScheduledChunk:
-    seq: Sequence
-    num_tokens: int  # new tokens computed for `seq` this step, from seq.num_computed_tokens on
-    # Speculative decoding: a verify chunk is the last real token then these K draft tokens
-    # (num_tokens = K + 1); every row is sampled (spec_decode/verify.py).
-    draft_token_ids: list[int] = field(default_factory=list)
-    # [K, V]: the draft model's probabilities each draft was drawn from (sampling requests);
-    # None: each draft is a point mass (n-gram lookup, or greedy)
-    draft_probs: torch.Tensor | None = None
-
-    @property
-    def completes(self) -> bool:
-        """True when this chunk reaches the end of the sequence, so a token is sampled."""
-        end = self.seq.num_computed_tokens + self.num_tokens - len(self.draft_token_ids)
-        return end == self.seq.num_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    # decodes first, then verify chunks (speculative decoding) and prefills
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)  # blocks freed, back in waiting
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(chunk.num_tokens for chunk in self.chunks)
 
 
 class Scheduler:
@@ -61,30 +41,72 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_batched_tokens: int,
         max_num_seqs: int,
+        stop_rules: StopRules,
         proposer: Proposer | None = None,  # speculative decoding: draft tokens for decodes
     ):
         self.block_manager = block_manager
         self.proposer = proposer
+        self.stop_rules = stop_rules
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.requests: dict[str, Sequence] = {}  # request id -> sequence, any unfinished status
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.num_held = 0
+        self.num_reserved = 0
+        self.num_preemptions = 0  # since start
+        self.spec_stats = SpecDecodeStats()  # since start: proposed, accepted, verify steps
 
+    # -- requests in and out ----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        assert seq.request_id not in self.requests, "the engine refuses a duplicate id"
         seq.status = SequenceStatus.WAITING
+        self.requests[seq.request_id] = seq
         self.waiting.append(seq)
 
-    def add_running(self, seq: Sequence) -> None:
-        """Join a sequence whose KV is already in the cache (imported from a prefill worker)."""
+    def reserve(self, seq: Sequence) -> int:
+        """Decode side: blocks for all of `seq`'s tokens, held (RESERVED) until its KV is in
+        and `start_decode`. Returns how many leading blocks its cached prefix already fills.
+        OutOfBlocks when they do not fit now."""
+        assert seq.request_id not in self.requests, "the engine refuses a duplicate id"
+        if not self.block_manager.can_allocate(seq, seq.num_tokens):
+            raise OutOfBlocks(f"{seq.request_id}: {self.block_manager.num_free_blocks} blocks free")
+        self.block_manager.allocate(seq)
+        num_cached = len(seq.block_table)
+        self.block_manager.allocate_slots(seq, seq.num_uncomputed_tokens)
+        seq.status = SequenceStatus.RESERVED
+        self.requests[seq.request_id] = seq
+        self.num_reserved += 1
+        return num_cached
+
+    def start_decode(self, seq: Sequence, first_token_id: int) -> RequestOutput:
+        """A RESERVED sequence's KV is all in: append the prefill worker's first token and
+        join the running batch (unless that token already finished it)."""
+        assert seq.status == SequenceStatus.RESERVED
+        seq.num_computed_tokens = seq.num_tokens
+        self.block_manager.commit(seq)
+        self.num_reserved -= 1
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        output = append_tokens(seq, [SampledToken(first_token_id, None)], self.stop_rules)
+        self._settle(seq, output.finish_reason)
+        return output
 
-    def remove(self, seq: Sequence) -> None:
-        """Forget `seq` (finished, aborted or held); the caller owns its blocks from now on."""
-        if seq in self.running:
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """The one place a sequence ends (stop, length, abort, release): it leaves the table
+        and its queue, and its blocks are freed."""
+        del self.requests[seq.request_id]
+        if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
-        elif seq in self.waiting:
+        elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        elif seq.status == SequenceStatus.HELD:
+            self.num_held -= 1
+        else:
+            assert seq.status == SequenceStatus.RESERVED, f"{seq.request_id} is {seq.status}"
+            self.num_reserved -= 1
+        self.block_manager.free(seq)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -115,12 +137,14 @@ class Scheduler:
         if speculating:
             budget += self._propose(speculating)
 
-        # Admit waiting sequences, unless this step already had to preempt.
+        # Admit waiting sequences, unless this step already had to preempt to place a running
+        # one. (When it preempted them all, it admits: an empty step must mean that nothing
+        # can run until a request comes or goes, not that the next step would do better.)
         while (
             self.waiting
             and budget > 0
             and len(self.running) < self.max_num_seqs
-            and not out.preempted
+            and not (out.preempted and chunks)
         ):
             seq = self.waiting[0]
             if not self.block_manager.can_allocate(seq, budget):
@@ -138,6 +162,59 @@ class Scheduler:
             c for c in chunks if c.num_tokens > 1
         ]
         return out
+
+    def update(
+        self, output: SchedulerOutput, sampled: list[list[SampledToken]]
+    ) -> list[RequestOutput]:
+        """After the runner: count what each chunk computed (committing the blocks it filled
+        to the prefix cache), append the tokens sampled for the chunks that complete, and
+        finish or hold the sequences that are done. `sampled`: per completing chunk, in
+        order, its token, or a verify chunk's accepted drafts then one more."""
+        self.num_preemptions += len(output.preempted)
+        per_chunk = iter(sampled)
+        outputs = []
+        for chunk in output.chunks:
+            seq = chunk.seq
+            if chunk.draft_token_ids:
+                out = self._append_verified(chunk, next(per_chunk))
+            else:
+                completes = chunk.completes  # read before the computed count moves
+                seq.num_computed_tokens += chunk.num_tokens
+                self.block_manager.commit(seq)
+                if not completes:
+                    continue
+                out = append_tokens(seq, next(per_chunk), self.stop_rules)
+            self._settle(seq, out.finish_reason)
+            outputs.append(out)
+        assert next(per_chunk, None) is None, "more sampled tokens than completing chunks"
+        return outputs
+
+    def _append_verified(self, chunk: ScheduledChunk, tokens: list[SampledToken]) -> RequestOutput:
+        """A verify chunk ran: `tokens` are its accepted drafts then one more. The KV of the last
+        real token and of the accepted drafts is kept; the blocks of rejected ones go back."""
+        seq, stats = chunk.seq, self.spec_stats
+        stats.verify_steps += 1
+        stats.proposed += len(chunk.draft_token_ids)
+        stats.accepted += len(tokens) - 1
+        out = append_tokens(seq, tokens, self.stop_rules)
+        if out.finish_reason is None:  # else _settle frees every block, rejected drafts' too
+            seq.num_computed_tokens += len(tokens)  # the last real token, the accepted drafts
+            self.block_manager.truncate(seq, seq.num_tokens)
+            self.block_manager.commit(seq)
+            # The draft model's KV past the target's is that of rejected drafts: stale.
+            seq.num_draft_computed_tokens = min(
+                seq.num_draft_computed_tokens, seq.num_computed_tokens
+            )
+        return out
+
+    def _settle(self, seq: Sequence, reason: FinishReason | None) -> None:
+        """A token was appended to running `seq`: finish it, or hold a prefill's KV."""
+        if reason is not None:
+            self.finish(seq, reason)
+        elif seq.hold_kv:
+            self.running.remove(seq)
+            seq.status = SequenceStatus.HELD
+            self.num_held += 1
 
     def _propose(self, chunks: list[ScheduledChunk]) -> int:
         """Fill the drafts of `chunks` (room reserved for num_tokens - 1 each); the room of

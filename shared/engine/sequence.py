@@ -26,7 +26,7 @@ class FinishReason(IntEnum):
     ABORT = 2  # aborted by the caller
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # one object per request: compared by identity
 class Sequence:
     request_id: str
     token_ids: list[int]  # prompt followed by every output token so far

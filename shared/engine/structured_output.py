@@ -2,7 +2,8 @@
 
 A request asks through `SamplingParams.guided_kind` / `guided_spec` (see GUIDED_KINDS).
 `GrammarCompilers` compiles each distinct (kind, spec) once (LRU cache) against the model's
-tokenizer; `GrammarState` is one request's matcher. The matcher is rebuilt from the output
+tokenizer, read at the first guided request; any thread may call it (one lock guards the
+compiler and the cache). `GrammarState` is one request's matcher, rebuilt from the output
 tokens so far (`GrammarState.replay`), so a decode worker, a resumed or a migrated request
 continues from exactly where the grammar was. The sampler masks only the rows that carry one.
 """
@@ -10,19 +11,17 @@ continues from exactly where the grammar was. The sampler masks only the rows th
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 import xgrammar as xgr
 
+from shared.engine.errors import InvalidRequest
 from shared.engine.sampling_params import GUIDED_KINDS
 
 _CACHE_SIZE = 256  # compiled grammars kept per engine
-
-
-class GrammarError(ValueError):
-    """A guided spec xgrammar cannot compile; the message says why."""
 
 
 def tokenizer_info(
@@ -56,41 +55,51 @@ def _vocab_type(decoder: dict) -> xgr.VocabType:
 
 
 class GrammarCompilers:
-    """Compiles guided specs for one model, each distinct one once."""
+    """Compiles guided specs for one model, each distinct one once. Thread-safe."""
 
-    def __init__(self, info: xgr.TokenizerInfo) -> None:
-        self.vocab_size = info.vocab_size
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.model_dir = model_dir
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self._lock = threading.Lock()  # guards _compiler (built at first use) and _cache
+        self._compiler: xgr.GrammarCompiler | None = None
         self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
 
     def compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
+        """InvalidRequest (field guided_spec, or guided_kind) when xgrammar cannot compile it."""
         key = (kind, spec)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        try:
-            compiled = self._compile(kind, spec)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise GrammarError(f"invalid {kind}: {exc}") from None
-        self._cache[key] = compiled
-        if len(self._cache) > _CACHE_SIZE:
-            self._cache.popitem(last=False)
-        return compiled
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            if self._compiler is None:
+                info = tokenizer_info(self.model_dir, self.vocab_size, self.eos_token_ids)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            try:
+                compiled = self._compile(self._compiler, kind, spec)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise InvalidRequest("guided_spec", f"invalid {kind}: {exc}") from None
+            self._cache[key] = compiled
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return compiled
 
-    def _compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
+    @staticmethod
+    def _compile(compiler: xgr.GrammarCompiler, kind: str, spec: str) -> xgr.CompiledGrammar:
         if kind in ("json_object", "json_schema"):
             # Compact separators: free whitespace lets a model pad its output forever.
             schema = spec or '{"type": "object"}'
-            return self._compiler.compile_json_schema(schema, any_whitespace=False)
+            return compiler.compile_json_schema(schema, any_whitespace=False)
         if kind == "regex":
-            return self._compiler.compile_regex(spec)
+            return compiler.compile_regex(spec)
         if kind == "grammar":
-            return self._compiler.compile_grammar(spec)
+            return compiler.compile_grammar(spec)
         if kind == "choice":
             choices = json.loads(spec)  # a JSON list of strings; a JSON string is an EBNF literal
             rules = " | ".join(json.dumps(c) for c in choices)
-            return self._compiler.compile_grammar(f"root ::= {rules}")
-        raise GrammarError(f"unknown guided kind {kind!r}; expected one of {list(GUIDED_KINDS)}")
+            return compiler.compile_grammar(f"root ::= {rules}")
+        reason = f"unknown guided kind {kind!r}; expected one of {list(GUIDED_KINDS)}"
+        raise InvalidRequest("guided_kind", reason)
 
 
 class GrammarState:
@@ -100,17 +109,25 @@ class GrammarState:
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # [1, ceil(V / 32)] int32
 
-    def replay(self, token_ids: list[int]) -> None:
-        """Advance over tokens already generated (a resumed, migrated or decode-side request)."""
+    def replay(self, token_ids: list[int] | tuple[int, ...]) -> None:
+        """Advance over tokens already generated (a resumed, migrated or decode-side request);
+        InvalidRequest (field output_token_ids) at the first one the grammar forbids."""
         for token_id in token_ids:
-            self.accept(token_id)
+            if not self._matcher.accept_token(token_id):
+                reason = f"token {token_id} does not fit the request's grammar"
+                raise InvalidRequest("output_token_ids", reason)
+
+    def allows(self, token_id: int) -> bool:
+        """Would the grammar take `token_id` next? Changes nothing."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        word = int(self._bitmask[0, token_id // 32])  # bit i of word j: token 32 * j + i
+        return bool(word >> (token_id % 32) & 1)
 
     def accept(self, token_id: int) -> None:
+        """Advance over a sampled token. The sampler masked every forbidden one, so a refusal
+        here is a bug, not the request's fault."""
         if not self._matcher.accept_token(token_id):
-            raise GrammarError(f"token {token_id} does not fit the request's grammar")
-
-    def rollback(self, num_tokens: int) -> None:
-        self._matcher.rollback(num_tokens)
+            raise RuntimeError(f"sampled token {token_id} does not fit the request's grammar")
 
     @property
     def is_terminated(self) -> bool:

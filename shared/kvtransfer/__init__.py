@@ -17,8 +17,9 @@ A transfer sends the blocks the decode worker does not already hold (`first_bloc
 reservation's `num_cached_blocks`), cut into layer groups, and a group into block runs when
 one layer alone exceeds the byte limit, so every frame fits under the server's max_payload.
 Each chunk is a request/reply acknowledged with a `TaskAck`; a few are in flight at once.
-`KVDone` closes the transfer (`ok=False` drops the reservation). The receiver checks every
-field against its own cache layout and the reservation (`from_chunk`) before writing.
+`KVDone` closes the transfer (any outcome but OK drops the reservation). The receiver
+checks every field against its own cache layout and the reservation (`from_chunk`) before
+writing.
 """
 
 from shared.kvtransfer.chunks import BadChunk, KVLayout, from_chunk, to_chunks

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.engine.engine_config import DTYPES
+from shared.engine.engine_config import torch_dtypes
 from shared.engine.kv_handoff import KVBlocks
 from shared.protocol import KVChunk
+
+DTYPES = torch_dtypes()  # name → torch dtype, the names KVLayout and KVChunk carry
 
 
 class BadChunk(ValueError):

@@ -2,7 +2,9 @@
 
 `KVSender` keeps up to `window` chunks unacknowledged (flow control) and fails the whole
 transfer on the first refused chunk, timeout or passed deadline. `serve_kv` answers both
-message kinds of the subject with a `TaskAck`; a handler's error becomes `ok=False`.
+message kinds of the subject with a `TaskAck`; a handler's error becomes its outcome: a
+frame or block that does not fit is INVALID, a request the receiver does not hold
+UNAVAILABLE, anything else FAILED.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared.bus import Bus, Headers
-from shared.protocol import KVChunk, KVDone, TaskAck, WireError, decode_one_of, encode
+from shared.engine.errors import EngineError, UnknownRequest
+from shared.kvtransfer.chunks import BadChunk
+from shared.protocol import KVChunk, KVDone, Outcome, TaskAck, WireError, decode_one_of, encode
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +70,7 @@ class KVSender:
         try:
             await self.bus.request(self.subject, done, TaskAck, timeout, self.headers)
         except Exception as exc:  # the receiver's own deadline cleans up
-            log.info("%s: could not send KVDone(ok=False): %s", done.request_id, exc)
+            log.info("%s: could not send KVDone(%s): %s", done.request_id, done.outcome.name, exc)
 
     async def _wait_one(self) -> None:
         finished, _ = await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
@@ -102,13 +106,14 @@ async def serve_kv(
                 await on_chunk(message, msg.headers or {})
             else:
                 await on_done(message, msg.headers or {})
-            ack = TaskAck(request_id, ok=True)
-        except (WireError, ValueError, KeyError) as exc:
+            ack = TaskAck(request_id, Outcome.OK)
+        except (WireError, BadChunk, EngineError) as exc:
             log.warning("refused KV on %s: %s", msg.subject, exc)
-            ack = TaskAck(request_id, ok=False, error=str(exc))
+            unknown = isinstance(exc, UnknownRequest)
+            ack = TaskAck(request_id, Outcome.UNAVAILABLE if unknown else Outcome.INVALID, str(exc))
         except Exception as exc:
             log.exception("KV handler on %s failed", msg.subject)
-            ack = TaskAck(request_id, ok=False, error=f"internal error: {exc}")
+            ack = TaskAck(request_id, Outcome.FAILED, f"internal error: {exc}")
         if msg.reply:
             await msg.respond(encode(ack))
 

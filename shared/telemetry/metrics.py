@@ -71,6 +71,7 @@ class SchedulerMetrics:
     workers: Gauge = field(init=False)
     waiting: Gauge = field(init=False)
     placements: Counter = field(init=False)
+    queue_wait: Histogram = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -81,6 +82,11 @@ class SchedulerMetrics:
         self.placements = Counter(
             P + "placements", "Submits answered, by outcome and path", ["outcome", "path"],
             registry=r,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            P + "scheduler_queue_wait_seconds",
+            "Arrival to answer of submits that waited for a worker with room, by outcome",
+            ["outcome"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
 
 

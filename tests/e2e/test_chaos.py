@@ -188,11 +188,15 @@ def wait_replaced(mesh: Mesh, killed: str, timeout: float = 30) -> None:
 
 
 def assert_blocks_return(mesh: Mesh, workers: int, timeout: float = 30) -> None:
-    """Every live worker (heard from in the last 2.5 s) idle with all its blocks free."""
+    """Every live worker (heard from in the last 2.5 s) idle with all its blocks free and
+    nothing left in its request table."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         live = [w.heartbeat for w in mesh.status().workers if time.time() - w.last_seen < 2.5]
-        idle = all(b.free_blocks == b.total_blocks and not b.num_running for b in live)
+        idle = all(
+            b.free_blocks == b.total_blocks and not b.num_running and not b.num_requests
+            for b in live
+        )
         if len(live) == workers and idle:
             return
         time.sleep(0.5)

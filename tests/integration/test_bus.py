@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from shared.bus import Bus
-from shared.protocol import Cancel, TaskAck, decode
+from shared.protocol import Cancel, Outcome, TaskAck, decode
 from shared.subjects import Subjects
 
 
@@ -23,11 +23,11 @@ def test_request_reply_publish_and_bad_frames(nats_server):
             arrived.set()
 
         async def answer(message: Cancel, headers: dict[str, str]) -> TaskAck:
-            return TaskAck(request_id=message.request_id, ok=True)
+            return TaskAck(request_id=message.request_id, outcome=Outcome.OK)
 
         await server.subscribe(subjects.cancel, Cancel, on_cancel)
         await server.serve(
-            subjects.prefill("w1"), Cancel, answer, lambda why: TaskAck("", False, why)
+            subjects.prefill("w1"), Cancel, answer, lambda why: TaskAck("", Outcome.INVALID, why)
         )
         await server.nc.flush()
         await client.nc.publish(subjects.cancel, b"\x93garbage")  # dropped, logged
@@ -38,10 +38,10 @@ def test_request_reply_publish_and_bad_frames(nats_server):
         assert [m.request_id for m in got] == ["r1"]
 
         ack = await client.request(subjects.prefill("w1"), Cancel("r2"), TaskAck, timeout=5)
-        assert ack == TaskAck("r2", True)
+        assert ack == TaskAck("r2", Outcome.OK) and ack.ok
         bad = await client.nc.request(subjects.prefill("w1"), b"nonsense", timeout=5)
         refused = decode(bad.data, TaskAck)
-        assert not refused.ok and "msgpack" in refused.error
+        assert refused.outcome == Outcome.INVALID and "msgpack" in refused.error
         await client.close()
         await server.close()
 

@@ -37,6 +37,7 @@ from shared.protocol import (
     Cancel,
     Heartbeat,
     MeshStatus,
+    Outcome,
     StatusQuery,
     SubmitAck,
     SubmitRequest,
@@ -66,6 +67,7 @@ class FakeMesh:
     hang: bool = False  # after the script, send nothing more
     refuse: bool = False
     refuse_ending: str = ""  # refuse the request ids that end so
+    refusal: Outcome = Outcome.BUSY  # how refused requests are answered
     submitted: list[SubmitRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     log: list[tuple[str, str]] = field(default_factory=list)  # ("submit" | "token", id), in order
@@ -77,7 +79,7 @@ class FakeMesh:
         await self.bus.nc.flush()
 
     async def serve_submit(self):
-        bad = lambda why: SubmitAck("", False, why)  # noqa: E731
+        bad = lambda why: SubmitAck("", Outcome.FAILED, why)  # noqa: E731
         return await self.bus.serve(self.subjects.submit, SubmitRequest, self._submit, bad)
 
     async def _status(self, query: StatusQuery, headers: dict) -> MeshStatus:
@@ -89,9 +91,10 @@ class FakeMesh:
         self.log.append(("submit", request.request_id))
         refused = self.refuse_ending and request.request_id.endswith(self.refuse_ending)
         if self.refuse or refused:
-            return SubmitAck(request.request_id, False, "queue full", retry_after=2.5)
+            error = "queue full" if self.refusal == Outcome.BUSY else f"{self.refusal.name} here"
+            return SubmitAck(request.request_id, self.refusal, error, retry_after=2.5)
         asyncio.get_running_loop().create_task(self._stream(request, list(self.script)))
-        return SubmitAck(request.request_id, True, prefill_worker="w0", decode_worker="w1")
+        return SubmitAck(request.request_id, Outcome.OK, prefill_worker="w0", decode_worker="w1")
 
     async def _stream(self, request: SubmitRequest, script: Script) -> None:
         subject = self.subjects.tokens(request.gateway_id)
@@ -131,7 +134,7 @@ class Harness:
         eos = self.text.tokenizer.token_to_id("<|im_end|>")
         script.append(([eos], "stop", "") if finish == "stop" else ([], "length", ""))
         self.mesh.script, self.mesh.hang, self.mesh.refuse = script, False, False
-        self.mesh.refuse_ending = ""
+        self.mesh.refuse_ending, self.mesh.refusal = "", Outcome.BUSY
         return ids + ([eos] if finish == "stop" else [])
 
     def wait_cancelled(self, request_id: str, timeout: float = 5.0) -> bool:
@@ -309,10 +312,20 @@ def test_bad_requests_name_the_field(gw: Harness) -> None:
 def test_overload_and_no_scheduler(gw: Harness) -> None:
     gw.reply_script()
     gw.mesh.refuse = True
-    with pytest.raises(openai.RateLimitError) as info:
+    with pytest.raises(openai.RateLimitError) as info:  # BUSY: the scheduler's queue is full
         gw.client().completions.create(model=MODEL, prompt="x")
     assert info.value.response.headers["Retry-After"] == "3"
-    gw.mesh.refuse = False
+    for outcome in (Outcome.UNAVAILABLE, Outcome.FAILED):  # no worker took it: never a 400
+        gw.mesh.refusal = outcome
+        with pytest.raises(openai.InternalServerError) as info:
+            gw.client().completions.create(model=MODEL, prompt="x")
+        assert info.value.status_code == 503 and f"{outcome.name} here" in info.value.message
+        assert info.value.response.headers["Retry-After"] == "3"
+    gw.mesh.refusal = Outcome.INVALID
+    with pytest.raises(openai.BadRequestError) as bad:
+        gw.client().completions.create(model=MODEL, prompt="x")
+    assert bad.value.body["message"] == "invalid request: INVALID here"
+    gw.mesh.refuse, gw.mesh.refusal = False, Outcome.BUSY
     gw.run(gw.mesh.submit_sub.unsubscribe())
     try:
         with pytest.raises(openai.InternalServerError) as info:

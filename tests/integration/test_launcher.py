@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from services import launcher
+from services.cli import build_parser
 from services.launcher import ChildSpec, LauncherConfig, child_specs, run_mesh
 from services.worker import cli as worker_cli
 from services.worker.cli import engine_argv
@@ -133,7 +134,7 @@ def test_command_table():
     assert specs[1].argv[3:] == (
         "worker",
         *("--role", "prefill", "--model-dir", "/m", "--worker-id", "prefill-0"),
-        *("--num-threads", "1", "--nats", "nats://x:1", "--namespace", "ss"),
+        *("--nats", "nats://x:1", "--namespace", "ss"),
         *("--metrics-port", "9101"),  # the scheduler has 9100
     )
     assert specs[-1].argv[3:9] == (
@@ -167,3 +168,38 @@ def test_engine_flags_of_up_reach_every_worker_and_parse_there():
         assert (parsed.quantization, parsed.speculative) == ("int8", "ngram")
         assert parsed.batch_invariant is False and parsed.max_num_seqs == 64
     assert engine_argv(parser.parse_args(["up"])) == ()
+
+
+def up_children(argv: list[str]) -> dict[str, argparse.Namespace]:
+    """Each child of `splitserve up ARGV` (model dir /m), parsed by the real `splitserve`:
+    a flag forwarded to a service that lacks it would fail here."""
+    args = build_parser().parse_args(["up", "--model-dir", "/m", *argv])
+    specs = child_specs(launcher.config_from_args(args, Path("/h")), "nats://x:1")
+    return {spec.name: build_parser().parse_args(spec.argv[3:]) for spec in specs}
+
+
+def test_gateway_and_scheduler_flags_of_up_reach_them():
+    children = up_children(
+        ["--cors-origins", "*", "--api-key", "k1", "--api-key", "k2", "--max-queue", "9"]
+    )
+    gateway = children["gateway"]
+    assert (gateway.cors_origins, gateway.api_keys) == (("*",), ("k1", "k2"))
+    assert children["scheduler"].max_queue == 9
+    defaults = up_children([])
+    assert defaults["gateway"].cors_origins == () and defaults["scheduler"].max_queue == 256
+
+
+def test_a_flag_of_workers_and_another_service_reaches_both():
+    """--max-model-len binds workers and the gateway, --block-size workers and the scheduler:
+    one flag of `up`, given to each."""
+    children = up_children(["--max-model-len", "512", "--block-size", "32"])
+    workers = [args for name, args in children.items() if name.startswith("worker")]
+    assert [(w.max_model_len, w.block_size) for w in workers] == [(512, 32), (512, 32)]
+    assert children["gateway"].max_model_len == 512
+    assert children["scheduler"].block_size == 32
+
+
+def test_up_sets_the_gateway_address_itself():
+    children = up_children(["--host", "0.0.0.0", "--port", "9000"])
+    gateway = children["gateway"]
+    assert (gateway.host, gateway.port, gateway.model_dir) == ("0.0.0.0", 9000, Path("/m"))

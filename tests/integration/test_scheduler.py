@@ -1,6 +1,7 @@
 """The scheduler over a real nats-server, with fake workers written on `Bus`: placement by
-prefix overlap, decode-only for short prompts, reservation fallback, refusals, worker loss,
-status; and the scheduler's modules never import torch."""
+prefix overlap, decode-only for short prompts, reservation fallback, refusals, waiting for
+room (heartbeat wake-ups, queue timeout, Cancel, arrival order), worker loss, status; and
+the scheduler's modules never import torch."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.placement import RELEASED
 from services.scheduler.service import SchedulerService
 from shared.bus import Bus, Headers
 from shared.engine.block_hash import hash_full_blocks
@@ -23,6 +25,7 @@ from shared.protocol import (
     Heartbeat,
     KVEvents,
     MeshStatus,
+    Outcome,
     PrefillTask,
     Reservation,
     Reserve,
@@ -38,19 +41,31 @@ PROMPT = list(range(100, 170))  # 70 tokens: 4 full blocks of 16
 HASHES = hash_full_blocks(PROMPT, 16, "m")  # "m": the model the fake workers report
 
 
+ERRORS = {
+    Outcome.BUSY: "no room: 3 free KV blocks",
+    Outcome.UNAVAILABLE: "draining",
+    Outcome.INVALID: "invalid grammar: bad rule",
+    Outcome.FAILED: "engine step failed: RuntimeError",
+}
+
+
 @dataclass
 class FakeWorker:
     worker_id: str
     role: str
     cached: list[int] = field(default_factory=list)
     free_blocks: int = 100
-    reserve_ok: bool = True
-    accept: bool = True
-    invalid: bool = False  # refuse tasks as bad requests (the engine's ValueError)
+    reserve: Outcome = Outcome.OK  # its answer to Reserve
+    task: Outcome = Outcome.OK  # its answer to PrefillTask / DecodeTask
+    # BUSY to this many Reserves / tasks first; its heartbeats count them as waiting
+    # requests, so each BUSY answer is followed by a heartbeat that shows less load.
+    busy_answers: int = 0
+    room_per_beat: int | None = None  # Reserves / tasks it takes between heartbeats; None: any
     num_cached_blocks: int = 0
     answer_delay: float = 0.0
     received: list[object] = field(default_factory=list)
     beating: bool = True
+    room: int | None = None
 
     async def start(self, bus: Bus, subjects: Subjects) -> None:
         self.bus, self.subjects = bus, subjects
@@ -62,7 +77,10 @@ class FakeWorker:
         self._beats = asyncio.create_task(self._beat_forever())
 
     async def beat(self) -> None:
-        heartbeat = Heartbeat(self.worker_id, self.role, "m", 0, 0, self.free_blocks, 200, 16)
+        self.room = self.room_per_beat
+        heartbeat = Heartbeat(
+            self.worker_id, self.role, "m", 0, self.busy_answers, self.free_blocks, 200, 16
+        )
         await self.bus.publish(self.subjects.heartbeat, heartbeat)
 
     async def _beat_forever(self) -> None:
@@ -70,18 +88,27 @@ class FakeWorker:
             await asyncio.sleep(0.2)
             await self.beat()
 
-    async def _reserve(self, message: Reserve, headers: Headers) -> Reservation:
+    def _answer(self, message: object, outcome: Outcome) -> Outcome:
         self.received.append(message)
-        return Reservation(message.request_id, self.reserve_ok, 5, self.num_cached_blocks)
+        if self.busy_answers > 0 or self.room == 0:
+            self.busy_answers = max(0, self.busy_answers - 1)
+            return Outcome.BUSY
+        if self.room is not None:
+            self.room -= 1
+        return outcome
+
+    async def _reserve(self, message: Reserve, headers: Headers) -> Reservation:
+        outcome = self._answer(message, self.reserve)
+        error = ERRORS.get(outcome, "")
+        return Reservation(message.request_id, outcome, 5, self.num_cached_blocks, error)
 
     async def _task(self, message: PrefillTask | DecodeTask, headers: Headers) -> TaskAck:
-        self.received.append(message)
+        outcome = self._answer(message, self.task)
         await asyncio.sleep(self.answer_delay)
-        error = "invalid grammar: bad rule" if self.invalid else ""
-        return TaskAck(message.request.request_id, self.accept, error, self.invalid)
+        return TaskAck(message.request.request_id, outcome, ERRORS.get(outcome, ""))
 
     def _bad(self, reason: str) -> TaskAck:
-        return TaskAck("", False, reason)
+        return TaskAck("", Outcome.INVALID, reason)
 
 
 def submit(request_id: str, prompt: list[int] = PROMPT) -> SubmitRequest:
@@ -129,6 +156,24 @@ async def place(client: Bus, namespace: str, request: SubmitRequest) -> SubmitAc
     return await client.request(Subjects(namespace).submit, request, SubmitAck, timeout=5)
 
 
+async def record_cancels(client: Bus, namespace: str) -> list[Cancel]:
+    cancels: list[Cancel] = []
+
+    async def on_cancel(message: Cancel, headers: Headers) -> None:
+        cancels.append(message)
+
+    await client.subscribe(Subjects(namespace).cancel, Cancel, on_cancel)
+    await client.nc.flush()
+    return cancels
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
 def test_prefill_by_overlap_short_prompt_decode_only_and_status(nats_server):
     async def scenario() -> None:
         p1 = FakeWorker("p1", "prefill", cached=HASHES[:1])
@@ -136,7 +181,7 @@ def test_prefill_by_overlap_short_prompt_decode_only_and_status(nats_server):
         d1 = FakeWorker("d1", "decode", num_cached_blocks=1)
         async with mesh(nats_server.url, "s1", [p1, p2, d1]) as client:
             ack = await place(client, "s1", submit("r1"))
-            assert ack == SubmitAck("r1", True, prefill_worker="p2", decode_worker="d1")
+            assert ack == SubmitAck("r1", Outcome.OK, prefill_worker="p2", decode_worker="d1")
             assert [type(m) for m in d1.received] == [Reserve]
             (task,) = p2.received
             assert isinstance(task, PrefillTask)
@@ -144,7 +189,7 @@ def test_prefill_by_overlap_short_prompt_decode_only_and_status(nats_server):
             assert task.request.prompt_token_ids == PROMPT
 
             short = await place(client, "s1", submit("r2", PROMPT[:10]))
-            assert short == SubmitAck("r2", True, decode_worker="d1")
+            assert short == SubmitAck("r2", Outcome.OK, decode_worker="d1")
             assert isinstance(d1.received[-1], DecodeTask)
 
             mesh_status = await status(client, Subjects("s1"))
@@ -155,47 +200,49 @@ def test_prefill_by_overlap_short_prompt_decode_only_and_status(nats_server):
     asyncio.run(scenario())
 
 
-def test_refused_reservation_falls_back_and_failed_prefill_cancels(nats_server):
+def test_refused_reservation_falls_back_and_failed_prefill_frees_it_and_waits(nats_server):
     async def scenario() -> None:
-        d1 = FakeWorker("d1", "decode", free_blocks=150, reserve_ok=False)
+        d1 = FakeWorker("d1", "decode", free_blocks=150, reserve=Outcome.UNAVAILABLE)
         d2 = FakeWorker("d2", "decode", free_blocks=50)
         p1 = FakeWorker("p1", "prefill")
-        async with mesh(nats_server.url, "s2", [d1, d2, p1]) as client:
+        async with mesh(nats_server.url, "s2", [d1, d2, p1], queue_timeout=0.5) as client:
             ack = await place(client, "s2", submit("r1"))
-            assert (ack.accepted, ack.decode_worker, ack.prefill_worker) == (True, "d2", "p1")
+            assert (ack.outcome, ack.decode_worker, ack.prefill_worker) == (Outcome.OK, "d2", "p1")
             assert len(d1.received) == 1  # asked first (more free blocks), refused
 
-            cancels: list[Cancel] = []
-            await client.subscribe(Subjects("s2").cancel, Cancel, lambda m, h: _append(cancels, m))
-            p1.accept = False
+            cancels = await record_cancels(client, "s2")
+            p1.task = Outcome.FAILED
             refused = await place(client, "s2", submit("r2"))
-            assert not refused.accepted and refused.retry_after > 0
-            assert "prefill" in refused.error
+            assert refused.outcome == Outcome.UNAVAILABLE and refused.retry_after > 0
+            assert "no worker had room" in refused.error and "p1 failed" in refused.error
+            prefills = [m for m in p1.received if m.request.request_id == "r2"]
+            assert len(prefills) >= 2  # tried again while it waited
             await asyncio.sleep(0.2)
-            assert [c.request_id for c in cancels] == ["r2"]
+            # Every try freed its reservation on d2, without cancelling the request itself.
+            assert {(c.request_id, c.reason) for c in cancels} == {("r2", RELEASED)}
+            assert len(cancels) == len(prefills)
 
     asyncio.run(scenario())
 
 
-async def _append(items: list[Cancel], message: Cancel) -> None:
-    items.append(message)
-
-
-def test_no_workers_and_queue_bound_refuse_with_retry_after(nats_server):
+def test_no_workers_waits_then_refuses_and_a_full_queue_refuses_at_once(nats_server):
     async def scenario() -> None:
-        async with mesh(nats_server.url, "s3", []) as client:
+        async with mesh(nats_server.url, "s3", [], queue_timeout=0.3) as client:
             ack = await place(client, "s3", submit("r1"))
-            assert not ack.accepted and ack.retry_after == 1.0
-            assert ack.error == "no worker for role decode"
+            assert ack.outcome == Outcome.UNAVAILABLE and ack.retry_after == 1.0
+            assert ack.error == "no worker had room for 0 s: no worker for role decode"
 
-        slow = FakeWorker("d1", "both", answer_delay=0.5)
-        async with mesh(nats_server.url, "s4", [slow], max_queue=1) as client:
-            acks = await asyncio.gather(
-                place(client, "s4", submit("r1")), place(client, "s4", submit("r2"))
-            )
-            assert sorted(a.accepted for a in acks) == [False, True]
-            (refused,) = [a for a in acks if not a.accepted]
-            assert refused.retry_after > 0 and "busy" in refused.error
+        full = FakeWorker("d1", "both", busy_answers=10**6)
+        async with mesh(nats_server.url, "s4", [full], max_queue=1) as client:
+            waiting = asyncio.create_task(place(client, "s4", submit("r1")))
+            await until(lambda: len(full.received) > 0)
+            started = time.monotonic()
+            refused = await place(client, "s4", submit("r2"))
+            assert time.monotonic() - started < 0.5
+            assert refused.outcome == Outcome.BUSY and refused.retry_after > 0
+            assert "busy" in refused.error and not waiting.done()
+            await client.publish(Subjects("s4").cancel, Cancel("r1", "gateway"))
+            assert (await waiting).outcome == Outcome.UNAVAILABLE
 
     asyncio.run(scenario())
 
@@ -249,7 +296,7 @@ def test_a_cancel_during_placement_stops_it(nats_server):
             await asyncio.sleep(0.2)  # the PrefillTask is waiting on p1
             await client.publish(Subjects("s6").cancel, Cancel("r6", "gateway"))
             ack = await placing
-            assert not ack.accepted and "cancelled" in ack.error
+            assert ack.outcome == Outcome.UNAVAILABLE and "cancelled" in ack.error
             assert [type(m) for m in spare.received] == []
 
     asyncio.run(scenario())
@@ -301,26 +348,121 @@ def test_a_placed_prompt_counts_as_cached_on_its_workers_at_once(nats_server):
 
 def test_a_request_a_worker_finds_invalid_is_refused_as_invalid_at_once(nats_server):
     """The engine's validation (a grammar xgrammar rejects, a prompt past the context) is
-    the same on every worker: the scheduler stops at the first refusal, says `invalid` (the
+    the same on every worker: the scheduler stops at the first refusal, answers INVALID (the
     gateway answers 400 with the worker's message) and frees the reservation."""
 
     async def scenario() -> None:
-        p1 = FakeWorker("p1", "prefill", cached=HASHES[:3], accept=False, invalid=True)
+        p1 = FakeWorker("p1", "prefill", cached=HASHES[:3], task=Outcome.INVALID)
         p2 = FakeWorker("p2", "prefill")
         d1 = FakeWorker("d1", "decode")
         async with mesh(nats_server.url, "s9", [p1, p2, d1]) as client:
-            cancels: list[Cancel] = []
-
-            async def on_cancel(message: Cancel, headers: Headers) -> None:
-                cancels.append(message)
-
-            await client.subscribe(Subjects("s9").cancel, Cancel, on_cancel)
-            await client.nc.flush()
+            cancels = await record_cancels(client, "s9")
             ack = await place(client, "s9", submit("bad"))
-            assert not ack.accepted and ack.invalid and ack.retry_after == 0
+            assert ack.outcome == Outcome.INVALID and ack.retry_after == 0
             assert ack.error == "invalid grammar: bad rule"
             assert p2.received == []
             await asyncio.sleep(0.2)
             assert [c.request_id for c in cancels] == ["bad"]
+
+    asyncio.run(scenario())
+
+
+def test_a_busy_decode_worker_gets_the_request_once_its_heartbeat_shows_room(nats_server):
+    """d1 answers BUSY to two Reserves: the request waits (no 429) and is placed after the
+    heartbeat that shows d1's load gone down; the sweeper's backoff is too slow to do it."""
+
+    async def scenario() -> None:
+        d1 = FakeWorker("d1", "decode", busy_answers=2)
+        p1 = FakeWorker("p1", "prefill")
+        async with mesh(nats_server.url, "s10", [d1, p1], sweep_interval=30.0) as client:
+            started = time.monotonic()
+            ack = await place(client, "s10", submit("r1"))
+            assert ack == SubmitAck("r1", Outcome.OK, prefill_worker="p1", decode_worker="d1")
+            assert [type(m) for m in d1.received] == [Reserve] * 3
+            assert time.monotonic() - started < 3
+            mesh_status = await status(client, Subjects("s10"))
+            assert (mesh_status.queue_length, mesh_status.admitted) == (0, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_waits_past_queue_timeout_is_refused_unavailable(nats_server):
+    async def scenario() -> None:
+        d1 = FakeWorker("d1", "decode", busy_answers=10**6)
+        p1 = FakeWorker("p1", "prefill")
+        async with mesh(nats_server.url, "s11", [d1, p1], queue_timeout=0.6) as client:
+            started = time.monotonic()
+            ack = await place(client, "s11", submit("r1"))
+            waited = time.monotonic() - started
+            assert ack.outcome == Outcome.UNAVAILABLE and ack.retry_after == 1.0
+            assert ack.error.startswith("no worker had room for 1 s: no decode worker took")
+            assert "d1 busy: no room" in ack.error
+            assert 0.6 <= waited < 3 and len(d1.received) >= 2
+            mesh_status = await status(client, Subjects("s11"))
+            assert (mesh_status.queue_length, mesh_status.rejected) == (0, 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_ends_a_waiting_placement_at_once(nats_server):
+    async def scenario() -> None:
+        d1 = FakeWorker("d1", "both", room_per_beat=0)  # full, and its heartbeats say so
+        config = dict(queue_timeout=30.0, sweep_interval=30.0)  # no backoff tick to end it
+        async with mesh(nats_server.url, "s12", [d1], **config) as client:
+            placing = asyncio.create_task(place(client, "s12", submit("r1")))
+            await until(lambda: len(d1.received) > 0)
+            started = time.monotonic()
+            await client.publish(Subjects("s12").cancel, Cancel("r1", "gateway"))
+            ack = await placing
+            assert time.monotonic() - started < 1
+            assert ack.outcome == Outcome.UNAVAILABLE and "cancelled" in ack.error
+            assert (await status(client, Subjects("s12"))).queue_length == 0
+
+    asyncio.run(scenario())
+
+
+def test_waiting_requests_are_placed_in_arrival_order(nats_server):
+    """d1 is full, then takes one Reserve per heartbeat: the four waiting requests get the
+    room one by one, oldest first."""
+
+    async def scenario() -> None:
+        d1 = FakeWorker("d1", "decode", room_per_beat=0)
+        p1 = FakeWorker("p1", "prefill")
+        async with mesh(nats_server.url, "s13", [d1, p1]) as client:
+            ids = ["r1", "r2", "r3", "r4"]
+            placing = []
+            for request_id in ids:
+                placing.append(asyncio.create_task(place(client, "s13", submit(request_id))))
+                await asyncio.sleep(0.05)
+            assert (await status(client, Subjects("s13"))).queue_length == 4
+            d1.room_per_beat = 1
+            acks = await asyncio.gather(*placing)
+            assert [a.outcome for a in acks] == [Outcome.OK] * 4
+            assert [t.request.request_id for t in p1.received] == ids
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_worker_is_passed_over_and_tried_again_later(nats_server):
+    """FAILED (the worker's engine broke) moves on to the next worker, and is never a 400:
+    with every prefill worker failing the request waits, and is placed once one recovers."""
+
+    async def scenario() -> None:
+        d1 = FakeWorker("d1", "decode", free_blocks=150, reserve=Outcome.FAILED)
+        d2 = FakeWorker("d2", "decode")
+        p1 = FakeWorker("p1", "prefill", cached=HASHES[:3], task=Outcome.FAILED)
+        p2 = FakeWorker("p2", "prefill")
+        async with mesh(nats_server.url, "s14", [d1, d2, p1, p2]) as client:
+            ack = await place(client, "s14", submit("r1"))
+            assert ack == SubmitAck("r1", Outcome.OK, prefill_worker="p2", decode_worker="d2")
+            assert ([type(m) for m in d1.received], len(p1.received)) == ([Reserve], 1)
+
+            p2.task = Outcome.FAILED
+            placing = asyncio.create_task(place(client, "s14", submit("r2")))
+            await until(lambda: len(p2.received) >= 3)  # r2 tried p2 twice: it waits
+            assert not placing.done()
+            p2.task = Outcome.OK
+            ack = await placing
+            assert (ack.outcome, ack.prefill_worker) == (Outcome.OK, "p2")
 
     asyncio.run(scenario())

@@ -25,6 +25,7 @@ from shared.protocol import (
     Cancel,
     Heartbeat,
     MeshStatus,
+    Outcome,
     StatusQuery,
     SubmitAck,
     SubmitRequest,
@@ -57,13 +58,15 @@ async def gateway(nats: NatsServer, model_dir: Path) -> AsyncIterator[tuple[str,
         return MeshStatus([WorkerStatus(b, time.time(), ["r1"]) for b in BEATS], 4, 7, 1)
 
     async def submit(request: SubmitRequest, headers: dict) -> SubmitAck:
-        return SubmitAck(request.request_id, True, prefill_worker="p0", decode_worker="d0")
+        return SubmitAck(request.request_id, Outcome.OK, prefill_worker="p0", decode_worker="d0")
 
     async def cancel(message: Cancel, headers: dict) -> None:
         cancelled.append(message.request_id)
 
     await bus.serve(subjects.status, StatusQuery, status, lambda _: None)
-    await bus.serve(subjects.submit, SubmitRequest, submit, lambda _: SubmitAck("", False))
+    await bus.serve(
+        subjects.submit, SubmitRequest, submit, lambda _: SubmitAck("", Outcome.INVALID)
+    )
     await bus.subscribe(subjects.cancel, Cancel, cancel)
     config = GatewayConfig(
         common=CommonConfig(nats.url, NAMESPACE, "INFO"),

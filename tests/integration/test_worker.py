@@ -20,6 +20,7 @@ from services.worker.config import WorkerConfig
 from services.worker.runtime import Worker
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
+from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams
 from shared.protocol import (
     Cancel,
@@ -46,16 +47,16 @@ SEEDED = SamplingParams(temperature=0.8, seed=7, max_tokens=8, ignore_eos=True, 
 
 
 def worker_config(url: str, namespace: str, role: str, model_dir: Path) -> WorkerConfig:
+    engine = EngineConfig(
+        model_dir=model_dir, num_kv_blocks=NUM_BLOCKS, max_num_seqs=8, max_num_batched_tokens=64
+    )
     return WorkerConfig(
         worker_id=role,
         role=role,
-        model_dir=model_dir,
         model_name="tiny",
+        engine=engine,
         nats_url=url,
         namespace=namespace,
-        num_kv_blocks=NUM_BLOCKS,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
         heartbeat_interval=0.1,
         transfer_timeout=10.0,
         grace_period=2.0,
@@ -71,9 +72,10 @@ def reference(model_dir: Path, prompt: list[int], params: SamplingParams) -> lis
 class Mesh:
     """Two workers plus the test's scheduler/gateway connection."""
 
-    def __init__(self, bus: Bus, subjects: Subjects) -> None:
+    def __init__(self, bus: Bus, subjects: Subjects, workers: list[Worker] | None = None) -> None:
         self.bus = bus
         self.subjects = subjects
+        self.workers = workers or []
         self.chunks: dict[str, list[TokenChunk]] = {}
         self.beats: dict[str, Heartbeat] = {}
         self.blocks_sent: dict[str, int] = {}  # per request, counted on the KV subject
@@ -116,20 +118,23 @@ def run_mesh(
     nats_url: str,
     model_dir: Path,
     scenario: Callable[[Mesh], Awaitable[None]],
+    engine: dict[str, object] | None = None,
     **overrides: float,
 ):
-    """Run `scenario` against a prefill and a decode worker (configs changed by `overrides`)."""
+    """Run `scenario` against a prefill and a decode worker (configs changed by `overrides`,
+    their engines' by `engine`); every worker's request table must end empty."""
 
     async def main() -> None:
         namespace = f"t{time.monotonic_ns()}"
+        configs = [worker_config(nats_url, namespace, r, model_dir) for r in ("prefill", "decode")]
         workers = [
-            Worker(replace(worker_config(nats_url, namespace, r, model_dir), **overrides))
-            for r in ("prefill", "decode")
+            Worker(replace(c, engine=replace(c.engine, **(engine or {})), **overrides))
+            for c in configs
         ]
         for worker in workers:
             await worker.start()
         bus = await Bus.connect(nats_url, "test")
-        mesh = Mesh(bus, Subjects(namespace))
+        mesh = Mesh(bus, Subjects(namespace), workers)
         await bus.subscribe(mesh.subjects.tokens("gw"), TokenChunk, mesh.on_tokens)
         await bus.subscribe(mesh.subjects.heartbeat, Heartbeat, mesh.on_beat)
 
@@ -142,6 +147,7 @@ def run_mesh(
         await bus.nc.subscribe(mesh.subjects.kv("decode"), cb=count_blocks)
         try:
             await scenario(mesh)
+            await until(lambda: not any(len(w.table) for w in workers), timeout=5)
         finally:
             for worker in workers:
                 await worker.shutdown()
@@ -316,7 +322,6 @@ def test_draft_model_speculation_reaches_heartbeats_and_metrics(nats_server, tin
         nats_server.url,
         tiny_model_dir,
         scenario,
-        speculative="draft",
-        draft_model_dir=tiny_model_dir,
+        engine={"speculative": "draft", "draft_model_dir": tiny_model_dir},
         metrics_port=0,
     )

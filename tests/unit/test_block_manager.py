@@ -5,6 +5,7 @@ token prefix whose KV each block holds, which prefixes are cached, and the order
 unreferenced cached blocks were released. After every step the allocator must agree with it:
 no block leaked or counted twice, hashes that chain, empty blocks handed out before any
 cached one is evicted, eviction least recently released first, and the predicted prefix hits.
+A subscriber fed only the KV cache events, taken at random moments, knows the cached hashes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shared.engine.block_hash import ROOT_HASH, hash_block, hash_full_blocks
 from shared.engine.block_manager import BlockManager
+from shared.engine.errors import OutOfBlocks
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import Sequence
 
@@ -53,6 +55,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.lru: list[int] = []  # unreferenced cached blocks, least recently released first
         self.committed: dict[str, int] = {}  # request id -> blocks its commits have covered
         self.evictions = 0
+        self.subscriber: set[int] = set()  # hashes known from the KV cache events alone
 
     # -- model helpers ----------------------------------------------------------------------
     def _num_free(self) -> int:
@@ -84,7 +87,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         before = list(seq.block_table)
         needed = max(0, -(-(seq.num_computed_tokens + num_tokens) // BS) - len(before))
         if needed > self._num_free():
-            with pytest.raises(MemoryError):
+            with pytest.raises(OutOfBlocks):
                 self.bm.allocate_slots(seq, num_tokens)
             assert seq.block_table == before
             return
@@ -193,6 +196,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm.free(seq)
         del self.committed[seq.request_id]
 
+    @rule()
+    def take_kv_events(self) -> None:
+        """Apply the net events since the last take, removals first: the set is exact."""
+        events = self.bm.events.take()
+        assert not set(events.stored) & set(events.removed)
+        assert not set(events.removed) - self.subscriber, "removed what it never stored"
+        self.subscriber.difference_update(events.removed)
+        self.subscriber.update(events.stored)
+        assert self.subscriber == set(self.bm.cached)
+
     # -- invariants -------------------------------------------------------------------------
     @invariant()
     def blocks_are_accounted_for(self) -> None:
@@ -259,7 +272,7 @@ def test_failed_fork_leaves_the_allocator_as_it_was() -> None:
     bm.allocate_slots(parent, parent.num_tokens)  # takes the 4 empty blocks
     parent.num_computed_tokens = 1  # no full block: a fork copies all 4, and 2 are free
     cached, free = dict(bm.cached), bm.num_free_blocks
-    with pytest.raises(MemoryError):
+    with pytest.raises(OutOfBlocks):
         bm.fork(parent, make_seq("child", parent.token_ids))
     assert bm.num_free_blocks == free
     assert bm.cached == cached, "a fork that fails should not evict the prefix cache"

@@ -2,7 +2,8 @@
 docker-compose.yml or a Kubernetes manifest (arguments plus environment) must use only flags
 that `splitserve <cmd> --help` prints, must parse with the real parser, and every
 `SPLITSERVE_*` variable it sets must change what that command reads. The deployment tests
-call `invocation_problems`; the tests here show that it catches what it should."""
+call `invocation_problems` (and, for workers, `unreachable_engine_settings`: every engine
+setting must have a route in the file); the tests here show that they catch what they should."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from pathlib import Path
 from unittest import mock
 
 from services.cli import build_parser
+from services.worker.cli import NOT_ENGINE_FLAGS
+from shared.engine.engine_config import EngineConfig
+from shared.flags import settings
 
 SPLITSERVE = Path(sys.executable).with_name("splitserve")
 # Values that parse as every env-backed flag's type (int, float, str, a list of keys); two,
@@ -76,11 +80,37 @@ def invocation_problems(argv: list[str], env: Mapping[str, str]) -> list[str]:
             continue
         if not name.startswith("SPLITSERVE_"):
             problems.append(f"{name} is read by nothing in `splitserve {command}`")
-        elif name not in help_text(command) and all(
-            parse(argv, {**env, name: probe}) == baseline for probe in PROBES
-        ):
+        elif not _is_read(argv, env, name, baseline, help_text(command)):
             problems.append(f"{name} changes nothing in `splitserve {' '.join(argv)}`")
     return problems
+
+
+def _is_read(
+    argv: list[str], env: Mapping[str, str], name: str, baseline: Namespace, help: str
+) -> bool:
+    """Whether `name` changes what `splitserve argv` does. A flag's default (`[NAME]` in its
+    help) must change the parse for some valid probe, so a flag given in `argv` that
+    overrides it is caught; a variable the help names otherwise is read at run time."""
+    if f"[{name}]" not in help and name in help:
+        return True
+    changed = []
+    for probe in PROBES:
+        try:
+            changed.append(parse(argv, {**env, name: probe}) != baseline)
+        except SystemExit:
+            continue
+    return any(changed) or (not changed and f"[{name}]" in help)
+
+
+def unreachable_engine_settings(argv: list[str], env: Mapping[str, str]) -> list[str]:
+    """The EngineConfig settings a `splitserve worker` invocation leaves no way to change:
+    neither its flag in `argv` nor its `SPLITSERVE_*` variable in `env`."""
+    given = {arg.split("=", 1)[0] for arg in argv}
+    return [
+        s.variable
+        for s in settings(EngineConfig, NOT_ENGINE_FLAGS)
+        if s.option not in given and s.variable not in env
+    ]
 
 
 def test_real_flags_and_env_pass() -> None:
@@ -114,3 +144,10 @@ def test_env_overridden_by_a_flag_is_caught() -> None:
         "SPLITSERVE_NUM_THREADS changes nothing in "
         "`splitserve worker --model-dir=/m --num-threads=2`"
     ]
+
+
+def test_an_engine_setting_without_a_route_is_caught() -> None:
+    argv = ["worker", "--model-dir=/m", "--dtype=bfloat16"]
+    missing = unreachable_engine_settings(argv, {"SPLITSERVE_DEVICE": ""})
+    assert "SPLITSERVE_QUANTIZATION" in missing
+    assert not {"SPLITSERVE_MODEL_DIR", "SPLITSERVE_DTYPE", "SPLITSERVE_DEVICE"} & set(missing)

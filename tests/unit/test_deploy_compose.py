@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from shared.nats_server import DEFAULT_MAX_PAYLOAD, find_binary, free_port
-from tests.unit.test_deploy_cli import invocation_problems
+from tests.unit.test_deploy_cli import invocation_problems, unreachable_engine_settings
 from tests.unit.test_deploy_images import dockerfile_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +83,26 @@ def test_every_command_and_environment_matches_the_cli() -> None:
         for name, service in services.items()
     }
     assert problems == {name: [] for name in services}
+
+
+def test_every_engine_setting_reaches_every_worker_pool() -> None:
+    workers = {
+        name: service
+        for name, service in splitserve_services(load_compose()).items()
+        if service["command"][0] == "worker"
+    }
+    assert set(workers) == {"prefill", "decode", "prefill-gpu", "decode-gpu"}
+    missing = {
+        name: unreachable_engine_settings(service["command"], env_strings(service))
+        for name, service in workers.items()
+    }
+    assert missing == {name: [] for name in workers}
+
+
+def test_an_engine_variable_set_in_the_shell_reaches_the_workers() -> None:
+    services = load_compose({"SPLITSERVE_QUANTIZATION": "int8"})["services"]
+    assert services["decode"]["environment"]["SPLITSERVE_QUANTIZATION"] == "int8"
+    assert services["decode-gpu"]["environment"]["SPLITSERVE_DTYPE"] == "bfloat16"
 
 
 def test_pools_scale_by_their_own_variables() -> None:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from services.worker.config import WorkerConfig
-from tests.unit.test_deploy_cli import invocation_problems
+from tests.unit.test_deploy_cli import invocation_problems, unreachable_engine_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("cpu", "gpu")
@@ -121,6 +121,24 @@ def test_every_container_matches_the_cli(overlay: str) -> None:
         ours = {k: v for k, v in env.items() if not any(f"$({k})" in a for a in container["args"])}
         problems[name] = invocation_problems(argv, ours)
     assert problems == {name: [] for name in problems}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_engine_setting_reaches_every_worker_pool(overlay: str) -> None:
+    missing = {}
+    for name, container in splitserve_containers(overlay):
+        if container["args"][0] == "worker":
+            env = container_env(overlay, container)
+            argv = [expand(arg, env) for arg in container["args"]]
+            missing[name] = unreachable_engine_settings(argv, env)
+    assert missing == {f"splitserve-{pool}/worker": [] for pool in POOLS}
+
+
+def test_gpu_workers_run_bfloat16() -> None:
+    for overlay, dtype in (("cpu", ""), ("gpu", "bfloat16")):
+        for pool in POOLS:
+            (container,) = pod_templates(overlay)[f"splitserve-{pool}"]["containers"]
+            assert container_env(overlay, container)["SPLITSERVE_DTYPE"] == dtype
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -8,7 +8,7 @@ import torch
 
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
-from shared.engine.kv_handoff import OutOfBlocks
+from shared.engine.errors import InvalidRequest, OutOfBlocks
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import FinishReason
 from tests.conftest import write_tiny_model
@@ -67,18 +67,10 @@ def test_preemption_by_recompute_gives_the_same_tokens(tiny_model_dir):
     params = SamplingParams(temperature=0.8, seed=7, max_tokens=40, ignore_eos=True)
     roomy = run_all(make_engine(tiny_model_dir), PROMPTS, params)
     tight = make_engine(tiny_model_dir, num_kv_blocks=14, enable_prefix_caching=False)
-    preempted = []
-    original = tight.scheduler.schedule
-
-    def schedule():
-        out = original()
-        preempted.extend(seq.request_id for seq in out.preempted)
-        return out
-
-    tight.scheduler.schedule = schedule
     assert run_all(tight, PROMPTS, params) == roomy
-    assert preempted, "the cache was meant to be too small for all four at once"
-    assert tight.block_manager.num_free_blocks == 14
+    stats = tight.stats()
+    assert stats.num_preemptions > 0, "the cache was meant to be too small for all four at once"
+    assert stats.free_blocks == stats.total_blocks == 14 and stats.usage == 0.0
 
 
 def test_seeded_request_resumed_from_its_first_tokens_continues_identically(tiny_model_dir):
@@ -123,19 +115,25 @@ def test_abort_frees_blocks_at_once(tiny_model_dir):
 
 
 @pytest.mark.parametrize(
-    ("prompt", "params", "message"),
+    ("prompt", "params", "field", "message"),
     [
-        ([], GREEDY, "at least one token"),
-        ([1, 999], GREEDY, "token ids"),
-        (list(range(3, 250)) * 5, GREEDY, "context"),
-        ([3, 4], SamplingParams(max_tokens=2000), "KV blocks"),
+        ([], GREEDY, "prompt_token_ids", "at least one token"),
+        ([1, 999], GREEDY, "prompt_token_ids", r"token ids must be in \[0, 256\)"),
+        (list(range(3, 250)) * 5, GREEDY, "prompt_token_ids", "1235 tokens; the model's context"),
+        ([3, 4], SamplingParams(max_tokens=2000), "max_tokens", "more KV blocks than the cache"),
     ],
 )
-def test_bad_requests_are_refused_with_a_clear_error(tiny_model_dir, prompt, params, message):
+def test_bad_requests_are_refused_with_a_clear_error(
+    tiny_model_dir, prompt, params, field, message
+):
     engine = make_engine(tiny_model_dir, num_kv_blocks=32)  # 512 tokens < the 1024 context
-    with pytest.raises(ValueError, match=message):
-        engine.add_request("bad", prompt, params)
-    assert not engine.has_unfinished_requests()
+    for call in (engine.check_request, lambda *args: engine.add_request("bad", *args)):
+        with pytest.raises(InvalidRequest, match=message) as refused:
+            call(prompt, params)
+        assert refused.value.field == field and str(refused.value) == refused.value.reason
+    with pytest.raises(InvalidRequest, match=message):
+        engine.reserve("bad", prompt, params)
+    assert not engine.has_unfinished_requests() and not engine.requests
     assert engine.block_manager.num_free_blocks == 32
 
 
@@ -167,14 +165,16 @@ def test_import_checks_what_it_writes(tiny_model_dir):
     prefill.add_request("r", PROMPTS["long"], GREEDY, hold_kv=True)
     run_to_completion(prefill)
     decode.reserve("r", PROMPTS["mid"] + PROMPTS["short"] * 7, GREEDY)  # another prompt
-    with pytest.raises(ValueError, match="hash"):
+    with pytest.raises(InvalidRequest, match="hash") as refused:
         decode.import_kv("r", prefill.export_kv("r"))
+    assert refused.value.field == "kv"
     decode.abort_request("r")
     decode.reserve("r", PROMPTS["long"], GREEDY)
     blocks = prefill.export_kv("r")
     blocks.data = blocks.data.to(torch.float16)
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(InvalidRequest, match="do not fit") as refused:
         decode.import_kv("r", blocks)
+    assert refused.value.field == "kv"
 
 
 def test_reserve_refuses_when_blocks_run_out(tiny_model_dir):

@@ -74,13 +74,13 @@ def test_on_cuda_attention_is_triton_and_batch_invariance_is_off():
 def test_the_worker_device_and_dtype_flags_reach_the_engine_config():
     parser = argparse.ArgumentParser()
     worker_cli.add_arguments(parser)
-    flags = ["--device", "cpu", "--dtype", "bfloat16"]
+    flags = ["--dtype", "bfloat16", "--device", "cpu"]
     args = parser.parse_args(["--role", "both", "--model-dir", "/m", *flags])
     engine = worker_cli.config_from_args(args).engine_config()
     assert (engine.torch_device, engine.torch_dtype) == (torch.device("cpu"), torch.bfloat16)
     assert worker_cli.engine_argv(args) == tuple(flags)  # what `up` forwards to each worker
     default = worker_cli.config_from_args(parser.parse_args(["--model-dir", "/m"]))
-    assert (default.device, default.dtype) == ("auto", "float32")
+    assert (default.engine.device, default.engine.dtype) == ("auto", "float32")
 
 
 @pytest.mark.usefixtures("no_cuda")

@@ -67,3 +67,15 @@ def test_forget_on_cancel_and_after_deadline():
     registry.forget("r3")
     registry.forget_past_deadline(now=15.0)
     assert registry.status()[0].assigned == ["r2"]
+
+
+def test_a_heartbeat_says_when_a_worker_may_have_new_room():
+    registry = Registry()
+    assert registry.on_heartbeat(beat(free=10, running=4), now=0.0)  # joined
+    assert not registry.on_heartbeat(beat(free=10, running=4), now=1.0)  # nothing changed
+    assert not registry.on_heartbeat(beat(free=8, running=5), now=2.0)  # fuller
+    assert registry.on_heartbeat(beat(free=12, running=5), now=3.0)  # blocks freed
+    assert registry.on_heartbeat(beat(free=12, running=3), now=4.0)  # requests finished
+    draining = Heartbeat("w1", "decode", "m", 0, 0, 50, 200, 16, draining=True)
+    assert not registry.on_heartbeat(draining, now=5.0)  # takes nothing new, however empty
+    assert registry.on_heartbeat(beat(free=50), now=6.0)  # back from draining

@@ -200,12 +200,9 @@ def test_configs_pair_the_draft_method_with_a_draft_model(tiny_model_dir, draft_
         EngineConfig(model_dir=tiny_model_dir, speculative="draft")
     with pytest.raises(ValueError, match="needs a draft_model_dir"):
         EngineConfig(model_dir=tiny_model_dir, speculative="ngram", draft_model_dir=draft_dir)
-    with pytest.raises(ValueError, match="--draft-model"):
-        WorkerConfig("w", "decode", tiny_model_dir, "tiny", speculative="draft")
+    drafting = EngineConfig(tiny_model_dir, speculative="draft", draft_model_dir=draft_dir)
     for role, speculates in (("prefill", False), ("decode", True), ("both", True)):
-        worker = WorkerConfig(
-            "w", role, tiny_model_dir, "tiny", speculative="draft", draft_model_dir=draft_dir
-        )
+        worker = WorkerConfig(worker_id="w", role=role, model_name="tiny", engine=drafting)
         engine = worker.engine_config()  # a prefill worker never speculates: no draft loads
         assert (engine.speculative, engine.draft_model_dir) == (
             ("draft", draft_dir) if speculates else (None, None)

@@ -18,9 +18,9 @@ from services.gateway.errors import ApiError
 from services.gateway.openai_schema import parse_request
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
+from shared.engine.errors import InvalidRequest
 from shared.engine.sampling_params import InvalidParameter, SamplingParams
 from shared.engine.sequence import FinishReason
-from shared.engine.structured_output import GrammarError
 from tests.conftest import write_tiny_model
 
 EOS = 2  # the tiny model's eos id, byte 0x02 in this tokenizer
@@ -190,7 +190,7 @@ def test_decode_side_rebuilds_the_matcher_from_tokens_so_far(engine: LLMEngine) 
 def test_specs_xgrammar_cannot_compile_are_refused(
     engine: LLMEngine, kind: str, spec: str, problem: str
 ) -> None:
-    with pytest.raises(GrammarError, match=f"invalid {problem}"):
+    with pytest.raises(InvalidRequest, match=f"invalid {problem}"):
         engine.add_request("bad", [5, 6, 7], guided(kind, spec))
     assert "bad" not in engine.requests
 

@@ -7,11 +7,10 @@ import torch.nn.functional as F
 
 from shared.engine.attention import AttentionBackend
 from shared.engine.attention.metadata import AttentionMetadata
-from shared.engine.batch_invariant import PackedLinear
+from shared.engine.model.linear_weights import LinearWeight, PackedLinear
 from shared.engine.model.rope import apply_rope_, rope_table
 from shared.engine.model.weights import ModelWeights
 from shared.engine.model_config import ModelConfig
-from shared.engine.quantization import QuantizedLinear
 
 
 class LlamaModel:
@@ -64,7 +63,7 @@ class LlamaModel:
 
 def linear(
     x: torch.Tensor,
-    w: torch.Tensor | PackedLinear | QuantizedLinear,
+    w: LinearWeight,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, in] -> [T, out]. `w` is a float matrix (torch's matmul), one packed by

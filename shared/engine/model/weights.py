@@ -4,19 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
+from shared.engine.model.linear_weights import LinearWeight
 from shared.engine.model.rope import interleave_permutation
 from shared.engine.model_config import ModelConfig
 
 CPU = torch.device("cpu")
-
-if TYPE_CHECKING:  # quantize_weights / pack_weights swap matrices for these
-    from shared.engine.batch_invariant import PackedLinear
-    from shared.engine.quantization import QuantizedLinear
 
 
 def column_major(w: torch.Tensor) -> torch.Tensor:
@@ -33,12 +29,12 @@ def _same(w: torch.Tensor) -> torch.Tensor:
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
     # [(heads + 2 * kv_heads) * head_dim, hidden]; q and k rows interleaved
-    qkv: torch.Tensor | PackedLinear | QuantizedLinear
+    qkv: LinearWeight
     qkv_bias: torch.Tensor | None  # [(heads + 2 * kv_heads) * head_dim] (Qwen2)
-    o_proj: torch.Tensor | PackedLinear | QuantizedLinear  # [hidden, heads * head_dim]
+    o_proj: LinearWeight  # [hidden, heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor | PackedLinear | QuantizedLinear  # [2 * intermediate, hidden]
-    down: torch.Tensor | PackedLinear | QuantizedLinear  # [hidden, intermediate]
+    gate_up: LinearWeight  # [2 * intermediate, hidden]
+    down: LinearWeight  # [hidden, intermediate]
 
 
 @dataclass(slots=True)
@@ -46,9 +42,9 @@ class ModelWeights:
     embed: torch.Tensor  # [vocab, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor | PackedLinear | QuantizedLinear  # [vocab, hidden]; tied: the embedding
+    lm_head: LinearWeight  # [vocab, hidden]; tied: the embedding
     # the same, laid out for torch's 1-2 row products (packed or quantized: the same object)
-    lm_head_column_major: torch.Tensor | PackedLinear | QuantizedLinear
+    lm_head_column_major: LinearWeight
 
 
 def load_weights(

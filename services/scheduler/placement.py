@@ -1,0 +1,255 @@
+"""One try at placing a request on the workers the registry knows (no waiting here).
+
+Every NATS request is bounded by `reserve_timeout` and the placement's give-up time, and
+given up at once when the sweeper finds the worker it waits on lost (`worker_lost`):
+  decode candidates (room in the registry), best first →
+    few uncached tokens or no prefill pool: DecodeTask → OK: placed (decode only)
+    else Reserve → not OK: next decode candidate
+         PrefillTask to each prefill candidate in turn → OK: placed (prefill, decode)
+         none took it: Cancel (reason RELEASED: frees the reservation) → no room
+  no candidate left (none in the registry, or all BUSY, UNAVAILABLE, FAILED or lost) → no room
+A worker that does not answer, or is lost, counts as FAILED. An INVALID answer from any
+worker raises `InvalidRequest`: the request itself is bad and no other worker would take it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from nats.errors import Error as NatsError
+from opentelemetry import trace
+
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.registry import Registry
+from services.scheduler.routing import (
+    Candidate,
+    prefills_locally,
+    rank_decode,
+    rank_prefill,
+)
+from shared.bus import Bus, Headers
+from shared.engine.block_hash import hash_full_blocks
+from shared.protocol import (
+    Cancel,
+    DecodeTask,
+    Outcome,
+    PrefillTask,
+    Reservation,
+    Reserve,
+    SubmitAck,
+    SubmitRequest,
+    TaskAck,
+    WireError,
+)
+from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
+Reply = TypeVar("Reply", TaskAck, Reservation)
+
+# The reason of the Cancel a try publishes to free its own reservation before the request
+# waits: workers free the blocks; schedulers do not take it for the gateway's Cancel.
+RELEASED = "released by the scheduler: the request waits for room"
+
+
+class WorkerGone(Exception):
+    """The worker a placement was waiting on stopped beating (the sweeper expired it)."""
+
+
+class InvalidRequest(Exception):
+    """A worker's engine refused the request itself: no other worker would take it."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoom:
+    """One try placed nothing, and no worker refused the request for good: it may wait."""
+
+    reason: str
+    asked: bool  # workers were asked and refused (busy, failed, lost): the mesh is full now
+
+
+_REQUEST_ERRORS = (TimeoutError, NatsError, WireError, WorkerGone)
+
+
+class Placer:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        bus: Bus,
+        registry: Registry,
+        clock: Callable[[], float],
+        is_cancelled: Callable[[str], bool],
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.registry = registry
+        self.clock = clock
+        self.is_cancelled = is_cancelled
+        self.subjects = Subjects(config.namespace)
+        # Requests to workers in flight (worker id -> their tasks): cancelled when the worker
+        # is lost, so a placement moves on without waiting out `reserve_timeout`.
+        self.asking: dict[str, set[asyncio.Task[object]]] = {}
+
+    def worker_lost(self, worker_id: str) -> None:
+        for call in self.asking.pop(worker_id, set()):
+            call.cancel()
+
+    async def place(
+        self, request: SubmitRequest, headers: Headers, give_up: float
+    ) -> SubmitAck | NoRoom:
+        cfg = self.config
+        tokens = request.prompt_token_ids + request.delivered_token_ids
+        hashes = hash_full_blocks(tokens, cfg.block_size, self.registry.model_id(cfg.model_id))
+        views = self.registry.views()
+        decodes = rank_decode(views, hashes, len(tokens), cfg.block_size, cfg.load_penalty)
+        if not decodes:
+            has_decode = any(v.role in ("decode", "both") and not v.draining for v in views)
+            why = "no decode worker with enough free KV blocks" if has_decode else ""
+            return NoRoom(why or "no worker for role decode", asked=False)
+        prefills = rank_prefill(views, hashes, cfg.load_penalty)
+        refusal = ""
+        for decode in decodes:
+            local = prefills_locally(
+                len(tokens),
+                decode.overlap,
+                cfg.block_size,
+                cfg.local_prefill_tokens,
+                bool(prefills),
+            )
+            trace.get_current_span().set_attribute("splitserve.prefix_hit_blocks", decode.overlap)
+            if local:
+                ack = await self._decode_only(request, decode, headers, give_up)
+                if ack.ok:
+                    self._assign(request, decode.worker_id, len(tokens))
+                    self.registry.expect_cached(decode.worker_id, hashes)
+                    return SubmitAck(request.request_id, Outcome.OK, decode_worker=decode.worker_id)
+                refusal = _refusal(decode.worker_id, ack.outcome, ack.error)
+                continue
+            reservation = await self._reserve(request, decode, headers, give_up)
+            if not reservation.ok:
+                refusal = _refusal(decode.worker_id, reservation.outcome, reservation.error)
+                continue
+            for prefill in prefills:
+                if self.is_cancelled(request.request_id):  # Cancel frees the reservation too
+                    return SubmitAck(
+                        request.request_id, Outcome.UNAVAILABLE, "cancelled while being placed"
+                    )
+                ack = await self._prefill(request, prefill, decode, reservation, headers, give_up)
+                if ack.ok:
+                    self._assign(request, decode.worker_id, len(tokens))
+                    self._assign(request, prefill.worker_id, 0)
+                    # The decode worker holds the blocks only once the transfer is done.
+                    self.registry.expect_cached(prefill.worker_id, hashes)
+                    return SubmitAck(
+                        request.request_id,
+                        Outcome.OK,
+                        prefill_worker=prefill.worker_id,
+                        decode_worker=decode.worker_id,
+                    )
+                refusal = _refusal(prefill.worker_id, ack.outcome, ack.error)
+            await self.bus.publish(
+                self.subjects.cancel, Cancel(request.request_id, RELEASED), headers=headers
+            )
+            return NoRoom(f"no prefill worker took the request (last: {refusal})", asked=True)
+        return NoRoom(f"no decode worker took the request (last: {refusal})", asked=True)
+
+    def _assign(self, request: SubmitRequest, worker_id: str, num_tokens: int) -> None:
+        self.registry.assign(worker_id, request.request_id, request.deadline, num_tokens)
+
+    def _timeout(self, give_up: float) -> float:
+        return max(0.001, min(self.config.reserve_timeout, give_up - self.clock()))
+
+    async def _decode_only(
+        self, request: SubmitRequest, decode: Candidate, headers: Headers, give_up: float
+    ) -> TaskAck:
+        subject = self.subjects.decode(decode.worker_id)
+        task = DecodeTask(request)
+        return await self._task(decode.worker_id, subject, task, request, headers, give_up)
+
+    async def _prefill(
+        self,
+        request: SubmitRequest,
+        prefill: Candidate,
+        decode: Candidate,
+        reservation: Reservation,
+        headers: Headers,
+        give_up: float,
+    ) -> TaskAck:
+        task = PrefillTask(request, decode.worker_id, reservation.num_cached_blocks)
+        subject = self.subjects.prefill(prefill.worker_id)
+        return await self._task(prefill.worker_id, subject, task, request, headers, give_up)
+
+    async def _ask(
+        self,
+        worker_id: str,
+        subject: str,
+        message: Reserve | DecodeTask | PrefillTask,
+        reply_type: type[Reply],
+        headers: Headers,
+        give_up: float,
+    ) -> Reply:
+        """Request/reply with one worker, bounded by `_timeout`; WorkerGone as soon as the
+        sweeper finds that worker lost (NATS may still hold the message for a dead one)."""
+        call = asyncio.ensure_future(
+            self.bus.request(subject, message, reply_type, self._timeout(give_up), headers=headers)
+        )
+        calls = self.asking.setdefault(worker_id, set())
+        calls.add(call)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this placement itself is being cancelled
+            raise WorkerGone(f"worker {worker_id} was lost") from None
+        finally:
+            calls.discard(call)
+            if not calls and self.asking.get(worker_id) is calls:
+                del self.asking[worker_id]
+
+    async def _task(
+        self,
+        worker_id: str,
+        subject: str,
+        task: DecodeTask | PrefillTask,
+        request: SubmitRequest,
+        headers: Headers,
+        give_up: float,
+    ) -> TaskAck:
+        try:
+            ack = await self._ask(worker_id, subject, task, TaskAck, headers, give_up)
+        except _REQUEST_ERRORS as exc:
+            log.warning("%s: %s failed: %r", request.request_id, subject, exc)
+            return TaskAck(request.request_id, Outcome.FAILED, f"no answer: {exc!r}")
+        _check_valid(request, subject, ack.outcome, ack.error)
+        return ack
+
+    async def _reserve(
+        self, request: SubmitRequest, decode: Candidate, headers: Headers, give_up: float
+    ) -> Reservation:
+        subject = self.subjects.reserve(decode.worker_id)
+        try:
+            reservation = await self._ask(
+                decode.worker_id, subject, Reserve(request), Reservation, headers, give_up
+            )
+        except _REQUEST_ERRORS as exc:
+            log.warning("%s: reserve on %s failed: %r", request.request_id, decode.worker_id, exc)
+            return Reservation(request.request_id, Outcome.FAILED, error=f"no answer: {exc!r}")
+        _check_valid(request, subject, reservation.outcome, reservation.error)
+        return reservation
+
+
+def _check_valid(request: SubmitRequest, subject: str, outcome: Outcome, error: str) -> None:
+    """Log a refusal; InvalidRequest when the worker found the request itself bad."""
+    if outcome == Outcome.OK:
+        return
+    log.info("%s: %s answered %s: %s", request.request_id, subject, outcome.name, error)
+    if outcome == Outcome.INVALID:
+        raise InvalidRequest(error)
+
+
+def _refusal(worker_id: str, outcome: Outcome, error: str) -> str:
+    return f"{worker_id} {outcome.name.lower()}" + (f": {error}" if error else "")

@@ -1,0 +1,119 @@
+"""One `WorkerRequest` per request a worker holds, in one `RequestTable`.
+
+The states, in the order a request passes through them:
+
+prefill side: QUEUED (accepted, in the engine's waiting queue) → COMPUTING (its first
+    prefill chunk is scheduled) → HELD (first token sampled and streamed; its KV blocks
+    pinned) → TRANSFERRING (KV chunks on their way to the decode worker) → gone (released).
+decode side:  RESERVED (blocks held for the prompt) → RECEIVING (KV chunks being written) →
+    RUNNING (in the continuous batch, tokens streamed) → gone (finished).
+    A `DecodeTask` (the decode worker prefills itself) goes QUEUED → RUNNING.
+
+Leaving the table is the one way a request ends here, whatever the cause (finished,
+cancelled, failed, past its deadline), so an empty table means nothing is left behind.
+Every change of state goes through `RequestTable.move`, which calls the telemetry hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
+
+from opentelemetry.context import Context
+
+from shared.protocol import SubmitRequest
+
+
+class RequestState(IntEnum):
+    QUEUED = 0
+    COMPUTING = 1
+    HELD = 2
+    TRANSFERRING = 3
+    RESERVED = 4
+    RECEIVING = 5
+    RUNNING = 6
+
+
+DECODE_STAGES = frozenset({RequestState.RESERVED, RequestState.RECEIVING, RequestState.RUNNING})
+
+
+@dataclass(slots=True)
+class Trace:
+    """What the request's spans need, kept with it (Unix seconds)."""
+
+    parent: Context  # the span the worker's spans hang under
+    entered: float  # when the request entered its current state
+    first_step: float = 0.0  # start of the engine step that first computed it
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
+    tokens: int = 0  # tokens generated here
+    steps: int = 0  # engine steps that produced them
+    kv_blocks: int = 0  # KV blocks received (each counted once however many layer groups)
+    kv_bytes: int = 0
+
+
+@dataclass(slots=True)
+class WorkerRequest:
+    request: SubmitRequest
+    state: RequestState
+    deadline: float  # event-loop clock; RESERVED/RECEIVING: the transfer deadline
+    subject: str  # the gateway's token subject
+    next_index: int  # output position of the next token streamed from here
+    trace: Trace
+    decodes: bool  # the decode side owns it (a DecodeTask starts QUEUED on that side)
+    decode_worker: str = ""  # prefill: where the KV goes
+    skip_blocks: int = 0  # prefill: leading blocks the decode worker already holds
+    num_blocks: int = 0  # decode: blocks reserved for the prompt
+    hand_off: asyncio.Task[None] | None = None  # prefill: first token out, then the KV
+    failure: str = ""  # prefill: why the hand-off was stopped, when the gateway must know
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class StateHooks(Protocol):
+    """Told of every change (telemetry); `now` is Unix seconds."""
+
+    def on_move(self, request: WorkerRequest, old: RequestState, now: float) -> None: ...
+
+    def on_end(self, request: WorkerRequest, reason: str, now: float) -> None: ...
+
+
+class RequestTable:
+    def __init__(self, hooks: StateHooks) -> None:
+        self.hooks = hooks
+        self._requests: dict[str, WorkerRequest] = {}
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def __iter__(self) -> Iterator[WorkerRequest]:
+        return iter(list(self._requests.values()))
+
+    def get(self, request_id: str) -> WorkerRequest | None:
+        return self._requests.get(request_id)
+
+    def add(self, request: WorkerRequest) -> None:
+        assert request.request_id not in self._requests, "check `in` before adding"
+        self._requests[request.request_id] = request
+
+    def move(self, request: WorkerRequest, state: RequestState, now: float) -> None:
+        old, request.state = request.state, state
+        self.hooks.on_move(request, old, now)
+        request.trace.entered = now
+
+    def end(self, request: WorkerRequest, reason: str, now: float) -> None:
+        """Forget `request` (once: a second end is a no-op). `reason`: finished, cancelled,
+        failed, deadline, ..., for its spans."""
+        if self._requests.get(request.request_id) is request:
+            del self._requests[request.request_id]
+            self.hooks.on_end(request, reason, now)
+
+    def count(self, *states: RequestState) -> int:
+        return sum(1 for r in self._requests.values() if r.state in states)

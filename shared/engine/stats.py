@@ -1,0 +1,68 @@
+"""What the engine reports about itself: counters (`EngineStats`) and prefix-cache changes.
+
+Both are cheap to take: `EngineStats` reads counters kept as things happen, and
+`KVEventLog` keeps only the net change of each block hash since the last `take`, so a
+subscriber that applies `removed` then `stored` to its own set of hashes stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.engine.spec_decode import SpecDecodeStats
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int  # sequences in the running batch
+    num_waiting: int  # queued, or preempted and waiting to recompute
+    num_held: int  # prefill side: first token out, KV kept until exported and released
+    num_reserved: int  # decode side: blocks reserved, the prefill worker's KV awaited
+    free_blocks: int  # KV blocks no sequence references (empty or prefix-cached)
+    total_blocks: int
+    block_size: int  # tokens per block
+    usage: float  # fraction of the blocks some sequence references
+    prefix_queries: int  # since start: prompt tokens looked up in the prefix cache
+    prefix_hits: int  # since start: of those, tokens served from it
+    num_preemptions: int  # since start: running sequences sent back to recompute
+    spec_decode: SpecDecodeStats  # since start: a copy, so later steps do not change it
+
+
+@dataclass(slots=True)
+class KVCacheEvents:
+    stored: list[int] = field(default_factory=list)  # hashes now in the prefix cache
+    removed: list[int] = field(default_factory=list)  # hashes no longer in it
+
+
+class KVEventLog:
+    """The prefix cache's net changes since the last `take`.
+
+    Per hash it keeps (was cached at the last take, is cached now); a hash stored and evicted
+    within one window is dropped at once, so the log never holds more than twice the number
+    of blocks. A hash evicted then stored again is reported as stored (applied after the
+    removals, it stays).
+    """
+
+    def __init__(self) -> None:
+        self._changes: dict[int, tuple[bool, bool]] = {}  # hash -> (cached before, cached now)
+
+    def stored(self, block_hash: int) -> None:
+        before, _ = self._changes.get(block_hash, (False, False))
+        self._changes[block_hash] = (before, True)
+
+    def removed(self, block_hash: int) -> None:
+        before, _ = self._changes.get(block_hash, (True, True))
+        if before:
+            self._changes[block_hash] = (True, False)
+        else:
+            del self._changes[block_hash]  # stored in this window: nobody has heard of it
+
+    def take(self) -> KVCacheEvents:
+        events = KVCacheEvents()
+        for block_hash, (_, now) in self._changes.items():
+            if now:
+                events.stored.append(block_hash)
+            else:  # (False, False) is never kept, so it was cached before
+                events.removed.append(block_hash)
+        self._changes.clear()
+        return events
