@@ -104,6 +104,25 @@ def _bench_quant(args: argparse.Namespace) -> None:
     run_quant_bench(QuantBenchConfig(model_dir=model_dir, num_threads=args.threads))
 
 
+def _bench_kv(args: argparse.Namespace) -> None:
+    from services.bench.kv import KVBenchConfig, run_kv_bench
+
+    run_kv_bench(
+        KVBenchConfig(blocks=tuple(args.blocks), dtype=args.dtype, repeats=args.repeats)
+    )
+    if args.mesh:
+        import json
+
+        from services.bench.kv_mesh import KVMeshBenchConfig, run_kv_mesh_bench
+        from shared.models.pull import pull_model
+
+        model_dir = args.model_dir or pull_model(args.model)
+        vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+        run_kv_mesh_bench(
+            KVMeshBenchConfig(model_dir, args.model, vocab, prompt_len=args.prompt_len)
+        )
+
+
 def _bench_spec(args: argparse.Namespace) -> None:
     from services.bench.spec import SpecBenchConfig, run_spec_bench
     from shared.models.pull import pull_model
@@ -200,6 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
     quant.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     quant.set_defaults(func=_bench_quant)
+    kv = targets.add_parser("kv", help="KV block transfer GB/s between two processes: nixl, nats")
+    kv.add_argument("--blocks", type=int, nargs="+", default=[1, 8, 64, 512])
+    kv.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    kv.add_argument("--repeats", type=int, default=3, help="transfers per size (median)")
+    kv.add_argument(
+        "--mesh", action="store_true", help="also: first-to-second token gap in `splitserve up`"
+    )
+    kv.add_argument("--model", default=DEFAULT_MODEL, help="--mesh: a known model (pulled)")
+    kv.add_argument("--model-dir", type=Path, help="--mesh: an HF-layout directory instead")
+    kv.add_argument("--prompt-len", type=int, default=2048, help="--mesh: prompt tokens")
+    kv.set_defaults(func=_bench_kv)
     spec = targets.add_parser("spec", help="speculative decoding: acceptance, speed-up")
     spec.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     spec.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")

@@ -46,6 +46,7 @@ from pathlib import Path
 from services.gateway.config import GatewayConfig
 from services.scheduler.config import SchedulerConfig
 from services.worker.cli import add_engine_arguments, engine_argv
+from services.worker.config import WorkerConfig
 from shared.config import env
 from shared.engine.engine_config import EngineConfig
 from shared.flags import add_flags, changed_argv, flag_names
@@ -59,6 +60,7 @@ STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
 MAX_BACKOFF_S = 30.0
 # `up`'s own flags of these names set them: not forwarded as the gateway's.
 GATEWAY_SET_BY_UP = ("host", "port", "model_dir")
+WORKER_SET_BY_UP = ("worker_id", "role", "model_name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +327,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--metrics-port", type=int, default=0, help="first scheduler/worker /metrics port"
     )
     add_engine_arguments(parser.add_argument_group("engine (every worker)"), ("model_dir",))
+    add_flags(parser.add_argument_group("worker (every worker)"), WorkerConfig, WORKER_SET_BY_UP)
     engine = flag_names(EngineConfig)
     gateway = parser.add_argument_group("gateway")
     add_flags(gateway, GatewayConfig, (*GATEWAY_SET_BY_UP, *engine))
@@ -351,7 +354,7 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
         log_level=args.log_level,
         otlp_endpoint=args.otlp_endpoint,
         metrics_port=args.metrics_port,
-        worker_args=engine_argv(args),
+        worker_args=engine_argv(args) + changed_argv(WorkerConfig, args, WORKER_SET_BY_UP),
         gateway_args=changed_argv(GatewayConfig, args, GATEWAY_SET_BY_UP),
         scheduler_args=changed_argv(SchedulerConfig, args),
     )

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from shared.wire_codec import WireError, decode, decode_one_of, encode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+CLOSE_TIMEOUT_S = 5.0  # draining a connection at shutdown takes at most this
 Headers = dict[str, str]
 
 
@@ -163,10 +165,13 @@ class Bus:
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_message)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Drain (subscriptions answered, publishes flushed), within `timeout`; a connection
+        that is down (the server gone, reconnecting) is closed as it is, never raising."""
         if self.nc.is_closed:
             return
         try:
-            await self.nc.drain()
-        except Exception:  # already disconnected: nothing left to drain
-            await self.nc.close()
+            await asyncio.wait_for(self.nc.drain(), timeout)
+        except Exception:  # down, or too slow: nothing more can be delivered
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.close(), timeout)

@@ -68,7 +68,11 @@ def start_nats_server(
         f"jetstream {{ store_dir: {str(data_dir / 'jetstream')!r} }}\n"
     )
     log = (data_dir / "nats-server.log").open("ab")
-    process = subprocess.Popen([find_binary(), "-c", str(config)], stdout=log, stderr=log)
+    # Its own session: a Ctrl-C meant for `splitserve up` must not stop it before the
+    # services it carries have shut down in order.
+    process = subprocess.Popen(
+        [find_binary(), "-c", str(config)], stdout=log, stderr=log, start_new_session=True
+    )
     server = NatsServer(process, port, config)
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:

@@ -57,6 +57,16 @@ class SubmitAck:
 
 # -- workers → scheduler ------------------------------------------------------------------
 @dataclass(slots=True)
+class KVPeer:
+    """KV a prefill worker has sent one decode worker, since start."""
+
+    worker_id: str  # the decode worker
+    transport: str  # the one used last: "nixl" | "nats"
+    blocks: int
+    transfers: int
+
+
+@dataclass(slots=True)
 class Heartbeat:
     worker_id: str
     role: str  # one of ROLES
@@ -76,6 +86,8 @@ class Heartbeat:
     spec_proposed_tokens: int = 0  # since start: draft tokens verified (speculative decoding)
     spec_accepted_tokens: int = 0  # since start: of those, accepted
     spec_verify_steps: int = 0  # since start: verify chunks computed
+    kv_transports: list[str] = field(default_factory=list)  # it can move KV by, best first
+    kv_peers: list[KVPeer] = field(default_factory=list)  # prefill side: where KV went
 
 
 @dataclass(slots=True)
@@ -107,6 +119,7 @@ class Reservation:
     num_blocks: int = 0
     num_cached_blocks: int = 0  # leading blocks decode already holds: not to be sent
     error: str = ""
+    transports: list[str] = field(default_factory=list)  # it can receive KV by, best first
 
     @property
     def ok(self) -> bool:
@@ -118,6 +131,7 @@ class PrefillTask:
     request: SubmitRequest
     decode_worker: str  # where the KV goes
     skip_blocks: int  # = the reservation's num_cached_blocks
+    transports: list[str] = field(default_factory=list)  # = the reservation's; [] = nats
 
 
 @dataclass(slots=True)
@@ -163,6 +177,26 @@ class KVDone:
     @property
     def ok(self) -> bool:
         return self.outcome == Outcome.OK
+
+
+@dataclass(slots=True)
+class KVReady:
+    """The one-sided transports (`nixl`): the prefill worker's blocks are ready to be READ.
+    The decode worker checks every field, READs them into its reservation, then answers
+    (a `TaskAck`); the prefill worker keeps them until that answer or its own deadline."""
+
+    request_id: str
+    transport: str  # "nixl"
+    agent: str  # the prefill worker's agent name
+    agent_metadata: bytes  # what the decode worker needs to connect to it
+    num_cache_blocks: int  # blocks in the prefill worker's cache: every id is below
+    layout: list[int]  # [num_layers, block_size, 2, kv_heads, head_dim]
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    first_block: int  # index in the request's block table of block_ids[0]
+    block_ids: list[int]  # in the prefill worker's cache, in table order
+    block_hashes: list[int | None]  # chained prefix hash of each; None: partly filled
+    first_token_id: int  # the token the prefill worker sampled and already streamed
+    read_by: float  # Unix seconds: the READ must be over (done or failed) by then
 
 
 # -- workers → gateway --------------------------------------------------------------------

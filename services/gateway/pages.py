@@ -8,6 +8,9 @@
   a background task turns its metrics into the mean time to first token and the tokens
   per second delivered in that interval, and keeps `HISTORY_S` seconds of them for the
   page's sparklines (so a freshly opened page shows the last minutes at once).
+  Each worker carries the KV transports it can use (`kv_transports`, best first) and, on
+  the prefill side, one entry per decode worker it sent KV to (`kv_peers`: the transport
+  it used last, blocks and transfers since start): the page draws these as pairs.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from aiohttp import web
 
 from services.gateway.errors import ApiError
 from services.gateway.keys import MESH
-from shared.protocol import MeshStatus, StatusQuery, WorkerStatus
+from shared.protocol import KVPeer, MeshStatus, StatusQuery, WorkerStatus
 from shared.telemetry.metrics import GatewayMetrics
 
 STATIC = Path(__file__).parent / "static"
@@ -150,4 +153,15 @@ def _worker(worker: WorkerStatus) -> dict[str, Any]:
         "prefix_hit_rate": beat.prefix_hits / beat.prefix_queries if beat.prefix_queries else 0.0,
         "assigned": len(worker.assigned),
         "last_seen": worker.last_seen,
+        "kv_transports": list(beat.kv_transports),
+        "kv_peers": [_peer(p) for p in sorted(beat.kv_peers, key=lambda p: p.worker_id)],
+    }
+
+
+def _peer(peer: KVPeer) -> dict[str, Any]:
+    return {
+        "worker_id": peer.worker_id,
+        "transport": peer.transport,
+        "blocks": peer.blocks,
+        "transfers": peer.transfers,
     }

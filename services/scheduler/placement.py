@@ -178,7 +178,9 @@ class Placer:
         headers: Headers,
         give_up: float,
     ) -> TaskAck:
-        task = PrefillTask(request, decode.worker_id, reservation.num_cached_blocks)
+        task = PrefillTask(
+            request, decode.worker_id, reservation.num_cached_blocks, reservation.transports
+        )
         subject = self.subjects.prefill(prefill.worker_id)
         return await self._task(prefill.worker_id, subject, task, request, headers, give_up)
 

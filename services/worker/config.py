@@ -14,12 +14,20 @@ from shared.engine.engine_config import EngineConfig
 from shared.flags import flag
 from shared.protocol import ROLES
 
+KV_TRANSPORTS = ("auto", "nixl", "nats")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig:
     worker_id: str = flag(unset="", help="default: role + a short random id")
     role: str = flag(unset="both", choices=ROLES, help="prefill, decode or both")
     model_name: str = flag(unset="", help="reported in heartbeats; default: the dir's name")
+    kv_transport: str = flag(
+        "auto",
+        choices=KV_TRANSPORTS,
+        help="how KV blocks move between workers: nixl (READ straight from the prefill "
+        "worker's cache), nats (chunks in messages), auto (nixl where it loads, else nats)",
+    )
     engine: EngineConfig  # the model and every engine setting
     nats_url: str = "nats://127.0.0.1:4222"
     namespace: str = "ss"

@@ -17,6 +17,7 @@ from shared.bus import Bus
 from shared.engine.outputs import RequestOutput
 from shared.engine.sequence import FinishReason
 from shared.kvtransfer import KVLayout
+from shared.kvtransfer.transfer import KVTransport
 from shared.protocol import SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
 
@@ -37,9 +38,15 @@ class WorkerContext:
     table: RequestTable
     telemetry: WorkerTelemetry
     outbox: asyncio.Queue[tuple[str, TokenChunk]]  # to gateways, published in order
+    transport: KVTransport | None  # the one-sided KV transport (nixl); None: nats only
     draining: bool = False  # set on SIGTERM: new tasks are refused
     kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
     kv_blocks_received: int = 0
+
+    @property
+    def transports(self) -> list[str]:
+        """What this worker can move KV by, best first."""
+        return [self.transport.name, "nats"] if self.transport is not None else ["nats"]
 
     def new_request(
         self,

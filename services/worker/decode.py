@@ -1,8 +1,10 @@
 """The decode side of a worker. A request passes through, in order (requests.py):
 
-RESERVED (`Reserve`: blocks held for the prompt) → RECEIVING (`KVChunk`s checked, then
-written into the reserved blocks beside the running steps) → RUNNING (after `KVDone`: in
-the continuous batch, every step's tokens streamed to the gateway) → finished.
+RESERVED (`Reserve`: blocks held for the prompt; the answer lists the transports it takes)
+→ RECEIVING (`nats`: `KVChunk`s checked, then written into the reserved blocks beside the
+running steps, until `KVDone`; `nixl`: a `KVReady` checked, then one READ of the prefill
+worker's blocks straight into the reserved ones) → RUNNING (in the continuous batch, every
+step's tokens streamed to the gateway) → finished.
 A `DecodeTask` (the decode worker prefills itself) goes QUEUED → RUNNING instead.
 
 The blocks of a reservation are freed at once by a `Cancel`, a `KVDone` that is not OK, a
@@ -13,6 +15,7 @@ first chunk within `reservation_timeout`, or no next chunk within `transfer_time
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from opentelemetry.context import Context
@@ -20,10 +23,20 @@ from opentelemetry.context import Context
 from services.worker.context import WorkerContext, loop_deadline
 from services.worker.refusals import refusal
 from services.worker.requests import RequestState, WorkerRequest
-from shared.engine.errors import UnknownRequest
+from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer import from_chunk
-from shared.protocol import DecodeTask, KVChunk, KVDone, Outcome, Reservation, Reserve, TaskAck
+from shared.kvtransfer.transfer import read_blocks
+from shared.protocol import (
+    DecodeTask,
+    KVChunk,
+    KVDone,
+    KVReady,
+    Outcome,
+    Reservation,
+    Reserve,
+    TaskAck,
+)
 from shared.telemetry.tracing import Headers, extract
 
 S = RequestState
@@ -53,9 +66,14 @@ class DecodeSide:
             ctx.engine.abort(request.request_id)
             return Reservation(request.request_id, Outcome.UNAVAILABLE, error="cancelled")
         entry.num_blocks = len(reservation.block_ids)
+        entry.skip_blocks = reservation.num_cached_blocks
         entry.next_index += 1  # the first token comes from the prefill worker
         return Reservation(
-            request.request_id, Outcome.OK, entry.num_blocks, reservation.num_cached_blocks
+            request.request_id,
+            Outcome.OK,
+            entry.num_blocks,
+            reservation.num_cached_blocks,
+            transports=list(ctx.transports),
         )
 
     async def on_chunk(self, chunk: KVChunk, headers: Headers) -> None:
@@ -81,6 +99,67 @@ class DecodeSide:
         entry.deadline = loop_deadline(entry.request.deadline)
         self.ctx.table.move(entry, S.RUNNING, time.time())
         self.ctx.engine.start_decode(done.request_id, done.first_token_id)
+
+    async def on_ready(self, ready: KVReady, headers: Headers) -> None:
+        """A one-sided transfer: check what the prefill worker offers against this worker's
+        cache and the reservation, READ it into the reserved blocks, then decode. Raising
+        refuses it (the prefill worker fails the request; its gateway migrates it)."""
+        ctx, request_id = self.ctx, ready.request_id
+        entry = self._receiving(request_id)
+        try:
+            local_blocks = self._check_ready(entry, ready)
+            transport = ctx.transport
+            assert transport is not None  # checked
+            entry.transport = transport.name
+            entry.trace.parent = extract(headers)
+            ctx.table.move(entry, S.RECEIVING, time.time())
+            if local_blocks:
+                try:
+                    transport.connect(ready.agent, ready.agent_metadata, ready.num_cache_blocks)
+                except ValueError as exc:
+                    raise InvalidRequest("agent_metadata", str(exc)) from None
+                read_by = loop_deadline(ready.read_by)
+                entry.kv_read = asyncio.current_task()  # a stop cancels it: the READ is aborted
+                async with ctx.engine.pinned(request_id):  # an abort waits for the READ
+                    await read_blocks(
+                        transport, ready.agent, ready.block_ids, local_blocks, read_by
+                    )
+                entry.kv_read = None
+        except Exception as exc:
+            if ctx.table.get(request_id) is entry:
+                ctx.engine.abort(request_id)
+                ctx.table.end(entry, f"kv transfer failed: {exc}", time.time())
+            raise
+        if ctx.table.get(request_id) is not entry:  # cancelled while the READ ran
+            return
+        entry.trace.kv_blocks = len(local_blocks)
+        entry.trace.kv_bytes = len(local_blocks) * ctx.layout.block_bytes * ctx.layout.num_layers
+        ctx.kv_blocks_received += len(local_blocks)
+        entry.deadline = loop_deadline(entry.request.deadline)
+        ctx.table.move(entry, S.RUNNING, time.time())
+        ctx.engine.start_decode(request_id, ready.first_token_id)
+
+    def _check_ready(self, entry: WorkerRequest, ready: KVReady) -> list[int]:
+        """The reserved block ids the offered blocks go to, after every check (InvalidRequest
+        before any byte moves)."""
+        transport, layout = self.ctx.transport, self.ctx.layout
+        if transport is None or ready.transport != transport.name:
+            raise InvalidRequest("transport", f"this worker takes no KV by {ready.transport!r}")
+        expected = [layout.num_layers, *layout.block_shape]
+        if ready.layout != expected or ready.dtype != layout.dtype:
+            reason = f"{ready.layout} {ready.dtype} is not this worker's {expected} {layout.dtype}"
+            raise InvalidRequest("layout", reason)
+        offered = range(ready.first_block, ready.first_block + len(ready.block_ids))
+        if offered != range(entry.skip_blocks, entry.num_blocks):
+            reason = f"blocks {offered} offered, [{entry.skip_blocks}, {entry.num_blocks}) due"
+            raise InvalidRequest("block_ids", reason)
+        if len(ready.block_hashes) != len(ready.block_ids):
+            raise InvalidRequest("block_hashes", "one hash per block")
+        if any(not 0 <= b < ready.num_cache_blocks for b in ready.block_ids):
+            raise InvalidRequest("block_ids", f"ids outside [0, {ready.num_cache_blocks})")
+        return self.ctx.engine.reserved_blocks(
+            entry.request_id, ready.first_block, ready.block_hashes
+        )
 
     async def on_task(self, task: DecodeTask, parent: Context) -> TaskAck:
         ctx, request = self.ctx, task.request
@@ -109,7 +188,10 @@ class DecodeSide:
             self.ctx.table.end(entry, output.finish_reason.name.lower(), time.time())
 
     def stop(self, entry: WorkerRequest, reason: str, *, tell_gateway: bool) -> None:
-        """Abort the request (its blocks are freed once no import of them runs)."""
+        """Abort the request (its blocks are freed once no import or READ of them runs; a
+        READ in flight is abandoned at once: its source may be dead)."""
+        if entry.kv_read is not None:
+            entry.kv_read.cancel()
         self.ctx.engine.abort(entry.request_id)
         if tell_gateway:
             self.ctx.fail(entry, reason)

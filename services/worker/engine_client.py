@@ -20,8 +20,11 @@ The promises every implementation keeps:
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
+
+import torch
 
 from shared.engine.kv_handoff import KVBlocks
 from shared.engine.outputs import RequestOutput
@@ -74,11 +77,27 @@ class EngineClient(Protocol):
     async def import_kv(self, request_id: str, blocks: KVBlocks) -> None:
         """Write received blocks into a reservation (checked against it first)."""
 
+    def reserved_blocks(
+        self, request_id: str, first_block: int, block_hashes: list[int | None]
+    ) -> list[int]:
+        """The reservation's block ids from `first_block` on, one per hash, after checking
+        each full block's hash against the prompt (InvalidRequest)."""
+
+    def pinned(self, request_id: str) -> AbstractAsyncContextManager[None]:
+        """Keep the request's blocks (held or reserved) from being freed while the body runs
+        (a transport READs or is READ from them); an abort meanwhile waits for its end."""
+
+    def kv_cache_layers(self) -> list[torch.Tensor]:
+        """The paged KV cache a transport registers: one tensor per layer, never moved."""
+
     def start_decode(self, request_id: str, first_token_id: int) -> None:
         """Every block is in: append the first token, join the running batch."""
 
     async def export_kv(self, request_id: str, first_block: int) -> KVBlocks:
         """A held request's blocks from `first_block` on, every layer, in one copy."""
+
+    def held_blocks(self, request_id: str) -> tuple[list[int], list[int | None]]:
+        """A held request's blocks: (ids, hash per block; None for a partly filled one)."""
 
     def release(self, request_id: str) -> None:
         """The held request's KV is shipped: free its blocks."""

@@ -10,11 +10,14 @@ on. Each request's blocks stay pinned while a copy of them is in flight: its `ab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import torch
 
 from services.worker.engine_client import EngineEvents, KVReservation
 from services.worker.engine_thread import EngineThread, StepReport
@@ -110,18 +113,41 @@ class NativeEngineClient:
         return KVReservation(reservation.block_ids, reservation.num_cached_blocks)
 
     async def import_kv(self, request_id: str, blocks: KVBlocks) -> None:
-        pinned = self._pin(request_id)
-        end = blocks.first_block + len(blocks.block_hashes)
-        if blocks.first_block < 0 or end > len(pinned.block_ids):
-            raise InvalidRequest("kv", f"blocks [{blocks.first_block}, {end}) out of range")
-        for index, block_hash in enumerate(blocks.block_hashes, start=blocks.first_block):
-            expected = pinned.block_hashes[index] if index < len(pinned.block_hashes) else None
-            if block_hash is not None and expected is not None and block_hash != expected:
-                raise InvalidRequest("kv", f"block {index} hash does not match the prompt")
-        block_ids = pinned.block_ids[blocks.first_block : end]
+        block_ids = self.reserved_blocks(request_id, blocks.first_block, blocks.block_hashes)
         engine = self._engine
         assert engine is not None
         await self._copy(request_id, engine.write_blocks, block_ids, blocks.layers, blocks.data)
+
+    def reserved_blocks(
+        self, request_id: str, first_block: int, block_hashes: list[int | None]
+    ) -> list[int]:
+        pinned = self._pin(request_id)
+        end = first_block + len(block_hashes)
+        if first_block < 0 or end > len(pinned.block_ids):
+            raise InvalidRequest("kv", f"blocks [{first_block}, {end}) out of range")
+        for index, block_hash in enumerate(block_hashes, start=first_block):
+            expected = pinned.block_hashes[index] if index < len(pinned.block_hashes) else None
+            if block_hash is not None and expected is not None and block_hash != expected:
+                raise InvalidRequest("kv", f"block {index} hash does not match the prompt")
+        return pinned.block_ids[first_block:end]
+
+    def held_blocks(self, request_id: str) -> tuple[list[int], list[int | None]]:
+        pinned = self._pin(request_id)
+        return list(pinned.block_ids), list(pinned.block_hashes)
+
+    @contextlib.asynccontextmanager
+    async def pinned(self, request_id: str) -> AsyncIterator[None]:
+        pinned = self._pin(request_id)
+        pinned.copies += 1
+        try:
+            yield
+        finally:
+            self._copy_done(pinned)
+
+    def kv_cache_layers(self) -> list[torch.Tensor]:
+        engine = self._engine
+        assert engine is not None, "start() first"
+        return engine.kv_cache_layers()
 
     def start_decode(self, request_id: str, first_token_id: int) -> None:
         def start(engine: LLMEngine) -> None:

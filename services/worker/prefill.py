@@ -2,8 +2,10 @@
 
 QUEUED (the `PrefillTask` is acked at once: validity is checked without waiting for a step)
 → COMPUTING (its first chunk is scheduled) → HELD (first token sampled, streamed to the
-gateway; KV pinned) → TRANSFERRING (all its blocks exported in one copy, sent as chunks,
-then `KVDone`) → released. A request that finishes at its first token skips the transfer
+gateway; KV pinned) → TRANSFERRING (`nixl`, when both ends take it: a `KVReady` naming
+the blocks, which the decode worker READs straight from this worker's cache before it
+answers; `nats`: all its blocks exported in one copy, sent as chunks, then `KVDone`) →
+released. A request that finishes at its first token skips the transfer
 and tells the decode worker to drop its reservation. A cancel while the KV is in flight
 stops the transfer; the blocks are freed once no copy of them is running.
 """
@@ -21,17 +23,37 @@ from services.worker.refusals import refusal
 from services.worker.requests import RequestState, WorkerRequest
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer import to_chunks
-from shared.kvtransfer.nats_transport import KVSender, TransferError
-from shared.protocol import KVDone, Outcome, PrefillTask, TaskAck
+from shared.kvtransfer.nats_transport import KVSender
+from shared.kvtransfer.transfer import TransferError
+from shared.protocol import KVDone, KVPeer, KVReady, Outcome, PrefillTask, TaskAck
 from shared.telemetry.tracing import inject
 
 log = logging.getLogger(__name__)
 S = RequestState
 
 
+class PeerStats:
+    """What this prefill worker has sent each decode worker (heartbeats carry it)."""
+
+    def __init__(self) -> None:
+        self._peers: dict[str, KVPeer] = {}
+
+    def sent(self, decode_worker: str, transport: str, blocks: int) -> None:
+        peer = self._peers.setdefault(decode_worker, KVPeer(decode_worker, transport, 0, 0))
+        peer.transport = transport
+        peer.blocks += blocks
+        peer.transfers += 1
+
+    def snapshot(self) -> list[KVPeer]:
+        return [
+            KVPeer(p.worker_id, p.transport, p.blocks, p.transfers) for p in self._peers.values()
+        ]
+
+
 class PrefillSide:
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
+        self.peers = PeerStats()
 
     async def on_task(self, task: PrefillTask, parent: Context) -> TaskAck:
         request = task.request
@@ -49,6 +71,7 @@ class PrefillSide:
             return TaskAck(request.request_id, Outcome.UNAVAILABLE, "duplicate request id")
         entry = ctx.new_request(request, S.QUEUED, parent, decodes=False)
         entry.decode_worker, entry.skip_blocks = task.decode_worker, task.skip_blocks
+        entry.offered_transports = list(task.transports)
         ctx.engine.submit(request, hold_kv=True)
         return TaskAck(request.request_id, Outcome.OK)
 
@@ -105,34 +128,75 @@ class PrefillSide:
             ctx.table.end(entry, "finished", time.time())
 
     async def _transfer(self, entry: WorkerRequest, sender: KVSender, first_token: int) -> None:
-        """Ship the blocks decode lacks (one export of every layer), then KVDone."""
+        """Move the blocks decode lacks by the transport both ends take, then release them."""
         ctx, request_id, layout = self.ctx, entry.request_id, self.ctx.layout
         request = entry.request
         num_tokens = len(request.prompt_token_ids) + len(request.delivered_token_ids)
         num_blocks = max(0, -(-num_tokens // layout.block_size) - entry.skip_blocks)
         num_bytes = num_blocks * layout.block_bytes * layout.num_layers
+        transport = ctx.transport
+        one_sided = transport is not None and transport.name in entry.offered_transports
+        entry.transport = transport.name if one_sided and transport else "nats"
         span = ctx.telemetry.start_send(entry, num_blocks, num_bytes)
         sender.headers = inject(span)
         started = time.perf_counter()
         try:
-            if num_blocks:
-                blocks = await ctx.engine.export_kv(request_id, entry.skip_blocks)
-                max_bytes = ctx.bus.max_payload - ctx.config.kv_headroom
-                for chunk in to_chunks(blocks, max_bytes):
-                    await sender.send(chunk)
-            await sender.finish(KVDone(request_id, sender.num_chunks, first_token))
+            if one_sided:
+                await self._offer(entry, sender, first_token)
+            else:
+                await self._push(entry, sender, first_token, num_blocks)
         except BaseException as exc:
             error = "cancelled" if isinstance(exc, asyncio.CancelledError) else str(exc)
-            ctx.telemetry.end_send(span, time.perf_counter() - started, 0, error)
+            ctx.telemetry.end_send(entry, span, time.perf_counter() - started, 0, error)
             raise
         seconds = time.perf_counter() - started
         ctx.kv_blocks_sent += num_blocks
-        ctx.telemetry.end_send(span, seconds, num_bytes)
+        self.peers.sent(entry.decode_worker, entry.transport, num_blocks)
+        ctx.telemetry.end_send(entry, span, seconds, num_bytes)
         log.info(
-            "%s: KV transfer of %d blocks, %.1f MB in %.1f ms (%.0f MB/s)",
+            "%s: KV transfer (%s) of %d blocks, %.1f MB in %.1f ms (%.0f MB/s)",
             request_id,
+            entry.transport,
             num_blocks,
             num_bytes / 1e6,
             seconds * 1e3,
             num_bytes / 1e6 / max(seconds, 1e-9),
         )
+
+    async def _push(
+        self, entry: WorkerRequest, sender: KVSender, first_token: int, num_blocks: int
+    ) -> None:
+        """`nats`: one export of every layer, cut into chunks under max_payload, then KVDone."""
+        ctx, request_id = self.ctx, entry.request_id
+        if num_blocks:
+            blocks = await ctx.engine.export_kv(request_id, entry.skip_blocks)
+            max_bytes = ctx.bus.max_payload - ctx.config.kv_headroom
+            for chunk in to_chunks(blocks, max_bytes):
+                await sender.send(chunk)
+        await sender.finish(KVDone(request_id, sender.num_chunks, first_token))
+
+    async def _offer(self, entry: WorkerRequest, sender: KVSender, first_token: int) -> None:
+        """One-sided (`nixl`): tell the decode worker where the blocks are; it READs them and
+        answers. The blocks stay held until then (or this side's deadline, which comes after
+        the READ's own)."""
+        ctx, transport, layout = self.ctx, self.ctx.transport, self.ctx.layout
+        assert transport is not None
+        block_ids, block_hashes = ctx.engine.held_blocks(entry.request_id)
+        first = entry.skip_blocks
+        read_for = max(0.0, sender.deadline - asyncio.get_running_loop().time()) / 2
+        ready = KVReady(
+            request_id=entry.request_id,
+            transport=transport.name,
+            agent=ctx.config.worker_id,
+            agent_metadata=transport.metadata(),
+            num_cache_blocks=transport.num_blocks,
+            layout=[layout.num_layers, *layout.block_shape],
+            dtype=layout.dtype,
+            first_block=first,
+            block_ids=block_ids[first:],
+            block_hashes=block_hashes[first:],
+            first_token_id=first_token,
+            read_by=time.time() + read_for,
+        )
+        with transport.serving():
+            await sender.finish(ready)

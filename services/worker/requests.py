@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
 
@@ -64,10 +64,13 @@ class WorkerRequest:
     trace: Trace
     decodes: bool  # the decode side owns it (a DecodeTask starts QUEUED on that side)
     decode_worker: str = ""  # prefill: where the KV goes
-    skip_blocks: int = 0  # prefill: leading blocks the decode worker already holds
+    skip_blocks: int = 0  # leading blocks the decode worker already holds (both sides)
     num_blocks: int = 0  # decode: blocks reserved for the prompt
+    transport: str = "nats"  # how its KV moves: agreed at the reservation, chosen by prefill
+    offered_transports: list[str] = field(default_factory=list)  # prefill: decode takes these
     hand_off: asyncio.Task[None] | None = None  # prefill: first token out, then the KV
     failure: str = ""  # prefill: why the hand-off was stopped, when the gateway must know
+    kv_read: asyncio.Task[None] | None = None  # decode: the task whose READ is in flight
 
     @property
     def request_id(self) -> str:

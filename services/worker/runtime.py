@@ -32,6 +32,8 @@ from shared.engine.outputs import RequestOutput
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.stats import EngineStats
 from shared.kvtransfer.nats_transport import serve_kv
+from shared.kvtransfer.select import make_transport
+from shared.kvtransfer.transfer import TransportFactory
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -57,9 +59,17 @@ OUTBOX_FLUSH_S = 1.0  # at shutdown, how long queued token chunks may take to go
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig, engine: EngineClient | None = None) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        engine: EngineClient | None = None,
+        transport_factory: TransportFactory = make_transport,
+    ) -> None:
+        """`transport_factory(name, cache layers, layout, wanted)` makes the one-sided KV
+        transport (None: nats only); tests pass one of fake transports."""
         self.config = config
         self.engine = engine or NativeEngineClient(config.engine_config())
+        self.transport_factory = transport_factory
         self.telemetry = WorkerTelemetry(config)
         self.table = RequestTable(self.telemetry)
         self.failed = asyncio.Event()  # the engine died: the process should exit non-zero
@@ -76,10 +86,25 @@ class Worker:
         """Load the model, connect, subscribe, start heartbeats."""
         config, wid = self.config, self.config.worker_id
         layout = await self.engine.start(self)
+        transport = await asyncio.to_thread(
+            self.transport_factory,
+            wid,
+            self.engine.kv_cache_layers(),
+            layout,
+            config.kv_transport,
+        )
         bus = await Bus.connect(config.nats_url, f"worker-{wid}")
         subjects = Subjects(config.namespace)
         self.ctx = ctx = WorkerContext(
-            config, bus, subjects, self.engine, layout, self.table, self.telemetry, asyncio.Queue()
+            config,
+            bus,
+            subjects,
+            self.engine,
+            layout,
+            self.table,
+            self.telemetry,
+            asyncio.Queue(),
+            transport,
         )
         if config.metrics_port is not None:
             self.metrics_port = serve_metrics(
@@ -95,7 +120,7 @@ class Worker:
             self.decode = decode = DecodeSide(ctx)
             await _serve(bus, subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
             await _serve(bus, subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
-            await serve_kv(bus, subjects.kv(wid), decode.on_chunk, decode.on_done)
+            await serve_kv(bus, subjects.kv(wid), decode)
             await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
@@ -129,6 +154,8 @@ class Worker:
         for task in self._background:
             task.cancel()
         await ctx.bus.close()
+        if ctx.transport is not None:
+            ctx.transport.close()
         await self.engine.cleanup()
         self.telemetry.tracing.shutdown()
 
@@ -248,6 +275,8 @@ class Worker:
             spec_accepted_tokens=stats.spec_decode.accepted,
             spec_verify_steps=stats.spec_decode.verify_steps,
             metrics_port=self.metrics_port,
+            kv_transports=self.ctx.transports,
+            kv_peers=self.prefill.peers.snapshot() if self.prefill is not None else [],
         )
         await bus.publish(subjects.heartbeat, beat)
         self._update_gauges(stats)

@@ -24,7 +24,6 @@ from shared.engine.outputs import RequestOutput
 from shared.telemetry.metrics import WorkerMetrics
 from shared.telemetry.tracing import Tracing, fail, ns, setup_tracing
 
-TRANSPORT = "nats"
 S = RequestState
 
 
@@ -97,8 +96,10 @@ class WorkerTelemetry:
         span.set_attributes(_transfer_attributes(request, "send", blocks, num_bytes))
         return span
 
-    def end_send(self, span: Span, seconds: float, num_bytes: int, error: str = "") -> None:
-        self._account("send", seconds, num_bytes, error)
+    def end_send(
+        self, request: WorkerRequest, span: Span, seconds: float, num_bytes: int, error: str = ""
+    ) -> None:
+        self._account(request, "send", seconds, num_bytes, error)
         if error:
             fail(span, error)
         span.set_attribute("splitserve.kv.seconds", seconds)
@@ -124,14 +125,16 @@ class WorkerTelemetry:
         )
         attributes = _transfer_attributes(request, "receive", record.kv_blocks, record.kv_bytes)
         span.set_attributes(attributes | {"splitserve.kv.seconds": now - started})
-        self._account("receive", now - started, record.kv_bytes, error)
+        self._account(request, "receive", now - started, record.kv_bytes, error)
         if error:
             fail(span, error)
         span.end(ns(now))
         record.parent = trace.set_span_in_context(span)
 
-    def _account(self, direction: str, seconds: float, num_bytes: int, error: str) -> None:
-        labels = (self.config.role, direction)
+    def _account(
+        self, request: WorkerRequest, direction: str, seconds: float, num_bytes: int, error: str
+    ) -> None:
+        labels = (self.config.role, direction, request.transport)
         if error:
             self.metrics.transfer_failures.labels(*labels).inc()
             return
@@ -145,5 +148,5 @@ def _transfer_attributes(request: WorkerRequest, direction: str, blocks: int, nu
         "splitserve.kv.direction": direction,
         "splitserve.kv.blocks": blocks,
         "splitserve.kv.bytes": num_bytes,
-        "splitserve.kv.transport": TRANSPORT,
+        "splitserve.kv.transport": request.transport,
     }

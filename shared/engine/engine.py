@@ -197,6 +197,11 @@ class LLMEngine:
         Safe from any thread for blocks no running sequence reads (reserved ones)."""
         self.runner.kv_cache.write_blocks(block_ids, layers, data)
 
+    def kv_cache_layers(self) -> list[torch.Tensor]:
+        """The paged KV cache, one tensor per layer: [num_blocks, block_size, 2, kv_heads, d]
+        (a transport registers them once; they never move)."""
+        return self.runner.kv_cache.layers
+
     def is_started(self, request_id: str) -> bool:
         """Has the request been scheduled at least once (or left the engine)?"""
         seq = self.requests.get(request_id)

@@ -1,17 +1,18 @@
 """The `nats` KV transport: chunks as request/reply on the decode worker's KV subject.
 
 `KVSender` keeps up to `window` chunks unacknowledged (flow control) and fails the whole
-transfer on the first refused chunk, timeout or passed deadline. `serve_kv` answers both
-message kinds of the subject with a `TaskAck`; a handler's error becomes its outcome: a
-frame or block that does not fit is INVALID, a request the receiver does not hold
-UNAVAILABLE, anything else FAILED.
+transfer on the first refused chunk, timeout or passed deadline. `serve_kv` answers every
+message kind of the decode worker's KV subject (these chunks and their `KVDone`, and the
+one-sided transports' `KVReady`) with a `TaskAck`; a handler's error becomes its outcome:
+a frame or block that does not fit is INVALID, a request the receiver does not hold
+UNAVAILABLE, a failed transfer or anything else FAILED.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -19,16 +20,20 @@ from nats.aio.subscription import Subscription
 from shared.bus import Bus, Headers
 from shared.engine.errors import EngineError, UnknownRequest
 from shared.kvtransfer.chunks import BadChunk
-from shared.protocol import KVChunk, KVDone, Outcome, TaskAck, WireError, decode_one_of, encode
+from shared.kvtransfer.transfer import TransferError
+from shared.protocol import (
+    KVChunk,
+    KVDone,
+    KVReady,
+    Outcome,
+    TaskAck,
+    WireError,
+    decode_one_of,
+    encode,
+)
 
 log = logging.getLogger(__name__)
 
-ChunkHandler = Callable[[KVChunk, Headers], Awaitable[None]]
-DoneHandler = Callable[[KVDone, Headers], Awaitable[None]]
-
-
-class TransferError(RuntimeError):
-    """A KV transfer that cannot complete: refused chunk, timeout or deadline."""
 
 
 class KVSender:
@@ -55,8 +60,9 @@ class KVSender:
         if chunk.layer_start == 0:
             self.num_blocks += len(chunk.block_hashes)
 
-    async def finish(self, done: KVDone) -> None:
-        """Wait for every chunk's ack, then send `done`."""
+    async def finish(self, done: KVDone | KVReady) -> None:
+        """Wait for every chunk's ack, then send `done` (or a one-sided transfer's `KVReady`)
+        and wait for its ack."""
         while self._pending:
             await self._wait_one()
         await self._request(done)
@@ -78,7 +84,7 @@ class KVSender:
             self._pending.discard(task)
             task.result()
 
-    async def _request(self, message: KVChunk | KVDone) -> None:
+    async def _request(self, message: KVChunk | KVDone | KVReady) -> None:
         remaining = self.deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             raise TransferError("KV transfer deadline passed")
@@ -92,29 +98,50 @@ class KVSender:
             raise TransferError(f"decode worker refused KV: {ack.error}")
 
 
-async def serve_kv(
-    bus: Bus, subject: str, on_chunk: ChunkHandler, on_done: DoneHandler
-) -> Subscription:
-    """Answer `KVChunk` and `KVDone` requests on `subject` with a `TaskAck`."""
+class KVHandlers(Protocol):
+    """The decode worker's side of its KV subject: one method per message kind."""
 
-    async def on_message(msg: Msg) -> None:
+    async def on_chunk(self, chunk: KVChunk, headers: Headers) -> None: ...
+
+    async def on_done(self, done: KVDone, headers: Headers) -> None: ...
+
+    async def on_ready(self, ready: KVReady, headers: Headers) -> None: ...
+
+
+async def serve_kv(bus: Bus, subject: str, handlers: KVHandlers) -> Subscription:
+    """Answer `KVChunk`, `KVDone` and `KVReady` requests on `subject` with a `TaskAck`, each
+    in its own task (a READ takes a while; chunks of a window are independent)."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def answer(msg: Msg) -> None:
         request_id = ""
         try:
-            message = decode_one_of(msg.data, KVChunk, KVDone)
+            message = decode_one_of(msg.data, KVChunk, KVDone, KVReady)
             request_id = message.request_id
+            headers = msg.headers or {}
             if isinstance(message, KVChunk):
-                await on_chunk(message, msg.headers or {})
+                await handlers.on_chunk(message, headers)
+            elif isinstance(message, KVDone):
+                await handlers.on_done(message, headers)
             else:
-                await on_done(message, msg.headers or {})
+                await handlers.on_ready(message, headers)
             ack = TaskAck(request_id, Outcome.OK)
         except (WireError, BadChunk, EngineError) as exc:
             log.warning("refused KV on %s: %s", msg.subject, exc)
             unknown = isinstance(exc, UnknownRequest)
             ack = TaskAck(request_id, Outcome.UNAVAILABLE if unknown else Outcome.INVALID, str(exc))
+        except TransferError as exc:
+            log.warning("%s: KV transfer failed: %s", request_id, exc)
+            ack = TaskAck(request_id, Outcome.FAILED, str(exc))
         except Exception as exc:
             log.exception("KV handler on %s failed", msg.subject)
             ack = TaskAck(request_id, Outcome.FAILED, f"internal error: {exc}")
         if msg.reply:
             await msg.respond(encode(ack))
+
+    async def on_message(msg: Msg) -> None:
+        task = asyncio.create_task(answer(msg))
+        tasks.add(task)  # keep a reference until it is done
+        task.add_done_callback(tasks.discard)
 
     return await bus.nc.subscribe(subject, cb=on_message)

@@ -113,7 +113,8 @@ class WorkerMetrics:
 
     def __post_init__(self) -> None:
         r, role = self.registry, ["role"]
-        direction = ["role", "direction"]  # direction: send (prefill) | receive (decode)
+        # direction: send (prefill) | receive (decode); transport: nixl | nats
+        direction = ["role", "direction", "transport"]
         self.queue_time = Histogram(
             P + "request_queue_time_seconds", "Task arrival to the engine step computing it",
             role, buckets=LATENCY_BUCKETS, registry=r,

@@ -190,6 +190,11 @@ def test_mesh_page_lists_the_workers(mesh, browser):
         mesh, lambda s: any(p["tokens_per_s"] > 0 for p in s["gateway"]["history"])
     )["gateway"]["history"]
     assert any(p["ttft_ms"] is not None and p["ttft_ms"] > 0 for p in history)
+    # The prompt is too long to skip prefill: its KV went prefill → decode by some transport.
+    moved = wait_status(mesh, lambda s: any(w["kv_peers"] for w in s["workers"]))["workers"]
+    pairs = sorted((w["id"], p["worker_id"], p["transport"]) for w in moved for p in w["kv_peers"])
+    assert len(pairs) == 1 and pairs[0][2] in ("nixl", "nats"), pairs
+    transports = sorted(" › ".join(w["kv_transports"]) or "–" for w in moved)
 
     async def scenario(page: Page) -> None:
         await page.goto(mesh.base + "/mesh")
@@ -198,6 +203,18 @@ def test_mesh_page_lists_the_workers(mesh, browser):
         shown = await page.evaluate(f"{rows}.map((r) => r.dataset.worker).sort()")
         roles = await page.evaluate(f"{rows}.map((r) => r.cells[1].textContent).sort()")
         assert (shown, roles) == (workers, ["decode", "prefill"])
+        cells = await page.evaluate(
+            f"{rows}.map((r) => r.querySelector('.transports').textContent).sort()"
+        )
+        assert cells == transports
+        pair_rows = "[...document.querySelectorAll('#kv-pairs tr')]"
+        await page.wait_for(f"{pair_rows}.length === {len(pairs)}")
+        drawn = await page.evaluate(
+            f"{pair_rows}.map((r) => [r.cells[0].textContent, r.cells[2].textContent, "
+            "r.querySelector('.transport').textContent])"
+        )
+        assert sorted(map(tuple, drawn)) == pairs
+        assert await page.evaluate("document.querySelector('#kv-pairs-empty').hidden")
         status = wait_status(mesh, lambda s: True)  # idle now: the hit rates hold still
         hit_rates = sorted(f"{w['prefix_hit_rate'] * 100:.1f}%" for w in status["workers"])
         await page.wait_for(

@@ -1,6 +1,7 @@
-"""Engine flags through the whole mesh: `splitserve up --quantization int8 --speculative
-ngram` as processes (tiny random model, real tokenizer). The workers load int8 weights,
-the decode worker speculates (its heartbeats count proposed and accepted drafts), and
+"""Engine and worker flags through the whole mesh: `splitserve up --quantization int8
+--speculative ngram --kv-transport nats` as processes (tiny random model, real tokenizer).
+The workers load int8 weights, the decode worker speculates (its heartbeats count proposed
+and accepted drafts), KV moves over NATS though NIXL may load (the forced fallback), and
 greedy answers equal the engine's with the same settings."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ MAX_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def flagged_mesh(mesh_model_dir, tmp_path_factory) -> Iterator[Mesh]:  # noqa: F811
-    flags = ["--quantization", "int8", "--speculative", "ngram"]
+    flags = ["--quantization", "int8", "--speculative", "ngram", "--kv-transport", "nats"]
     yield from start_mesh(mesh_model_dir, tmp_path_factory.mktemp("flags"), flags)
 
 
@@ -57,3 +58,5 @@ def test_quantized_speculative_mesh_answers_like_the_engine(flagged_mesh, mesh_m
     assert beats["decode"].spec_verify_steps > 0
     assert 0 < beats["decode"].spec_accepted_tokens <= beats["decode"].spec_proposed_tokens
     assert beats["prefill"].spec_proposed_tokens == 0  # prefill workers never speculate
+    assert beats["decode"].kv_transports == ["nats"]
+    assert [(p.transport, p.transfers) for p in beats["prefill"].kv_peers] == [("nats", 2)]

@@ -24,6 +24,7 @@ from shared.nats_server import NatsServer, free_port
 from shared.protocol import (
     Cancel,
     Heartbeat,
+    KVPeer,
     MeshStatus,
     Outcome,
     StatusQuery,
@@ -39,11 +40,37 @@ NAMESPACE = "webtest"
 MODEL = "smol"
 ALLOWED = "http://127.0.0.1:5555"
 CHAT = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+# p0 sent KV to d1 over NATS (d1 cannot load NIXL), then to d0 by NIXL.
 BEATS = [
-    Heartbeat("p0", "prefill", MODEL, 1, 2, 90, 100, 16),
     Heartbeat(
-        "d0", "decode", MODEL, 3, 0, 25, 100, 16, draining=True, prefix_queries=400, prefix_hits=100
+        "p0",
+        "prefill",
+        MODEL,
+        1,
+        2,
+        90,
+        100,
+        16,
+        kv_blocks_sent=13,
+        kv_transports=["nixl", "nats"],
+        kv_peers=[KVPeer("d1", "nats", 4, 1), KVPeer("d0", "nixl", 9, 3)],
     ),
+    Heartbeat(
+        "d0",
+        "decode",
+        MODEL,
+        3,
+        0,
+        25,
+        100,
+        16,
+        draining=True,
+        prefix_queries=400,
+        prefix_hits=100,
+        kv_blocks_received=9,
+        kv_transports=["nixl", "nats"],
+    ),
+    Heartbeat("d1", "decode", MODEL, 0, 0, 100, 100, 16, kv_transports=["nats"]),
 ]
 
 
@@ -169,12 +196,21 @@ def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
             "block_size": 16,
             "kv_usage": 0.75,
             "kv_blocks_sent": 0,
-            "kv_blocks_received": 0,
+            "kv_blocks_received": 9,
             "prefix_hit_rate": 0.25,
             "assigned": 1,
             "last_seen": 0,
+            "kv_transports": ["nixl", "nats"],
+            "kv_peers": [],
         }
         assert (workers["p0"]["state"], workers["p0"]["waiting"]) == ("ready", 2)
+        # Each pair the prefill worker sent KV to, by decode worker id, with its transport.
+        assert workers["p0"]["kv_peers"] == [
+            {"worker_id": "d0", "transport": "nixl", "blocks": 9, "transfers": 3},
+            {"worker_id": "d1", "transport": "nats", "blocks": 4, "transfers": 1},
+        ]
+        assert workers["d1"]["kv_transports"] == ["nats"]
+        assert [w["id"] for w in body["workers"]] == ["d0", "d1", "p0"]  # role, then id
         assert body["gateway"]["history"] == [] and body["gateway"]["requests_running"] == 0
 
     asyncio.run(scenario())

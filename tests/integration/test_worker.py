@@ -22,6 +22,7 @@ from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams
+from shared.kvtransfer.transfer import TransportFactory
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -94,7 +95,7 @@ class Mesh:
         reserve = Reserve(request)
         res = await self.bus.request(self.subjects.reserve("decode"), reserve, Reservation, 5)
         assert res.ok, res.error
-        task = PrefillTask(request, "decode", res.num_cached_blocks)
+        task = PrefillTask(request, "decode", res.num_cached_blocks, res.transports)
         ack = await self.bus.request(self.subjects.prefill("prefill"), task, TaskAck, 5)
         assert ack.ok, ack.error
         return res
@@ -119,16 +120,21 @@ def run_mesh(
     model_dir: Path,
     scenario: Callable[[Mesh], Awaitable[None]],
     engine: dict[str, object] | None = None,
+    transport_factory: TransportFactory | None = None,
     **overrides: float,
 ):
     """Run `scenario` against a prefill and a decode worker (configs changed by `overrides`,
-    their engines' by `engine`); every worker's request table must end empty."""
+    their engines' by `engine`; KV by `transport_factory`'s transport, default the nats
+    one); every worker's request table must end empty."""
 
     async def main() -> None:
         namespace = f"t{time.monotonic_ns()}"
         configs = [worker_config(nats_url, namespace, r, model_dir) for r in ("prefill", "decode")]
         workers = [
-            Worker(replace(c, engine=replace(c.engine, **(engine or {})), **overrides))
+            Worker(
+                replace(c, engine=replace(c.engine, **(engine or {})), **overrides),
+                transport_factory=transport_factory or nats_only,
+            )
             for c in configs
         ]
         for worker in workers:
@@ -154,6 +160,10 @@ def run_mesh(
             await bus.close()
 
     asyncio.run(main())
+
+
+def nats_only(*args: object) -> None:
+    return None
 
 
 def test_split_requests_stream_what_one_engine_would(nats_server, tiny_model_dir):

@@ -29,7 +29,7 @@ from shared.protocol import (
     TokenChunk,
 )
 from shared.subjects import Subjects
-from tests.integration.test_worker import GREEDY, PROMPT, until, worker_config
+from tests.integration.test_worker import GREEDY, PROMPT, nats_only, until, worker_config
 
 LONG_PROMPT = [(3 * i) % 250 + 3 for i in range(100)]  # 7 blocks of 16
 OTHER_PROMPT = [(5 * i) % 250 + 3 for i in range(100)]  # as long, no prefix in common
@@ -70,7 +70,7 @@ def run_bench(nats_url: str, model_dir: Path, role: str, scenario, engine=None, 
         namespace = f"s{time.monotonic_ns()}"
         config = worker_config(nats_url, namespace, role, model_dir)
         config = replace(config, engine=replace(config.engine, **(engine or {})), **overrides)
-        worker = Worker(config)
+        worker = Worker(config, transport_factory=nats_only)
         await worker.start()
         bus = await Bus.connect(nats_url, "test")
         bench = Bench(worker, bus, Subjects(namespace))

@@ -27,8 +27,9 @@ SPLITSERVE = Path(sys.executable).with_name("splitserve")
 # Values that parse as every env-backed flag's type (int, float, str, a list of keys); two,
 # so that a probe equal to a flag's default cannot hide that the variable is read.
 PROBES = ("7", "13")
-# Read by the OpenTelemetry SDK itself (DESIGN.md §7), not by our flags.
-OTEL_PREFIX = "OTEL_"
+# Read by the OpenTelemetry SDK itself (DESIGN.md §7) and by UCX under NIXL (the KV
+# transport: UCX_TLS, UCX_TCP_PORT_RANGE), not by our flags.
+FOREIGN_PREFIXES = ("OTEL_", "UCX_")
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
@@ -76,7 +77,7 @@ def invocation_problems(argv: list[str], env: Mapping[str, str]) -> list[str]:
     except SystemExit:
         return [*problems, f"`splitserve {' '.join(argv)}` does not parse with {dict(env)}"]
     for name in env:
-        if name.startswith(OTEL_PREFIX):
+        if name.startswith(FOREIGN_PREFIXES):
             continue
         if not name.startswith("SPLITSERVE_"):
             problems.append(f"{name} is read by nothing in `splitserve {command}`")
@@ -135,6 +136,14 @@ def test_env_that_nothing_reads_is_caught() -> None:
     ]
     assert invocation_problems(argv, {"MODEL": "x"}) == [
         "MODEL is read by nothing in `splitserve scheduler`"
+    ]
+
+
+def test_ucx_variables_are_left_to_ucx() -> None:
+    argv = ["worker", "--role=prefill", "--model-dir=/m"]
+    assert invocation_problems(argv, {"UCX_TLS": "tcp,self", "UCX_TCP_PORT_RANGE": "1-2"}) == []
+    assert invocation_problems(argv, {"NIXL_TLS": "tcp"}) == [
+        "NIXL_TLS is read by nothing in `splitserve worker`"
     ]
 
 

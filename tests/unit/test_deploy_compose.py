@@ -1,7 +1,9 @@
 """compose/docker-compose.yml as docker compose reads it: variables interpolated, validated
 against the Compose Specification's JSON schema (tests/data), every splitserve service's
 command and environment checked against the real CLI, the pools scaled by their own
-variables, and the NATS config accepted by a real nats-server with max_payload raised."""
+variables, the workers set up for the KV transport (NIXL over UCX, NATS as the fallback;
+kv-same-host.yml for zero copy on one host), and the NATS config accepted by a real
+nats-server with max_payload raised."""
 
 from __future__ import annotations
 
@@ -24,11 +26,15 @@ from tests.unit.test_deploy_images import dockerfile_env
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
+SAME_HOST_FILE = COMPOSE / "kv-same-host.yml"
 SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
 NATS_CONF = COMPOSE / "nats" / "nats.conf"
 # Folders of the observability work; the compose file mounts them by path.
 OBSERVABILITY_DIRS = (COMPOSE / "prometheus", COMPOSE / "grafana")
 POOLS = {"prefill": "PREFILL_REPLICAS", "decode": "DECODE_REPLICAS"}
+WORKERS = {"prefill", "decode", "prefill-gpu", "decode-gpu"}
+_PORT_RANGE = re.compile(r"^(\d+)-(\d+)$")
+_SIZE = re.compile(r"^(\d+)([kmg]?)b?$", re.I)
 _VARIABLE = re.compile(r"\$(?:\$|\{(\w+)(?::?-([^}]*))?\})")
 
 
@@ -44,8 +50,28 @@ def interpolate(text: str, env: dict[str, str]) -> str:
     return _VARIABLE.sub(value, text)
 
 
-def load_compose(env: dict[str, str] | None = None) -> dict[str, Any]:
-    return yaml.safe_load(interpolate(COMPOSE_FILE.read_text(), env or {}))
+def load_compose(env: dict[str, str] | None = None, path: Path = COMPOSE_FILE) -> dict[str, Any]:
+    return yaml.safe_load(interpolate(path.read_text(), env or {}))
+
+
+def compose_errors(compose: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft201909Validator(json.loads(SCHEMA.read_text()))
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(compose)]
+
+
+def worker_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: service
+        for name, service in splitserve_services(compose).items()
+        if service["command"][0] == "worker"
+    }
+
+
+def size_bytes(text: str) -> int:
+    """Compose's byte sizes: `1gb`, `512m`, `65536`."""
+    match = _SIZE.match(text)
+    assert match, text
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2).lower() or " ")
 
 
 def splitserve_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -67,12 +93,7 @@ def dotenv() -> dict[str, str]:
 
 @pytest.mark.parametrize("env", [{}, {"PREFILL_REPLICAS": "2", "DECODE_REPLICAS": "6"}])
 def test_compose_file_matches_the_compose_spec(env: dict[str, str]) -> None:
-    schema = json.loads(SCHEMA.read_text())
-    validator = jsonschema.Draft201909Validator(schema)
-    errors = [
-        f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(load_compose(env))
-    ]
-    assert errors == []
+    assert compose_errors(load_compose(env)) == []
 
 
 def test_every_command_and_environment_matches_the_cli() -> None:
@@ -86,12 +107,8 @@ def test_every_command_and_environment_matches_the_cli() -> None:
 
 
 def test_every_engine_setting_reaches_every_worker_pool() -> None:
-    workers = {
-        name: service
-        for name, service in splitserve_services(load_compose()).items()
-        if service["command"][0] == "worker"
-    }
-    assert set(workers) == {"prefill", "decode", "prefill-gpu", "decode-gpu"}
+    workers = worker_services(load_compose())
+    assert set(workers) == WORKERS
     missing = {
         name: unreachable_engine_settings(service["command"], env_strings(service))
         for name, service in workers.items()
@@ -103,6 +120,51 @@ def test_an_engine_variable_set_in_the_shell_reaches_the_workers() -> None:
     services = load_compose({"SPLITSERVE_QUANTIZATION": "int8"})["services"]
     assert services["decode"]["environment"]["SPLITSERVE_QUANTIZATION"] == "int8"
     assert services["decode-gpu"]["environment"]["SPLITSERVE_DTYPE"] == "bfloat16"
+
+
+def test_workers_pick_their_kv_transport_auto_unless_told() -> None:
+    default = load_compose()
+    told = load_compose(
+        {"SPLITSERVE_KV_TRANSPORT": "nats", "UCX_TLS": "tcp,self", "UCX_TCP_PORT_RANGE": "3-4"}
+    )
+    for name in WORKERS:
+        env, told_env = env_strings(default["services"][name]), env_strings(told["services"][name])
+        assert (env["SPLITSERVE_KV_TRANSPORT"], env["UCX_TLS"]) == ("auto", "all"), name
+        assert (told_env["SPLITSERVE_KV_TRANSPORT"], told_env["UCX_TLS"]) == ("nats", "tcp,self")
+        assert told_env["UCX_TCP_PORT_RANGE"] == "3-4"
+    others = {n: s for n, s in splitserve_services(default).items() if n not in WORKERS}
+    assert not any("SPLITSERVE_KV_TRANSPORT" in env_strings(s) for s in others.values())
+
+
+def test_workers_expose_the_ucx_ports_they_listen_on_and_get_shared_memory() -> None:
+    for env in ({}, {"UCX_TCP_PORT_RANGE": "21000-21007"}):
+        for name, service in worker_services(load_compose(env)).items():
+            ports = env_strings(service)["UCX_TCP_PORT_RANGE"]
+            match = _PORT_RANGE.match(ports)
+            assert match and 1024 <= int(match.group(1)) < int(match.group(2)) < 65536, ports
+            assert service["expose"] == [ports], name
+            assert size_bytes(service["shm_size"]) >= 2**30, name  # Docker's default: 64 MB
+
+
+def test_the_base_file_grants_no_extra_privilege() -> None:
+    for name, service in load_compose()["services"].items():
+        assert not {"pid", "ipc", "cap_add", "privileged"} & service.keys(), name
+
+
+def test_same_host_file_lets_cma_and_cuda_ipc_reach_across_worker_containers() -> None:
+    base, extra = load_compose(), load_compose(path=SAME_HOST_FILE)
+    assert set(extra["services"]) == WORKERS
+    for name, service in extra["services"].items():
+        assert service["pid"] == "host" and service["cap_add"] == ["SYS_PTRACE"], name
+        assert service.get("ipc") == ("host" if name.endswith("-gpu") else None), name
+    # As `docker compose -f docker-compose.yml -f kv-same-host.yml` merges them.
+    merged = base | {
+        "services": {
+            name: service | extra["services"].get(name, {})
+            for name, service in base["services"].items()
+        }
+    }
+    assert compose_errors(merged) == []
 
 
 def test_pools_scale_by_their_own_variables() -> None:

@@ -1,7 +1,8 @@
 """compose/k8s: each overlay rendered by `kubectl kustomize`, validated against the
 Kubernetes schemas (kubernetes-validate), every splitserve container's arguments and
-environment (ConfigMaps resolved) checked against the real CLI, and the pools kept apart:
-each has its own Deployment, PodDisruptionBudget and HorizontalPodAutoscaler.
+environment (ConfigMaps resolved) checked against the real CLI, the pools kept apart:
+each has its own Deployment, PodDisruptionBudget and HorizontalPodAutoscaler, and the
+workers set up for the KV transport (NIXL over UCX between pods, NATS as the fallback).
 
 kubectl comes from Debian's `kubernetes-client` package (.ci/run installs it); without it
 these tests skip and say so."""
@@ -28,6 +29,7 @@ OVERLAYS = ("cpu", "gpu")
 POOLS = ("prefill", "decode")
 KUBERNETES_VERSION = "1.30"
 KUBECTL = shutil.which("kubectl")
+UCX_RANGE = re.compile(r"^(\d+)-(\d+)$")
 WORKER_GRACE_S = next(
     f.default for f in dataclasses.fields(WorkerConfig) if f.name == "grace_period"
 )
@@ -96,6 +98,43 @@ def splitserve_containers(overlay: str) -> list[tuple[str, dict[str, Any]]]:
         for c in spec.get("initContainers", []) + spec["containers"]
         if c["image"].startswith("splitserve:")
     ]
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions) against a pod's labels."""
+    tests = {
+        "In": lambda key, values: labels.get(key) in values,
+        "NotIn": lambda key, values: labels.get(key) not in values,
+        "Exists": lambda key, _: key in labels,
+        "DoesNotExist": lambda key, _: key not in labels,
+    }
+    return selector.get("matchLabels", {}).items() <= labels.items() and all(
+        tests[e["operator"]](e["key"], e.get("values", []))
+        for e in selector.get("matchExpressions", [])
+    )
+
+
+def pod_labels(overlay: str) -> dict[str, dict[str, str]]:
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+        for d in render(overlay)
+        if d["kind"] in ("Deployment", "StatefulSet")
+    }
+
+
+def worker_container(overlay: str, pool: str) -> dict[str, Any]:
+    (container,) = pod_templates(overlay)[f"splitserve-{pool}"]["containers"]
+    return container
+
+
+def ucx_ports(overlay: str, pool: str) -> tuple[int, int]:
+    """The first and last of the TCP ports UCX listens on in this pool's workers."""
+    env = container_env(overlay, worker_container(overlay, pool))
+    match = UCX_RANGE.match(env["UCX_TCP_PORT_RANGE"])
+    assert match, env["UCX_TCP_PORT_RANGE"]
+    first, last = int(match.group(1)), int(match.group(2))
+    assert 1024 <= first < last < 65536
+    return first, last
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -226,3 +265,41 @@ def test_gpu_overlay_puts_one_gpu_on_each_worker_and_none_elsewhere() -> None:
     images = {c["image"] for _, c in splitserve_containers("gpu")}
     assert images == {"splitserve:0.1.0-cuda"}
     assert {c["image"] for _, c in splitserve_containers("cpu")} == {"splitserve:0.1.0"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_workers_pick_their_kv_transport_auto_and_get_shared_memory(overlay: str) -> None:
+    for pool in POOLS:
+        spec = pod_templates(overlay)[f"splitserve-{pool}"]
+        container = worker_container(overlay, pool)
+        env = container_env(overlay, container)
+        assert (env["SPLITSERVE_KV_TRANSPORT"], env["UCX_TLS"]) == ("auto", "all"), pool
+        ucx_ports(overlay, pool)
+        (shm,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == shm["name"]]
+        assert volume["emptyDir"]["medium"] == "Memory" and volume["emptyDir"]["sizeLimit"]
+    others = [c for n, c in splitserve_containers(overlay) if not n.endswith("/worker")]
+    assert not any("SPLITSERVE_KV_TRANSPORT" in container_env(overlay, c) for c in others)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_admits_ucx_between_workers_and_metrics_from_anyone(overlay: str) -> None:
+    policy = find(overlay, "NetworkPolicy", "splitserve-workers")["spec"]
+    labels = pod_labels(overlay)
+    workers = {f"splitserve-{pool}" for pool in POOLS}
+    assert {n for n, pod in labels.items() if selects(policy["podSelector"], pod)} == workers
+    assert policy["policyTypes"] == ["Ingress"]  # NATS and OTLP go out unhindered
+    (ucx,) = {ucx_ports(overlay, pool) for pool in POOLS}  # one range for both pools
+    admitted: dict[tuple[int, int], set[str]] = {}
+    for rule in policy["ingress"]:
+        peers = [peer["podSelector"] for peer in rule.get("from", [])]
+        sources = {n for n, pod in labels.items() if any(selects(p, pod) for p in peers)}
+        sources = sources if peers else set(labels)  # no `from`: from anyone
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP"
+            admitted[(port["port"], port.get("endPort", port["port"]))] = sources
+    assert admitted[ucx] == workers  # UCX: from the workers only
+    for pool in POOLS:
+        for port in worker_container(overlay, pool)["ports"]:
+            number = port["containerPort"]
+            assert admitted[(number, number)] == set(labels), port  # Prometheus: from anyone

@@ -1,5 +1,7 @@
-// The live mesh view: polls /v1/mesh/status every second, redraws the worker table and
-// the sparklines of the gateway's recent history (mean TTFT and tokens/s per sample).
+// The live mesh view: polls /v1/mesh/status every second, redraws the worker table, the
+// prefill → decode KV pairs (from the prefill workers' kv_peers: the transport each pair
+// used last, blocks and transfers) and the sparklines of the gateway's recent history
+// (mean TTFT and tokens/s per sample).
 "use strict";
 
 const POLL_MS = 1000;
@@ -35,8 +37,34 @@ function workerRow(w) {
   role.append(badge);
   tr.append(cell(w.id), role, cell(w.state, `state ${w.state}`), cell(w.running), cell(w.waiting),
     kvCell(w), cell(`${(w.prefix_hit_rate * 100).toFixed(1)}%`, "hit-rate"),
-    cell(`${w.kv_blocks_sent} / ${w.kv_blocks_received}`), cell(w.assigned));
+    cell(`${w.kv_blocks_sent} / ${w.kv_blocks_received}`), cell(w.assigned),
+    cell(w.kv_transports.join(" › ") || "–", "transports"));
   return tr;
+}
+
+function transportBadge(name) {
+  const badge = document.createElement("span");
+  badge.className = `transport ${name}`;
+  badge.textContent = name;
+  return badge;
+}
+
+function pairRow(pair) {
+  const tr = document.createElement("tr");
+  tr.dataset.prefill = pair.prefill;
+  tr.dataset.decode = pair.worker_id;
+  tr.dataset.transport = pair.transport;
+  const transport = document.createElement("td");
+  transport.append(transportBadge(pair.transport));
+  tr.append(cell(pair.prefill), cell("→", "arrow"), cell(pair.worker_id), transport,
+    cell(pair.blocks), cell(pair.transfers));
+  return tr;
+}
+
+function kvPairs(workers) {
+  const pairs = workers.flatMap((w) => w.kv_peers.map((p) => ({ prefill: w.id, ...p })));
+  $("kv-pairs").replaceChildren(...pairs.map(pairRow));
+  $("kv-pairs-empty").hidden = pairs.length > 0;
 }
 
 function draw(svgId, values) {
@@ -65,6 +93,7 @@ async function poll() {
     $("rejected").textContent = status.scheduler.rejected;
     $("streaming").textContent = status.gateway.requests_running;
     $("workers").replaceChildren(...status.workers.map(workerRow));
+    kvPairs(status.workers);
     sparklines(status.gateway);
     $("updated").textContent = `${status.workers.length} workers · ${new Date().toLocaleTimeString()}`;
     $("updated").classList.remove("error");
