@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import TypeVar
 
 from opentelemetry.context import Context
@@ -29,8 +28,6 @@ from services.worker.requests import RequestState, RequestTable, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus, Headers
 from shared.engine.outputs import RequestOutput
-from shared.engine.spec_decode import SpecDecodeStats
-from shared.engine.stats import EngineStats
 from shared.kvtransfer.nats_transport import serve_kv
 from shared.kvtransfer.select import make_transport
 from shared.kvtransfer.transfer import TransportFactory
@@ -79,8 +76,6 @@ class Worker:
         self.metrics_port = 0  # bound by start() when config.metrics_port is set
         self._seq_no = -1  # of the last KVEvents published
         self._background: list[asyncio.Task[None]] = []
-        self._prefix_counted = (0, 0)  # (queries, hits) already added to the counters
-        self._spec_counted = SpecDecodeStats()  # already added to the counters
 
     async def start(self) -> None:
         """Load the model, connect, subscribe, start heartbeats."""
@@ -121,7 +116,7 @@ class Worker:
             await _serve(bus, subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
             await _serve(bus, subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
             await serve_kv(bus, subjects.kv(wid), decode)
-            await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
+        await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
         self._background.append(asyncio.create_task(self._heartbeats()))
@@ -193,13 +188,18 @@ class Worker:
 
     # -- subscriptions ----------------------------------------------------------------------
     async def _on_event(self, event: RequestFailed | WorkerLost, headers: Headers) -> None:
-        """A `WorkerLost` frees the reservations its prefills would have filled (a request
-        already decoding has its whole KV here and goes on)."""
+        """A `WorkerLost` (its gateways migrate what it names) frees the reservations its
+        prefills would have filled, and the prompts computed or held for it as a decode
+        worker; a request already decoding here has its whole KV and goes on."""
         if not isinstance(event, WorkerLost) or event.worker_id == self.config.worker_id:
             return
         for request_id in event.request_ids:
             entry = self.table.get(request_id)
-            if entry is not None and entry.state in (S.RESERVED, S.RECEIVING):
+            if entry is None:
+                continue
+            awaits_lost_prefill = entry.state in (S.RESERVED, S.RECEIVING)
+            serves_lost_decode = not entry.decodes and entry.decode_worker == event.worker_id
+            if awaits_lost_prefill or serves_lost_decode:
                 self._stop(entry, "cancelled", tell_gateway=False)
 
     async def _on_cancel(self, msg: Cancel, headers: Headers) -> None:
@@ -279,28 +279,12 @@ class Worker:
             kv_peers=self.prefill.peers.snapshot() if self.prefill is not None else [],
         )
         await bus.publish(subjects.heartbeat, beat)
-        self._update_gauges(stats)
+        self.telemetry.on_stats(stats)
         events = self.engine.take_kv_events()
         if events.stored or events.removed:
             self._seq_no += 1
             message = KVEvents(config.worker_id, self._seq_no, events.stored, events.removed)
             await bus.publish(subjects.kv_events, message)
-
-    def _update_gauges(self, stats: EngineStats) -> None:
-        metrics, role = self.telemetry.metrics, self.config.role
-        metrics.running.labels(role).set(stats.num_running)
-        metrics.waiting.labels(role).set(stats.num_waiting)
-        metrics.kv_usage.labels(role).set(stats.usage)
-        queries, hits = self._prefix_counted
-        metrics.prefix_queries.labels(role).inc(stats.prefix_queries - queries)
-        metrics.prefix_hits.labels(role).inc(stats.prefix_hits - hits)
-        self._prefix_counted = (stats.prefix_queries, stats.prefix_hits)
-        spec, counted = stats.spec_decode, self._spec_counted
-        metrics.spec_proposed.labels(role).inc(spec.proposed - counted.proposed)
-        metrics.spec_accepted.labels(role).inc(spec.accepted - counted.accepted)
-        metrics.spec_verify_steps.labels(role).inc(spec.verify_steps - counted.verify_steps)
-        metrics.spec_acceptance.labels(role).set(spec.acceptance_rate)
-        self._spec_counted = replace(spec)
 
 
 async def _serve(

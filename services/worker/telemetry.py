@@ -1,4 +1,5 @@
-"""A worker's spans and metrics, as hooks on its requests' changes of state (requests.py).
+"""A worker's spans and metrics: hooks on its requests' changes of state (requests.py), and
+the engine's counters at every heartbeat (`on_stats`).
 
 Spans of work the engine thread did are recorded with explicit times, each from the
 request's entry into a state to its entry into the next:
@@ -13,7 +14,7 @@ Everything per request lives in its `Trace`; this object keeps no per-request st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
@@ -21,6 +22,8 @@ from opentelemetry.trace import Span, SpanKind
 from services.worker.config import WorkerConfig
 from services.worker.requests import RequestState, WorkerRequest
 from shared.engine.outputs import RequestOutput
+from shared.engine.spec_decode import SpecDecodeStats
+from shared.engine.stats import EngineStats
 from shared.telemetry.metrics import WorkerMetrics
 from shared.telemetry.tracing import Tracing, fail, ns, setup_tracing
 
@@ -32,6 +35,8 @@ class WorkerTelemetry:
     config: WorkerConfig
     tracing: Tracing = field(init=False)
     metrics: WorkerMetrics = field(init=False)
+    _prefix_counted: tuple[int, int] = (0, 0)  # (queries, hits) already added to the counters
+    _spec_counted: SpecDecodeStats = field(default_factory=SpecDecodeStats)  # already added
 
     def __post_init__(self) -> None:
         role = self.config.role
@@ -42,6 +47,23 @@ class WorkerTelemetry:
     @property
     def tracer(self) -> trace.Tracer:
         return self.tracing.tracer
+
+    def on_stats(self, stats: EngineStats) -> None:
+        """The engine's counters (each heartbeat): gauges set, counters moved by the delta."""
+        metrics, role = self.metrics, self.config.role
+        metrics.running.labels(role).set(stats.num_running)
+        metrics.waiting.labels(role).set(stats.num_waiting)
+        metrics.kv_usage.labels(role).set(stats.usage)
+        queries, hits = self._prefix_counted
+        metrics.prefix_queries.labels(role).inc(stats.prefix_queries - queries)
+        metrics.prefix_hits.labels(role).inc(stats.prefix_hits - hits)
+        self._prefix_counted = (stats.prefix_queries, stats.prefix_hits)
+        spec, counted = stats.spec_decode, self._spec_counted
+        metrics.spec_proposed.labels(role).inc(spec.proposed - counted.proposed)
+        metrics.spec_accepted.labels(role).inc(spec.accepted - counted.accepted)
+        metrics.spec_verify_steps.labels(role).inc(spec.verify_steps - counted.verify_steps)
+        metrics.spec_acceptance.labels(role).set(spec.acceptance_rate)
+        self._spec_counted = replace(spec)
 
     # -- hooks of the request table -------------------------------------------------------
     def on_move(self, request: WorkerRequest, old: RequestState, now: float) -> None:

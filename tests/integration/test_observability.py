@@ -134,7 +134,10 @@ def mesh(mesh_model_dir, receiver, tmp_path_factory) -> Iterator[Mesh]:  # noqa:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export spans within 0.1 s
         home = tmp_path_factory.mktemp("home")
-        yield from start_mesh(mesh_model_dir, home, ["--otlp-endpoint", receiver.endpoint])
+        # Every request disaggregated, even once the decode worker holds the prompt's blocks
+        # (else whether it is depends on its KV events reaching the scheduler in time).
+        flags = ["--otlp-endpoint", receiver.endpoint, "--local-prefill-tokens", "0"]
+        yield from start_mesh(mesh_model_dir, home, flags)
 
 
 def test_one_streamed_request_is_one_trace_across_all_services(mesh, receiver):
@@ -234,6 +237,8 @@ def test_metrics_move_by_what_the_clients_saw(mesh):
             model=model, messages=MESSAGE, max_tokens=max_tokens, temperature=0
         )
         usages.append(reply.usage)
+    # A prompt of whole blocks, all cached on the decode worker, would go decode-only.
+    assert usages[0].prompt_tokens % 16
     time.sleep(1.5)  # a heartbeat refreshes the workers' gauges and prefix counters
     after = {name: scrape(port) for name, port in ports.items()}
 

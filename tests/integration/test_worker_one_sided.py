@@ -169,3 +169,33 @@ def test_a_read_from_a_lost_worker_is_abandoned_at_once(nats_server, tiny_model_
         transport_factory=fake_factory(fabric),
         transfer_timeout=30.0,
     )
+
+
+def test_a_prefill_whose_decode_worker_is_lost_frees_its_held_blocks_at_once(
+    nats_server, tiny_model_dir
+):
+    """The decode worker dies mid-READ (here: its READ stalls and the scheduler reports it
+    lost): the prefill worker stops holding the blocks within a beat, not at its deadline."""
+    fabric = FakeFabric()
+
+    async def scenario(mesh: Mesh) -> None:
+        fabric.set_fault("prefill", ReadFault.STALL)
+        await mesh.split(mesh.request("stranded", GREEDY))
+        await until(lambda: "stranded" in mesh.chunks)  # first token out, the READ posted
+        await asyncio.sleep(0.3)
+        lost = time.monotonic()
+        await mesh.bus.publish(mesh.subjects.events, WorkerLost("decode", ["stranded"]))
+        mesh.beats.clear()
+        await until(lambda: "prefill" in mesh.beats and not mesh.beats["prefill"].num_requests)
+        await until(lambda: mesh.beats["prefill"].free_blocks == NUM_BLOCKS, timeout=2)
+        assert time.monotonic() - lost < 2  # the prefill's own deadline is 30 s away
+        assert not any(c.error for c in mesh.chunks["stranded"])  # the gateway migrates it
+        await mesh.bus.publish(mesh.subjects.cancel, Cancel("stranded", "migrated"))
+
+    run_mesh(
+        nats_server.url,
+        tiny_model_dir,
+        scenario,
+        transport_factory=fake_factory(fabric),
+        transfer_timeout=30.0,
+    )
