@@ -10,6 +10,8 @@ import asyncio
 import time
 from dataclasses import replace
 
+import pytest
+
 from shared.kvtransfer.chunks import KVLayout
 from shared.kvtransfer.fake_transport import FakeFabric, FakeTransport, ReadFault
 from shared.protocol import Cancel, KVReady, Outcome, Reservation, Reserve, TaskAck, WorkerLost
@@ -144,38 +146,14 @@ def test_a_stalled_read_ends_at_its_deadline(nats_server, tiny_model_dir):
     )
 
 
-def test_a_read_from_a_lost_worker_is_abandoned_at_once(nats_server, tiny_model_dir):
-    """The source stops answering mid-READ (stalled); the scheduler's `WorkerLost` for it
-    frees the decode worker's reservation within a beat, not at the READ's deadline."""
-    fabric = FakeFabric()
-
-    async def scenario(mesh: Mesh) -> None:
-        fabric.set_fault("prefill", ReadFault.STALL)
-        await mesh.split(mesh.request("orphan", GREEDY))
-        await until(lambda: "orphan" in mesh.chunks)  # first token out, the READ posted
-        await asyncio.sleep(0.3)
-        lost = time.monotonic()
-        await mesh.bus.publish(mesh.subjects.events, WorkerLost("prefill", ["orphan"]))
-        mesh.beats.clear()
-        await until(lambda: "decode" in mesh.beats and not mesh.beats["decode"].num_requests)
-        await until(lambda: mesh.beats["decode"].free_blocks == NUM_BLOCKS, timeout=2)
-        assert time.monotonic() - lost < 2  # the READ's deadline is 15 s away
-        await mesh.bus.publish(mesh.subjects.cancel, Cancel("orphan", "migrated"))
-
-    run_mesh(
-        nats_server.url,
-        tiny_model_dir,
-        scenario,
-        transport_factory=fake_factory(fabric),
-        transfer_timeout=30.0,
-    )
-
-
-def test_a_prefill_whose_decode_worker_is_lost_frees_its_held_blocks_at_once(
-    nats_server, tiny_model_dir
+@pytest.mark.parametrize("lost, survivor", [("prefill", "decode"), ("decode", "prefill")])
+def test_a_transfer_whose_peer_is_lost_frees_the_survivors_blocks_at_once(
+    nats_server, tiny_model_dir, lost, survivor
 ):
-    """The decode worker dies mid-READ (here: its READ stalls and the scheduler reports it
-    lost): the prefill worker stops holding the blocks within a beat, not at its deadline."""
+    """The READ stalls (its peer stopped answering); the scheduler's `WorkerLost` for one
+    side frees the other's blocks within a beat, not at a deadline: a decode worker abandons
+    the READ, a prefill worker drops the blocks it held for the lost decode worker. Its
+    gateway migrates the request (no error chunk from the survivor)."""
     fabric = FakeFabric()
 
     async def scenario(mesh: Mesh) -> None:
@@ -183,13 +161,13 @@ def test_a_prefill_whose_decode_worker_is_lost_frees_its_held_blocks_at_once(
         await mesh.split(mesh.request("stranded", GREEDY))
         await until(lambda: "stranded" in mesh.chunks)  # first token out, the READ posted
         await asyncio.sleep(0.3)
-        lost = time.monotonic()
-        await mesh.bus.publish(mesh.subjects.events, WorkerLost("decode", ["stranded"]))
+        lost_at = time.monotonic()
+        await mesh.bus.publish(mesh.subjects.events, WorkerLost(lost, ["stranded"]))
         mesh.beats.clear()
-        await until(lambda: "prefill" in mesh.beats and not mesh.beats["prefill"].num_requests)
-        await until(lambda: mesh.beats["prefill"].free_blocks == NUM_BLOCKS, timeout=2)
-        assert time.monotonic() - lost < 2  # the prefill's own deadline is 30 s away
-        assert not any(c.error for c in mesh.chunks["stranded"])  # the gateway migrates it
+        await until(lambda: survivor in mesh.beats and not mesh.beats[survivor].num_requests)
+        await until(lambda: mesh.beats[survivor].free_blocks == NUM_BLOCKS, timeout=2)
+        assert time.monotonic() - lost_at < 2  # the deadlines are 15 s and 30 s away
+        assert not any(c.error for c in mesh.chunks["stranded"])
         await mesh.bus.publish(mesh.subjects.cancel, Cancel("stranded", "migrated"))
 
     run_mesh(
