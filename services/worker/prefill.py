@@ -86,11 +86,11 @@ class PrefillSide:
         if entry.hand_off is not None:
             entry.failure = entry.failure or (reason if tell_gateway else "")
             entry.hand_off.cancel()
-        elif tell_gateway:
-            self.ctx.engine.abort(entry.request_id)
+            return
+        self.ctx.engine.abort(entry.request_id)
+        if tell_gateway:
             self.ctx.fail(entry, reason)
         else:
-            self.ctx.engine.abort(entry.request_id)
             self.ctx.table.end(entry, reason, time.time())
 
     async def _hand_off(self, entry: WorkerRequest, output: RequestOutput) -> None:
