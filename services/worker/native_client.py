@@ -24,8 +24,8 @@ from services.worker.engine_thread import EngineThread, StepReport
 from shared.engine.block_hash import hash_full_blocks
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
-from shared.engine.errors import InvalidRequest, UnknownRequest
-from shared.engine.kv_handoff import KVBlocks
+from shared.engine.errors import UnknownRequest
+from shared.engine.kv_handoff import KVBlocks, check_offered
 from shared.engine.outputs import RequestOutput
 from shared.engine.stats import EngineStats, KVCacheEvents
 from shared.kvtransfer import KVLayout
@@ -122,14 +122,10 @@ class NativeEngineClient:
         self, request_id: str, first_block: int, block_hashes: list[int | None]
     ) -> list[int]:
         pinned = self._pin(request_id)
-        end = first_block + len(block_hashes)
-        if first_block < 0 or end > len(pinned.block_ids):
-            raise InvalidRequest("kv", f"blocks [{first_block}, {end}) out of range")
-        for index, block_hash in enumerate(block_hashes, start=first_block):
-            expected = pinned.block_hashes[index] if index < len(pinned.block_hashes) else None
-            if block_hash is not None and expected is not None and block_hash != expected:
-                raise InvalidRequest("kv", f"block {index} hash does not match the prompt")
-        return pinned.block_ids[first_block:end]
+        indices = check_offered(
+            request_id, len(pinned.block_ids), pinned.block_hashes, first_block, block_hashes
+        )
+        return pinned.block_ids[indices.start : indices.stop]
 
     def held_blocks(self, request_id: str) -> tuple[list[int], list[int | None]]:
         pinned = self._pin(request_id)

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 S = RequestState
 M = TypeVar("M")
 R = TypeVar("R")
-OUTBOX_FLUSH_S = 1.0  # at shutdown, how long queued token chunks may take to go out
+OUTBOX_FLUSH_S = 1.0  # at shutdown, how long queued chunks (and engine aborts) may take
 
 
 class Worker:
@@ -149,6 +149,10 @@ class Worker:
         for task in self._background:
             task.cancel()
         await ctx.bus.close()
+        # The aborts and releases just queued reach the engine before its blocks are
+        # deregistered and it stops.
+        if not await self.engine.drain(OUTBOX_FLUSH_S):
+            log.warning("the engine still held requests at shutdown")
         if ctx.transport is not None:
             ctx.transport.close()
         await self.engine.cleanup()

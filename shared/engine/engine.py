@@ -24,7 +24,7 @@ from shared.engine.block_manager import BlockManager
 from shared.engine.engine_config import EngineConfig
 from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.kv_cache import KVCache
-from shared.engine.kv_handoff import KVBlocks, Reservation
+from shared.engine.kv_handoff import KVBlocks, Reservation, check_offered
 from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner
 from shared.engine.outputs import RequestOutput
@@ -228,16 +228,12 @@ class LLMEngine:
     def import_kv(self, request_id: str, blocks: KVBlocks) -> None:
         """Write received blocks into the reservation, after checking they belong there."""
         seq = self._get(request_id, SequenceStatus.RESERVED)
-        end = blocks.first_block + len(blocks.block_hashes)
-        if blocks.first_block < 0 or end > len(seq.block_table):
-            reason = f"{request_id}: blocks [{blocks.first_block}, {end}) out of range"
-            raise InvalidRequest("kv", reason)
         expected = hash_full_blocks(seq.token_ids, self.config.block_size, self.config.model_id)
-        for index, block_hash in enumerate(blocks.block_hashes, start=blocks.first_block):
-            if block_hash is not None and index < len(expected) and expected[index] != block_hash:
-                reason = f"{request_id}: block {index} hash does not match the prompt"
-                raise InvalidRequest("kv", reason)
-        self.write_blocks(seq.block_table[blocks.first_block : end], blocks.layers, blocks.data)
+        indices = check_offered(
+            request_id, len(seq.block_table), expected, blocks.first_block, blocks.block_hashes
+        )
+        block_ids = seq.block_table[indices.start : indices.stop]
+        self.write_blocks(block_ids, blocks.layers, blocks.data)
 
     def start_decode(self, request_id: str, first_token_id: int) -> RequestOutput:
         """All blocks are in: append the prefill worker's first token and join the batch."""
