@@ -16,9 +16,11 @@ void write_kv(torch::Tensor cache, torch::Tensor kv, torch::Tensor slot_mapping)
 // table row of each query row; row_context: [T] int64, how many leading context tokens the
 // row sees (its own position + 1). A decode row sees its whole context; a prefill row at
 // position p sees p + 1 tokens, which makes the same call a causal varlen prefill.
+// window > 0: a row sees only the last `window` of those tokens (sliding-window layers);
+// softcap > 0: scores become softcap * tanh(score / softcap) before the softmax.
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
                      torch::Tensor block_tables, torch::Tensor row_table,
-                     torch::Tensor row_context, double scale);
+                     torch::Tensor row_context, double scale, int64_t window, double softcap);
 
 // Batch-invariant linear (linear.cpp). pack_linear_weight lays an [N, K] float32 or
 // bfloat16 matrix out once as the kernel reads it: [ceil(N / 64), K, 64], zero-padded.

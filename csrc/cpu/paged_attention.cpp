@@ -1,5 +1,6 @@
 // Paged attention on CPU: one work item per (query row, head), scores in a thread-local
-// buffer, exact softmax in float32, V accumulated in float32. Items of one row and KV group
+// buffer (over the row's sliding window, when the layer has one; soft-capped for Gemma 2),
+// exact softmax in float32, V accumulated in float32. Items of one row and KV group
 // are adjacent, so a thread reuses the group's K/V from its cache across the query heads.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -30,34 +31,40 @@ struct Layout {
   int64_t block_size, block_stride, token_stride, v_offset, head_dim;
 };
 
-// One query head of one row over `context` tokens of the paged context in `table`.
+// One query head of one row over the paged context tokens [first, context) in `table`.
 template <typename T>
-void attend_one(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t context,
-                int64_t kv_head, const Layout& l, float scale, std::vector<float>& scores) {
+void attend_one(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t first,
+                int64_t context, int64_t kv_head, const Layout& l, float scale, float softcap,
+                std::vector<float>& scores) {
   const int64_t d = l.head_dim;
   float q[512], acc[512];
   for (int64_t i = 0; i < d; ++i) q[i] = static_cast<float>(q_in[i]) * scale;
-  scores.resize(context);
+  scores.resize(context - first);
   float top = -INFINITY;
-  for (int64_t start = 0; start < context; start += l.block_size) {
-    const T* k = cache + table[start / l.block_size] * l.block_stride + kv_head * d;
-    const int64_t n = std::min(l.block_size, context - start);
+  for (int64_t t = first; t < context;) {  // one run of tokens inside one block
+    const int64_t offset = t % l.block_size, n = std::min(l.block_size - offset, context - t);
+    const T* k = cache + table[t / l.block_size] * l.block_stride + offset * l.token_stride +
+                 kv_head * d;
     for (int64_t j = 0; j < n; ++j) {
-      const float s = dot(q, k + j * l.token_stride, d);
-      scores[start + j] = s;
+      float s = dot(q, k + j * l.token_stride, d);
+      if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
+      scores[t - first + j] = s;
       top = std::max(top, s);
     }
+    t += n;
   }
   float total = 0.f;
-  for (int64_t t = 0; t < context; ++t) {
+  for (int64_t t = 0; t < context - first; ++t) {
     scores[t] = std::exp(scores[t] - top);
     total += scores[t];
   }
   std::fill(acc, acc + d, 0.f);
-  for (int64_t start = 0; start < context; start += l.block_size) {
-    const T* v = cache + table[start / l.block_size] * l.block_stride + l.v_offset + kv_head * d;
-    const int64_t n = std::min(l.block_size, context - start);
-    for (int64_t j = 0; j < n; ++j) axpy(acc, scores[start + j], v + j * l.token_stride, d);
+  for (int64_t t = first; t < context;) {
+    const int64_t offset = t % l.block_size, n = std::min(l.block_size - offset, context - t);
+    const T* v = cache + table[t / l.block_size] * l.block_stride + offset * l.token_stride +
+                 l.v_offset + kv_head * d;
+    for (int64_t j = 0; j < n; ++j) axpy(acc, scores[t - first + j], v + j * l.token_stride, d);
+    t += n;
   }
   const float inv = 1.f / total;
   for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(acc[i] * inv);
@@ -67,7 +74,8 @@ void attend_one(const T* q_in, T* out, const T* cache, const int64_t* table, int
 
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
                      torch::Tensor block_tables, torch::Tensor row_table,
-                     torch::Tensor row_context, double scale) {
+                     torch::Tensor row_context, double scale, int64_t window,
+                     double softcap) {
   TORCH_CHECK(q.dim() == 3 && cache.dim() == 5, "q: [T, heads, d]; cache: 5-d");
   TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && cache.is_contiguous() &&
                   block_tables.is_contiguous(),
@@ -103,10 +111,11 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
         at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
           std::vector<float> scores;
           for (int64_t item = begin; item < end; ++item) {
-            const int64_t r = item / heads, h = item % heads;
+            const int64_t r = item / heads, h = item % heads, context = context_of[r];
+            const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
             attend_one(q_ptr + item * d, out_ptr + item * d, cache_ptr,
-                       tables + table_of[r] * width, context_of[r], h / q_per_kv, layout,
-                       static_cast<float>(scale), scores);
+                       tables + table_of[r] * width, first, context, h / q_per_kv, layout,
+                       static_cast<float>(scale), static_cast<float>(softcap), scores);
           }
         });
       });

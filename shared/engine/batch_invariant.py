@@ -55,8 +55,9 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
             layer,
             qkv=PackedLinear.pack(layer.qkv),
             o_proj=PackedLinear.pack(layer.o_proj),
-            gate_up=PackedLinear.pack(layer.gate_up),
-            down=PackedLinear.pack(layer.down),
+            gate_up=layer.gate_up if layer.gate_up is None else PackedLinear.pack(layer.gate_up),
+            down=layer.down if layer.down is None else PackedLinear.pack(layer.down),
+            experts=layer.experts and layer.experts.map(PackedLinear.pack),  # MoE layers
         )
     head = PackedLinear.pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows
     weights.lm_head = weights.lm_head_column_major = head

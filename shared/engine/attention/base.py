@@ -1,12 +1,27 @@
-"""The interface every attention backend implements."""
+"""The interface every attention backend implements, and the per-layer attention settings."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from shared.engine.attention.metadata import AttentionMetadata
+
+
+@dataclass(slots=True, frozen=True)
+class LayerAttention:
+    """What one layer's attention does beyond plain causal softmax(q·k * scale)."""
+
+    scale: float  # softmax scale (head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5)
+    # a query at position p sees keys at positions > p - window (itself included); 0: all
+    window: int = 0
+    softcap: float = 0.0  # scores become softcap * tanh(scores / softcap) (Gemma 2); 0: none
+
+
+def default_layer(q: torch.Tensor) -> LayerAttention:
+    return LayerAttention(scale=q.shape[-1] ** -0.5)
 
 
 class AttentionBackend(Protocol):
@@ -15,7 +30,13 @@ class AttentionBackend(Protocol):
         kv: [T, 2, kv_heads, d]."""
 
     def attend(
-        self, q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+        layer: LayerAttention | None = None,
     ) -> torch.Tensor:
-        """Causal attention of the new tokens over their context (already written).
-        q: [T, heads, d]; kv: the new tokens' [T, 2, kv_heads, d]. Returns [T, heads, d]."""
+        """Causal attention of the new tokens over their context (already written), within
+        the layer's window. q: [T, heads, d]; kv: the new tokens' [T, 2, kv_heads, d].
+        Returns [T, heads, d]. layer None: plain attention at head_dim ** -0.5."""

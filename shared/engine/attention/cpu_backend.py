@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from shared.engine import native
+from shared.engine.attention.base import LayerAttention, default_layer
 from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.attention.row_plan import RowPlan, plan_rows
 
@@ -25,14 +26,27 @@ class CpuAttention:
         self.kernels.write_kv(cache, kv.contiguous(), meta.slot_mapping)
 
     def attend(
-        self, q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+        layer: LayerAttention | None = None,
     ) -> torch.Tensor:
+        layer = layer or default_layer(q)
         plan = self._plan_for(meta, cache.shape[1])
         q = q.contiguous()
         out = torch.empty_like(q)
-        scale = q.shape[-1] ** -0.5
         self.kernels.paged_attention(
-            out, q, cache, plan.block_tables, plan.row_table, plan.row_context, scale
+            out,
+            q,
+            cache,
+            plan.block_tables,
+            plan.row_table,
+            plan.row_context,
+            layer.scale,
+            layer.window,
+            layer.softcap,
         )
         return out
 

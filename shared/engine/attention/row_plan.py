@@ -36,7 +36,7 @@ def plan_rows(meta: AttentionMetadata, block_size: int) -> RowPlan:
     width = max(t.shape[1] for t in tables)
     block_tables = torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables])
     row_table = [torch.arange(d_rows, device=device)]
-    row_context = [_decode_lengths(meta, block_size)]
+    row_context = [decode_lengths(meta, block_size)]
     for i, chunk in enumerate(meta.prefills):
         row_table.append(torch.full((chunk.query_len,), d_rows + i, device=device))
         first = chunk.context_len - chunk.query_len + 1  # context of the chunk's first row
@@ -44,7 +44,7 @@ def plan_rows(meta: AttentionMetadata, block_size: int) -> RowPlan:
     return RowPlan(block_tables, torch.cat(row_table), torch.cat(row_context))
 
 
-def _decode_lengths(meta: AttentionMetadata, block_size: int) -> torch.Tensor:
+def decode_lengths(meta: AttentionMetadata, block_size: int) -> torch.Tensor:
     """[D] int64 context lengths, read back from the mask (no mask: every slot is valid)."""
     d_rows = meta.num_decodes
     if meta.decode_mask is None:

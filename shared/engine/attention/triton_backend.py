@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from shared.engine.attention import triton_kernels
+from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.attention.row_plan import RowPlan, plan_rows
 
@@ -29,10 +30,19 @@ class TritonAttention:
         triton_kernels.write_kv(cache, kv, self._plan_for(meta, cache).slots)
 
     def attend(
-        self, q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+        layer: LayerAttention | None = None,
     ) -> torch.Tensor:
         plan = self._plan_for(meta, cache)
-        return triton_kernels.paged_attention(q, cache, plan.rows, plan.max_context)
+        if layer is None:
+            return triton_kernels.paged_attention(q, cache, plan.rows, plan.max_context)
+        return triton_kernels.paged_attention(
+            q, cache, plan.rows, plan.max_context, layer.scale, layer.window, layer.softcap
+        )
 
     def _plan_for(self, meta: AttentionMetadata, cache: torch.Tensor) -> DevicePlan:
         # The same metadata object serves every layer of a step: plan and copy once per step.

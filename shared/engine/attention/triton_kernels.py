@@ -33,10 +33,10 @@ def _write_kv(cache_ptr, kv_ptr, slot_ptr, ROW: tl.constexpr, ROW_P: tl.constexp
 def _attend_split(
     q_ptr, cache_ptr, tables_ptr, row_table_ptr, row_context_ptr,
     acc_ptr, max_ptr, sum_ptr,
-    scale, table_width,
+    scale, table_width, window, softcap,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, QPK: tl.constexpr, QPK_P: tl.constexpr,
     D: tl.constexpr, D_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SPLIT_LEN: tl.constexpr, NUM_SPLITS: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     row, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context = tl.load(row_context_ptr + row)
@@ -51,6 +51,8 @@ def _attend_split(
     acc = tl.zeros([QPK_P, D_P], tl.float32)
     begin = split * SPLIT_LEN
     end = tl.minimum(context, begin + SPLIT_LEN)
+    if window > 0:  # a sliding-window layer: the row sees its last `window` tokens only
+        begin = tl.maximum(begin, context - window)
     token_stride = 2 * KV_HEADS * D
     for start in range(begin, end, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
@@ -62,6 +64,8 @@ def _attend_split(
         v = tl.load(cache_ptr + k_at[:, None] + KV_HEADS * D + dd[None, :], mask=tile, other=0)
         v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [QPK_P, BLOCK_N]
+        if SOFTCAP:  # softcap * tanh(s / softcap), tanh(x) = 2 sigmoid(2x) - 1
+            s = softcap * (2 * tl.sigmoid(2 * s / softcap) - 1)
         s = tl.where(ok[None, :], s, float("-inf"))
         new_top = tl.maximum(top, tl.max(s, 1))
         alpha = tl.exp(top - new_top)
@@ -108,9 +112,18 @@ def write_kv(cache: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tensor) 
     )
 
 
-def paged_attention(q: torch.Tensor, cache: torch.Tensor, plan: RowPlan, max_context: int):
+def paged_attention(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    plan: RowPlan,
+    max_context: int,
+    scale: float | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
+):
     """q: [T, heads, d] -> [T, heads, d]; `plan` on q's device; max_context: the longest
-    row_context (sets the number of splits without a device sync)."""
+    row_context (sets the number of splits without a device sync); scale None: d ** -0.5;
+    window > 0: each row sees its last `window` context tokens; softcap > 0: capped scores."""
     rows, heads, d = q.shape
     block_size, kv_heads = cache.shape[1], cache.shape[3]
     qpk = heads // kv_heads
@@ -124,8 +137,9 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, plan: RowPlan, max_con
     _attend_split[(rows, kv_heads, splits)](
         q, cache, plan.block_tables, plan.row_table, plan.row_context,
         acc, top, total,
-        d**-0.5, plan.block_tables.shape[1],
+        d**-0.5 if scale is None else scale, plan.block_tables.shape[1], window, softcap,
         heads, kv_heads, qpk, qpk_p, d, d_p, block_size, BLOCK_N, SPLIT_LEN, splits,
+        softcap > 0,
     )  # fmt: skip
     _merge_splits[(rows, kv_heads)](
         acc, top, total, out, heads, kv_heads, qpk, qpk_p, d, d_p, splits

@@ -1,13 +1,21 @@
-"""Load an HF-layout checkpoint from safetensors into the engine's fused layout."""
+"""Load an HF-layout checkpoint from safetensors into the engine's fused layout.
+
+Every family lands in the same `LayerWeights`: q, k, v fused (q and k rows interleaved for
+rope), gate and up fused, the family's extra norms, and for MoE layers the router and the
+experts instead of the dense MLP. Names differ per family (Phi-3 stores qkv and gate_up
+fused already; Mixtral calls its experts w1/w3/w2); the checkpoint files come from
+checkpoint.py (sharded or not, any float dtype, cast to the engine's).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
+from shared.engine.model.checkpoint import Checkpoint
 from shared.engine.model.linear_weights import LinearWeight
 from shared.engine.model.rope import interleave_permutation
 from shared.engine.model_config import ModelConfig
@@ -26,15 +34,35 @@ def _same(w: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(slots=True)
+class ExpertWeights:
+    """One MoE layer's router and routed experts (Mixtral, Qwen3-MoE)."""
+
+    router: LinearWeight  # [num_experts, hidden]
+    gate_up: list[LinearWeight]  # per expert [2 * moe_intermediate, hidden]
+    down: list[LinearWeight]  # per expert [hidden, moe_intermediate]
+
+    def map(self, fn: Callable[[LinearWeight], LinearWeight]) -> ExpertWeights:
+        """The same experts with every matrix replaced by fn(matrix)."""
+        return ExpertWeights(
+            fn(self.router), [fn(w) for w in self.gate_up], [fn(w) for w in self.down]
+        )
+
+
+@dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
     # [(heads + 2 * kv_heads) * head_dim, hidden]; q and k rows interleaved
     qkv: LinearWeight
     qkv_bias: torch.Tensor | None  # [(heads + 2 * kv_heads) * head_dim] (Qwen2)
     o_proj: LinearWeight  # [hidden, heads * head_dim]
-    post_norm: torch.Tensor  # [hidden]
-    gate_up: LinearWeight  # [2 * intermediate, hidden]
-    down: LinearWeight  # [hidden, intermediate]
+    post_norm: torch.Tensor  # [hidden]: the norm before the MLP
+    gate_up: LinearWeight | None  # [2 * intermediate, hidden]; None in an MoE layer
+    down: LinearWeight | None  # [hidden, intermediate]; None in an MoE layer
+    q_norm: torch.Tensor | None = None  # [head_dim], interleaved as q (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None  # [head_dim]
+    attn_out_norm: torch.Tensor | None = None  # [hidden] on the attention output (Gemma)
+    mlp_out_norm: torch.Tensor | None = None  # [hidden] on the MLP output (Gemma)
+    experts: ExpertWeights | None = None
 
 
 @dataclass(slots=True)
@@ -52,65 +80,98 @@ def load_weights(
 ) -> ModelWeights:
     """The checkpoint in `dtype` on `device`. Each tensor moves there as it is read, so the
     host never holds more than one tensor of a model bound for a GPU."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors file")
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                tensors[name] = handle.get_tensor(name).to(device=device, dtype=dtype)
-
-    def take(name: str) -> torch.Tensor:
-        try:
-            return tensors.pop(name)
-        except KeyError:
-            raise KeyError(f"{model_dir}: tensor {name} is missing") from None
-
+    ckpt = Checkpoint(Path(model_dir), dtype, device)
     d = config.head_dim
-    perm = interleave_permutation(d).to(device)
+    perm = interleave_permutation(d, config.rotated_dims).to(device)
     # The CPU's matmul is fastest on the column-major layout for decoding's few rows; a
     # GPU's takes the checkpoint's own [out, in] layout, and the head is not stored twice.
     layout = column_major if device.type == "cpu" else _same
+    offset = config.norm_offset
 
     def interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
         return w.view(heads, d, -1)[:, perm].reshape(w.shape)
 
+    def norm(name: str) -> torch.Tensor:
+        return ckpt.take(name, offset)
+
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        q = interleave(take(p + "self_attn.q_proj.weight"), config.num_heads)
-        k = interleave(take(p + "self_attn.k_proj.weight"), config.num_kv_heads)
-        v = take(p + "self_attn.v_proj.weight")
+        q, k, v = _qkv(ckpt, config, p + "self_attn.")
+        q, k = interleave(q, config.num_heads), interleave(k, config.num_kv_heads)
         bias = None
         if config.attention_bias:
-            qb = interleave(take(p + "self_attn.q_proj.bias"), config.num_heads)
-            kb = interleave(take(p + "self_attn.k_proj.bias"), config.num_kv_heads)
-            bias = torch.cat([qb, kb, take(p + "self_attn.v_proj.bias")])
+            qb = interleave(ckpt.take(p + "self_attn.q_proj.bias"), config.num_heads)
+            kb = interleave(ckpt.take(p + "self_attn.k_proj.bias"), config.num_kv_heads)
+            bias = torch.cat([qb, kb, ckpt.take(p + "self_attn.v_proj.bias")])
+        gemma = config.sandwich_norms
+        experts = _experts(ckpt, config, p, layout) if config.is_moe_layer(i) else None
+        gate_up = None if experts else _gate_up(ckpt, config, p + "mlp.")
         layers.append(
             LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"),
+                input_norm=norm(p + "input_layernorm.weight"),
                 qkv=layout(torch.cat([q, k, v])),
                 qkv_bias=bias,
-                o_proj=layout(take(p + "self_attn.o_proj.weight")),
-                post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=layout(
-                    torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+                o_proj=layout(ckpt.take(p + "self_attn.o_proj.weight")),
+                post_norm=norm(
+                    p
+                    + ("pre_feedforward_layernorm" if gemma else "post_attention_layernorm")
+                    + ".weight"
                 ),
-                down=layout(take(p + "mlp.down_proj.weight")),
+                gate_up=None if gate_up is None else layout(gate_up),
+                down=None if experts else layout(ckpt.take(p + "mlp.down_proj.weight")),
+                q_norm=norm(p + "self_attn.q_norm.weight")[perm] if config.qk_norm else None,
+                k_norm=norm(p + "self_attn.k_norm.weight")[perm] if config.qk_norm else None,
+                attn_out_norm=norm(p + "post_attention_layernorm.weight") if gemma else None,
+                mlp_out_norm=norm(p + "post_feedforward_layernorm.weight") if gemma else None,
+                experts=experts,
             )
         )
-    embed = take("model.embed_tokens.weight")
-    lm_head = embed if config.tie_word_embeddings else take("lm_head.weight")
-    tensors.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
+    embed = ckpt.take("model.embed_tokens.weight")
+    tied = config.tie_word_embeddings or not ckpt.has("lm_head.weight")
+    lm_head = embed if tied else ckpt.take("lm_head.weight")
+    ckpt.discard("lm_head.weight")  # some tied checkpoints store the copy anyway
     weights = ModelWeights(
         embed=embed,
         layers=layers,
-        norm=take("model.norm.weight"),
+        norm=norm("model.norm.weight"),
         lm_head=lm_head,
         lm_head_column_major=layout(lm_head),
     )
-    unused = [name for name in tensors if "rotary_emb" not in name]
-    if unused:
-        raise ValueError(f"{model_dir}: unexpected tensors {unused[:5]}")
+    ckpt.check_all_used()
     return weights
+
+
+def _qkv(
+    ckpt: Checkpoint, config: ModelConfig, p: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[heads * d, hidden], [kv_heads * d, hidden] twice: Phi-3's fused qkv_proj split."""
+    if ckpt.has(p + "qkv_proj.weight"):
+        qkv = ckpt.take(p + "qkv_proj.weight")
+        q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        q, k, v = qkv.split([q_rows, kv_rows, kv_rows])
+        return q, k, v
+    return tuple(ckpt.take(p + f"{x}_proj.weight") for x in "qkv")  # type: ignore[return-value]
+
+
+def _gate_up(ckpt: Checkpoint, config: ModelConfig, p: str) -> torch.Tensor:
+    """[2 * intermediate, hidden]: gate rows then up rows (Phi-3 stores them so)."""
+    if ckpt.has(p + "gate_up_proj.weight"):
+        return ckpt.take(p + "gate_up_proj.weight")
+    return torch.cat([ckpt.take(p + "gate_proj.weight"), ckpt.take(p + "up_proj.weight")])
+
+
+def _experts(
+    ckpt: Checkpoint, config: ModelConfig, p: str, layout: Callable[[torch.Tensor], torch.Tensor]
+) -> ExpertWeights:
+    """Mixtral's block_sparse_moe.experts.E.w1/w3/w2 or Qwen3-MoE's mlp.experts.E.*_proj."""
+    mixtral = ckpt.has(p + "block_sparse_moe.gate.weight")
+    base = p + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    gate_up, down = [], []
+    for e in range(config.num_experts):
+        ep = f"{base}experts.{e}."
+        gate, up = (ckpt.take(f"{ep}{n}.weight") for n in names[:2])
+        gate_up.append(layout(torch.cat([gate, up])))
+        down.append(layout(ckpt.take(f"{ep}{names[2]}.weight")))
+    return ExpertWeights(ckpt.take(base + "gate.weight"), gate_up, down)

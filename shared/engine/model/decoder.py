@@ -1,0 +1,112 @@
+"""What every decoder family shares: rope tables, the attention block over the paged KV
+cache (q/k norms, partial rope, per-layer window and soft-cap), the gated MLP, the final
+norm and LM head. Each family's file (llama.py, moe.py, gemma.py) writes only its layer
+loop from these parts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shared.engine.attention import AttentionBackend
+from shared.engine.attention.base import LayerAttention
+from shared.engine.attention.metadata import AttentionMetadata
+from shared.engine.model.linear_weights import LinearWeight, PackedLinear
+from shared.engine.model.rope import apply_rope_, rope_table
+from shared.engine.model.weights import LayerWeights, ModelWeights
+from shared.engine.model_config import ModelConfig
+
+
+class DecoderModel:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        attention: AttentionBackend,
+        max_len: int,
+    ) -> None:
+        self.config = config
+        self.weights = weights
+        self.attention = attention
+        device = weights.embed.device
+        # [max_len, rotated_dims/2] complex64, beside the weights
+        self.rotations = rope_table(config, max_len).to(device)
+        # Gemma 3's sliding layers: their own base, no scaling
+        self.local_rotations = (
+            rope_table(config, max_len, config.local_rope_theta, {}).to(device)
+            if config.local_rope_theta
+            else self.rotations
+        )
+        self.layer_attention = [
+            LayerAttention(config.softmax_scale, config.window_of(i), config.attn_softcap)
+            for i in range(config.num_layers)
+        ]
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over the last axis; Gemma's (1 + w) offset is already in `weight`."""
+        return F.rms_norm(x, weight.shape, weight, self.config.rms_norm_eps)
+
+    def self_attention(
+        self,
+        i: int,
+        x: torch.Tensor,  # [T, hidden], normed
+        layer: LayerWeights,
+        cache: torch.Tensor,
+        rotations: torch.Tensor,  # [T, 1, rotated_dims/2]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden], after o_proj
+        c = self.config
+        t = x.shape[0]
+        heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv = linear(x, layer.qkv, layer.qkv_bias).view(t, heads + 2 * kv_heads, d)
+        if layer.q_norm is not None:  # per head, before rope (Qwen3, Gemma 3)
+            qkv[:, :heads] = self.norm(qkv[:, :heads], layer.q_norm)
+            qkv[:, heads : heads + kv_heads] = self.norm(
+                qkv[:, heads : heads + kv_heads], layer.k_norm
+            )
+        apply_rope_(qkv[:, : heads + kv_heads], rotations)
+        q, kv = qkv[:, :heads], qkv[:, heads:].view(t, 2, kv_heads, d)
+        self.attention.write_kv(cache, kv, meta)
+        attn = self.attention.attend(q, kv, cache, meta, self.layer_attention[i])  # [T, heads, d]
+        return linear(attn.reshape(t, heads * d), layer.o_proj)
+
+    def dense_mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        return gated_mlp(x, layer.gate_up, layer.down, self.config.hidden_act)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [S, hidden], the wanted rows before the final norm -> [S, vocab] float32."""
+        w = self.weights
+        h = self.norm(h, w.norm)
+        # With torch's matmul, the two layouts of the head are each fastest for a different
+        # number of rows; packed (batch-invariant) and quantized heads have a single layout.
+        head = w.lm_head_column_major if h.shape[0] <= 2 else w.lm_head
+        logits = linear(h, head).float()
+        cap = self.config.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def gated_mlp(x: torch.Tensor, gate_up: LinearWeight, down: LinearWeight, act: str) -> torch.Tensor:
+    """x: [T, hidden] -> [T, hidden]: down(act(gate(x)) * up(x)), gate and up fused."""
+    fused = linear(x, gate_up)
+    inter = fused.shape[1] // 2
+    gate = (
+        F.silu(fused[:, :inter]) if act == "silu" else F.gelu(fused[:, :inter], approximate="tanh")
+    )
+    return linear(gate * fused[:, inter:], down)
+
+
+def linear(
+    x: torch.Tensor,
+    w: LinearWeight,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x: [T, in] -> [T, out]. `w` is a float matrix (torch's matmul), one packed by
+    `batch_invariant.pack_weights` (the batch-invariant C++ kernel), or an int8 / int4 one
+    made by `quantization.quantize_weights`, which runs its own kernel."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, bias)
+    if isinstance(w, PackedLinear):
+        return w(x, bias)
+    y = w(x)
+    return y if bias is None else y + bias
