@@ -361,6 +361,7 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
 
 
 def main(args: argparse.Namespace) -> None:
+    from shared.engine.model_config import ModelConfig, UnsupportedArchitecture
     from shared.models.pull import default_home, pull_model
 
     logging.basicConfig(
@@ -369,6 +370,10 @@ def main(args: argparse.Namespace) -> None:
     config = config_from_args(args, default_home())
     if config.model_dir is None:
         config = replace(config, model_dir=pull_model(config.model))
+    try:  # an architecture the engine does not serve: refused before anything starts
+        ModelConfig.from_dir(config.model_dir)
+    except (UnsupportedArchitecture, FileNotFoundError) as e:
+        sys.exit(f"splitserve up: {e}")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

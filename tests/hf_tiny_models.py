@@ -88,8 +88,16 @@ FAMILIES: dict[str, tuple[str, dict]] = {
 }
 
 
-def write_hf_model(path: Path, family: str, seed: int = 0, **overrides) -> Path:
-    """The checkpoint of `family` (a key of FAMILIES) under `path`; returns path."""
+def write_hf_model(
+    path: Path,
+    family: str,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: str | None = None,
+    **overrides,
+) -> Path:
+    """The checkpoint of `family` (a key of FAMILIES) under `path`, its weights in `dtype`,
+    in shards of at most `max_shard_size` (with model.safetensors.index.json); returns path."""
     import transformers
 
     prefix, extra = FAMILIES[family]
@@ -102,5 +110,9 @@ def write_hf_model(path: Path, family: str, seed: int = 0, **overrides) -> Path:
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.add_(torch.randn_like(param) * 0.1)
-    model.save_pretrained(path)
+    model.to(dtype)
+    if max_shard_size is None:
+        model.save_pretrained(path)
+    else:
+        model.save_pretrained(path, max_shard_size=max_shard_size)
     return path

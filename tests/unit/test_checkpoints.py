@@ -1,0 +1,60 @@
+"""Checkpoints as they come: sharded bf16 safetensors loaded into fp32, and a clear refusal
+of an architecture the engine does not serve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from shared.engine.engine import LLMEngine
+from shared.engine.engine_config import EngineConfig
+from shared.engine.model_config import UnsupportedArchitecture
+from shared.engine.sampling_params import SamplingParams
+from tests.conftest import write_tiny_model
+from tests.engine_harness import LogitsRecorder, hf_greedy, hf_logits, run_to_completion
+from tests.hf_tiny_models import write_hf_model
+
+
+@pytest.mark.slow
+def test_sharded_bf16_checkpoint_loads_into_fp32(tmp_path):
+    model_dir = write_hf_model(
+        tmp_path / "m", "qwen3-moe", dtype=torch.bfloat16, max_shard_size="100KB"
+    )
+    weight_map = json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(weight_map.values())) > 1
+    engine = LLMEngine(
+        EngineConfig(
+            model_dir=model_dir, dtype="float32", num_kv_blocks=32, attention_backend="torch"
+        )
+    )
+    assert engine.runner.model.weights.embed.dtype == torch.float32
+    recorder = LogitsRecorder(engine)
+    prompt = [(3 * i) % 250 + 3 for i in range(21)]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    engine.add_request("r", prompt, params)
+    tokens = run_to_completion(engine)["r"]
+    assert tokens == hf_greedy(model_dir, prompt, params.max_tokens)
+    reference = hf_logits(model_dir, prompt + tokens)  # transformers: bf16 file, fp32 model
+    for position in range(len(prompt), len(prompt) + len(tokens)):
+        error = (recorder.rows[(tuple(prompt), position)] - reference[position - 1]).abs().max()
+        assert error <= 1e-4, (position, error)
+
+
+def test_an_architecture_we_do_not_serve_is_refused_by_name(tmp_path):
+    model_dir = write_tiny_model(tmp_path / "m", architectures=["MambaForCausalLM"])
+    with pytest.raises(UnsupportedArchitecture) as refused:
+        LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=8))
+    message = str(refused.value)
+    assert "MambaForCausalLM is not served" in message
+    assert "Qwen3MoeForCausalLM" in message and "Gemma3ForCausalLM" in message
+    assert "--engine vllm" in message
+
+
+def test_a_missing_shard_is_named(tmp_path):
+    model_dir = write_tiny_model(tmp_path / "m")
+    index = {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FileNotFoundError, match=r"model-00002-of-00002\.safetensors"):
+        LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=8))
