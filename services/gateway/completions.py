@@ -31,7 +31,7 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise invalid("the request body is not valid JSON") from None
-    parsed = parse_request(kind, body)
+    parsed = parse_request(kind, body, mesh.text.sampling_defaults)
     if parsed.model != config.served_model_name:
         raise ApiError(
             400, f"model {parsed.model!r} does not exist", param="model", code="model_not_found"

@@ -18,6 +18,9 @@ from typing import Any, Literal
 from services.gateway.errors import invalid
 from services.gateway.structured import GUIDED_FIELDS, guided_fields
 from shared.engine.sampling_params import InvalidParameter, SamplingParams
+from shared.models.generation_config import SamplingDefaults
+
+OPENAI_DEFAULTS = SamplingDefaults()  # a model without generation_config.json
 
 Kind = Literal["chat", "completion"]
 MAX_STOP_STRINGS = 4
@@ -55,8 +58,11 @@ class GenerationRequest:
     suffix: str = ""  # completions: the text after the output (fill-in-the-middle)
 
 
-def parse_request(kind: Kind, body: Any) -> GenerationRequest:
-    """Validate `body`; raises ApiError (400) naming the first offending field."""
+def parse_request(
+    kind: Kind, body: Any, defaults: SamplingDefaults = OPENAI_DEFAULTS
+) -> GenerationRequest:
+    """Validate `body`; raises ApiError (400) naming the first offending field. Sampling
+    fields the body leaves out take `defaults` (the model's generation_config.json)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
@@ -90,11 +96,11 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
     guided_kind, guided_spec = guided_fields(body)
     try:
         sampling = SamplingParams(
-            temperature=_float(body, "temperature", 1.0),
-            top_p=_float(body, "top_p", 1.0),
-            top_k=_int(body, "top_k", 0),
-            min_p=_float(body, "min_p", 0.0),
-            repetition_penalty=_float(body, "repetition_penalty", 1.0),
+            temperature=_float(body, "temperature", defaults.temperature),
+            top_p=_float(body, "top_p", defaults.top_p),
+            top_k=_int(body, "top_k", defaults.top_k),
+            min_p=_float(body, "min_p", defaults.min_p),
+            repetition_penalty=_float(body, "repetition_penalty", defaults.repetition_penalty),
             frequency_penalty=_float(body, "frequency_penalty", 0.0),
             presence_penalty=_float(body, "presence_penalty", 0.0),
             logit_bias=_logit_bias(body),

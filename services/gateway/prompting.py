@@ -17,6 +17,7 @@ from shared.models.chat_template import (
     load_special_tokens,
     render_chat,
 )
+from shared.models.generation_config import SamplingDefaults, load_sampling_defaults
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,7 @@ class ModelText:
     chat_template: str | None  # None: the model has none, chat requests are refused
     special_tokens: dict[str, str]
     fim: FimTokens | None  # None: the tokenizer has no fill-in-the-middle tokens
+    sampling_defaults: SamplingDefaults  # the model's generation_config.json
 
     @classmethod
     def load(cls, model_dir: Path) -> ModelText:
@@ -34,7 +36,13 @@ class ModelText:
             template = None
         special = load_special_tokens(model_dir) if template else {}
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        return cls(tokenizer, template, special, FimTokens.find(tokenizer))
+        return cls(
+            tokenizer,
+            template,
+            special,
+            FimTokens.find(tokenizer),
+            load_sampling_defaults(model_dir),
+        )
 
     @property
     def vocab_size(self) -> int:

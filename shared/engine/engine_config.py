@@ -28,8 +28,11 @@ ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 class EngineConfig:
     model_dir: Path = flag(help="HF-layout model directory")
     # Weights and KV cache. float32 is exact but slow on a GPU: there, pass bfloat16.
+    # auto: the checkpoint's own dtype on a GPU, float32 on a CPU (model_config.auto_dtype)
     dtype: str = flag(
-        "float32", choices=DTYPE_NAMES, help="weights and KV cache (on a GPU, bfloat16)"
+        "float32",
+        choices=("auto", *DTYPE_NAMES),
+        help="weights and KV cache (on a GPU, bfloat16); auto: the checkpoint's on a GPU",
     )
     # Where weights, KV cache and step tensors live: auto (cuda when torch sees a CUDA
     # device, else cpu) | cpu | cuda | cuda:N. On CUDA, attention auto resolves to triton.
@@ -71,6 +74,10 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.dtype == "auto":  # resolved once: workers and KV layouts see a real name
+            from shared.engine.model_config import auto_dtype
+
+            object.__setattr__(self, "dtype", auto_dtype(self.model_dir, self.torch_device.type))
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, not {self.dtype!r}")
         device = self.torch_device  # raises ValueError for a device that is not there

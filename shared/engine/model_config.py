@@ -217,6 +217,22 @@ def _moe_layers(raw: dict, num_layers: int) -> tuple[bool, ...]:
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
 
 
+def auto_dtype(model_dir: Path, device_type: str) -> str:
+    """`--dtype auto`: the checkpoint's dtype (config.json's `torch_dtype` or `dtype`) on a
+    GPU, bfloat16 only where the GPU supports it; float32 on a CPU, whose matmuls (and the
+    batch-invariant kernel) run 16-bit weights no faster without AMX, and less exactly."""
+    if device_type != "cuda":
+        return "float32"
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    raw = raw.get("text_config", raw) | raw
+    name = str(raw.get("torch_dtype") or raw.get("dtype") or "float32").removeprefix("torch.")
+    if name == "bfloat16":
+        import torch
+
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return name if name in ("float16", "float32") else "float32"
+
+
 def _eos_ids(model_dir: Path, raw: dict) -> tuple[int, ...]:
     """EOS ids from generation_config.json when present (it wins, as in HF), else config.json."""
     gen_path = model_dir / "generation_config.json"

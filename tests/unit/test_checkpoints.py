@@ -10,7 +10,7 @@ import torch
 
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
-from shared.engine.model_config import UnsupportedArchitecture
+from shared.engine.model_config import UnsupportedArchitecture, auto_dtype
 from shared.engine.sampling_params import SamplingParams
 from tests.conftest import write_tiny_model
 from tests.engine_harness import LogitsRecorder, hf_greedy, hf_logits, run_to_completion
@@ -58,3 +58,26 @@ def test_a_missing_shard_is_named(tmp_path):
     (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(FileNotFoundError, match=r"model-00002-of-00002\.safetensors"):
         LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=8))
+
+
+@pytest.mark.parametrize(
+    ("stored", "device", "bf16_ok", "expected"),
+    [
+        ("bfloat16", "cpu", True, "float32"),
+        ("bfloat16", "cuda", True, "bfloat16"),
+        ("bfloat16", "cuda", False, "float16"),
+        ("float16", "cuda", True, "float16"),
+        ("float32", "cuda", True, "float32"),
+    ],
+)
+def test_dtype_auto_is_the_checkpoints_where_the_device_runs_it(
+    tmp_path, monkeypatch, stored, device, bf16_ok, expected
+):
+    model_dir = write_tiny_model(tmp_path / "m", torch_dtype=stored)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16_ok)
+    assert auto_dtype(model_dir, device) == expected
+
+
+def test_engine_config_resolves_dtype_auto_once(tmp_path):
+    model_dir = write_tiny_model(tmp_path / "m", torch_dtype="bfloat16")
+    assert EngineConfig(model_dir=model_dir, dtype="auto", device="cpu").dtype == "float32"
