@@ -47,15 +47,15 @@ def routed_experts(
     flat = chosen.flatten()  # [T * k]: pair j is token j // k
     order = torch.argsort(flat, stable=True)  # pairs grouped by expert, tokens ascending
     counts = torch.bincount(flat, minlength=len(experts.gate_up)).tolist()
-    pair_weights = weights.flatten().to(x.dtype)
-    out = torch.zeros_like(x)
+    rows = order // top_k  # [T * k] the token of each sorted pair
+    gathered = x.index_select(0, rows)  # [T * k, hidden]: each expert's tokens contiguous
+    y = torch.empty_like(gathered)
     start = 0
     for e, n in enumerate(counts):
-        if not n:
-            continue
-        pairs = order[start : start + n]
+        if n:
+            group = slice(start, start + n)
+            y[group] = gated_mlp(gathered[group], experts.gate_up[e], experts.down[e], act)
         start += n
-        rows = pairs // top_k  # [n] token rows, each at most once per expert
-        y = gated_mlp(x.index_select(0, rows), experts.gate_up[e], experts.down[e], act)
-        out.index_add_(0, rows, y * pair_weights[pairs].unsqueeze(1))
-    return out
+    y *= weights.flatten()[order].to(x.dtype).unsqueeze(1)
+    # a token's k products are added in expert order, whatever else is in the batch
+    return torch.zeros_like(x).index_add_(0, rows, y)
