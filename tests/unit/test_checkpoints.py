@@ -4,6 +4,8 @@ of an architecture the engine does not serve."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -81,3 +83,14 @@ def test_dtype_auto_is_the_checkpoints_where_the_device_runs_it(
 def test_engine_config_resolves_dtype_auto_once(tmp_path):
     model_dir = write_tiny_model(tmp_path / "m", torch_dtype="bfloat16")
     assert EngineConfig(model_dir=model_dir, dtype="auto", device="cpu").dtype == "float32"
+
+
+def test_up_refuses_an_unserved_architecture_before_starting_anything(tmp_path):
+    model_dir = write_tiny_model(tmp_path / "m", architectures=["MambaForCausalLM"])
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--model-dir", str(model_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "splitserve up:" in done.stderr and "MambaForCausalLM is not served" in done.stderr
+    assert "Traceback" not in done.stderr
