@@ -16,7 +16,17 @@ from gguf import GGUFReader, GGUFValueType
 SUPPORTED_ARCHS: dict[str, tuple[str, str]] = {
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    "gemma2": ("Gemma2ForCausalLM", "gemma2"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+    "phi3": ("Phi3ForCausalLM", "phi3"),
 }
+GEMMA = ("gemma2", "gemma3")
+# llama.cpp's Gemma 3 alternates five sliding-window layers and one global layer
+GEMMA3_SLIDING_PATTERN = 6
+# llama.cpp scales Gemma's 27B queries by hidden / heads, the others by head_dim (by depth)
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 _MISSING = object()
 
@@ -53,9 +63,9 @@ def field(reader: GGUFReader, key: str, default: Any = _MISSING) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class HParams:
-    """The hyper-parameters a Llama-family decoder needs, read from GGUF metadata."""
+    """The hyper-parameters a decoder needs, read from GGUF metadata."""
 
-    arch: str  # GGUF architecture: "llama" | "qwen2"
+    arch: str  # GGUF architecture: a key of SUPPORTED_ARCHS
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -71,6 +81,9 @@ class HParams:
     eos_token_id: int | None
     pad_token_id: int | None
     rope_scaling: dict[str, Any] | None
+    rope_dim: int = 0  # rotated dims of a head (Phi-4-mini: fewer than head_dim)
+    # config.json entries of the architecture alone (experts, Gemma's norms and windows)
+    extra: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -97,15 +110,16 @@ def read_hparams(reader: GGUFReader) -> HParams:
     heads = field(reader, f"{arch}.attention.head_count")
     head_dim = field(reader, f"{arch}.attention.key_length", hidden // heads)
     rope_dim = field(reader, f"{arch}.rope.dimension_count", head_dim)
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and arch != "phi3":
         raise GGUFConvertError(f"partial rotary ({rope_dim} of {head_dim} dims) is not supported")
     # GGUF shapes are innermost-first: token_embd.weight is [hidden, vocab].
     vocab_size = int(tensors["token_embd.weight"].shape[1])
+    num_layers = field(reader, f"{arch}.block_count")
     return HParams(
         arch=arch,
         hidden_size=hidden,
-        intermediate_size=field(reader, f"{arch}.feed_forward_length"),
-        num_layers=field(reader, f"{arch}.block_count"),
+        intermediate_size=field(reader, f"{arch}.feed_forward_length", 0),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=field(reader, f"{arch}.attention.head_count_kv", heads),
         head_dim=head_dim,
@@ -118,11 +132,71 @@ def read_hparams(reader: GGUFReader) -> HParams:
         eos_token_id=field(reader, "tokenizer.ggml.eos_token_id", None),
         pad_token_id=field(reader, "tokenizer.ggml.padding_token_id", None),
         rope_scaling=_rope_scaling(reader, arch),
+        rope_dim=rope_dim,
+        extra=_extra_config(reader, arch, hidden, heads, head_dim, num_layers),
     )
 
 
+def _extra_config(
+    reader: GGUFReader, arch: str, hidden: int, heads: int, head_dim: int, num_layers: int
+) -> dict[str, Any]:
+    """What an architecture adds to config.json, from its `{arch}.*` keys."""
+    if arch == "qwen3moe":
+        return {
+            "num_experts": field(reader, f"{arch}.expert_count"),
+            "num_experts_per_tok": field(reader, f"{arch}.expert_used_count"),
+            "moe_intermediate_size": field(reader, f"{arch}.expert_feed_forward_length"),
+            "norm_topk_prob": True,  # llama.cpp renormalises qwen3moe's top-k weights
+        }
+    if arch in GEMMA:
+        window = field(reader, f"{arch}.attention.sliding_window")
+        if arch == "gemma2":  # even layers slide
+            types = [
+                "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)
+            ]
+        else:
+            pattern = GEMMA3_SLIDING_PATTERN
+            types = [
+                "sliding_attention" if (i + 1) % pattern else "full_attention"
+                for i in range(num_layers)
+            ]
+        scalar = hidden // heads if num_layers == GEMMA_27B_LAYERS[arch] else head_dim
+        extra: dict[str, Any] = {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "sliding_window": window,
+            "layer_types": types,
+            "query_pre_attn_scalar": scalar,
+        }
+        if arch == "gemma2":
+            extra["attn_logit_softcapping"] = field(reader, f"{arch}.attn_logit_softcapping", None)
+            extra["final_logit_softcapping"] = field(
+                reader, f"{arch}.final_logit_softcapping", None
+            )
+        else:
+            extra["rope_local_base_freq"] = 10000.0  # llama.cpp's fixed base of the sliding layers
+        return extra
+    if arch == "phi3":
+        window = field(reader, f"{arch}.attention.sliding_window", None)
+        return {"sliding_window": window or None}
+    return {}
+
+
 def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any] | None:
-    """HF `rope_scaling` from `{arch}.rope.scaling.*`, or None when the model has none."""
+    """HF `rope_scaling` from `{arch}.rope.scaling.*` (Phi-3's LongRoPE: its factor tensors),
+    or None when the model has none."""
+    tensors = {t.name: t for t in reader.tensors}
+    if "rope_factors_long.weight" in tensors:
+        original = field(reader, f"{arch}.rope.scaling.original_context_length")
+        scaling = {
+            "rope_type": "longrope",
+            "long_factor": [float(x) for x in tensors["rope_factors_long.weight"].data],
+            "short_factor": [float(x) for x in tensors["rope_factors_short.weight"].data],
+            "original_max_position_embeddings": original,
+        }
+        attn_factor = field(reader, f"{arch}.rope.scaling.attn_factor", None)
+        if attn_factor is not None:
+            scaling["attention_factor"] = float(attn_factor)
+        return scaling
     kind = field(reader, f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
@@ -159,11 +233,19 @@ def hf_config(hp: HParams) -> dict[str, Any]:
     }
     if hp.pad_token_id is not None:
         config["pad_token_id"] = hp.pad_token_id
-    if hp.arch == "llama":
+    if hp.arch in ("llama", "qwen3", "qwen3moe", "phi3") or hp.arch in GEMMA:
         config["attention_bias"] = False
         config["mlp_bias"] = False
-    else:
+    if hp.arch.startswith("qwen"):
         config["use_sliding_window"] = False  # qwen2 always has q/k/v biases
+    if hp.arch in GEMMA:
+        config["hidden_act"] = "gelu_pytorch_tanh"
+    if hp.rope_dim and hp.rope_dim != hp.head_dim:
+        config["partial_rotary_factor"] = hp.rope_dim / hp.head_dim
     if hp.rope_scaling is not None:
         config["rope_scaling"] = hp.rope_scaling
+        if hp.rope_scaling["rope_type"] == "longrope":  # Phi-3 keeps it beside, too
+            original = hp.rope_scaling["original_max_position_embeddings"]
+            config["original_max_position_embeddings"] = original
+    config.update(hp.extra or {})
     return config

@@ -49,18 +49,51 @@ _LAYER_PARTS = {
     "ffn_down": "mlp.down_proj",
 }
 
+# What some architectures name differently, or add (Qwen3's q/k norms, Gemma's sandwich
+# norms, Phi-3's fused qkv and gate_up, Qwen3-MoE's router).
+_ARCH_PARTS = {
+    "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    "qwen3moe": {
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+        "ffn_gate_inp": "mlp.gate",
+    },
+    "gemma2": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "gemma3": {
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+# Qwen3-MoE's experts, stacked in one [experts, out, in] tensor each
+_EXPERT_PARTS = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+# read into config.json (gguf_metadata), not weights
+_CONFIG_TENSORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
+
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_tensor_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
     """HF name of a GGUF tensor: blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    parts = _LAYER_PARTS | _ARCH_PARTS.get(arch, {})
     match = _LAYER_NAME.fullmatch(gguf_name)
-    if match is None or match[2] not in _LAYER_PARTS:
+    if match is None or match[2] not in parts:
         raise GGUFConvertError(f"unexpected GGUF tensor {gguf_name!r}")
     layer, part, suffix = match.groups()
-    return f"model.layers.{layer}.{_LAYER_PARTS[part]}.{suffix}"
+    return f"model.layers.{layer}.{parts[part]}.{suffix}"
 
 
 def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
@@ -90,11 +123,23 @@ def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def read_state_dict(reader: GGUFReader, hp: HParams) -> dict[str, np.ndarray]:
-    """Every tensor of the file as float32, under its HF name, Q/K un-permuted for llama."""
+    """Every tensor of the file as float32, under its HF name, Q/K un-permuted for llama
+    (the other architectures run the NEOX rope, HF's layout already)."""
     state: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        if tensor.name in _CONFIG_TENSORS:
+            continue
+        match = _LAYER_NAME.fullmatch(tensor.name)
+        if match is not None and match[2] in _EXPERT_PARTS:  # [E, out, in] -> one per expert
+            stacked = dequantize_tensor(tensor)
+            for e in range(stacked.shape[0]):
+                name = f"model.layers.{match[1]}.mlp.experts.{e}.{_EXPERT_PARTS[match[2]]}.weight"
+                state[name] = np.ascontiguousarray(stacked[e])
+            continue
+        name = hf_tensor_name(tensor.name, hp.arch)
         w = dequantize_tensor(tensor)
+        if hp.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
         # Only the llama architecture is permuted by llama.cpp (it uses the "normal" rope
         # there); qwen2 runs the NEOX rope, which is HF's layout already.
         if hp.arch == "llama" and ".attn_q." in tensor.name:
@@ -108,30 +153,14 @@ def read_state_dict(reader: GGUFReader, hp: HParams) -> dict[str, np.ndarray]:
 
 def _check_complete(state: dict[str, np.ndarray], hp: HParams) -> None:
     """Raise if a tensor the HF model needs is missing or has the wrong shape."""
-    q_out, kv_out = hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim
-    h, f = hp.hidden_size, hp.intermediate_size
-    expected = {"model.embed_tokens.weight": (hp.vocab_size, h), "model.norm.weight": (h,)}
+    expected = {
+        "model.embed_tokens.weight": (hp.vocab_size, hp.hidden_size),
+        "model.norm.weight": (hp.hidden_size,),
+    }
     if not hp.tie_word_embeddings:
-        expected["lm_head.weight"] = (hp.vocab_size, h)
+        expected["lm_head.weight"] = (hp.vocab_size, hp.hidden_size)
     for i in range(hp.num_layers):
-        p = f"model.layers.{i}."
-        expected |= {
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q_out, h),
-            p + "self_attn.k_proj.weight": (kv_out, h),
-            p + "self_attn.v_proj.weight": (kv_out, h),
-            p + "self_attn.o_proj.weight": (h, q_out),
-            p + "mlp.gate_proj.weight": (f, h),
-            p + "mlp.up_proj.weight": (f, h),
-            p + "mlp.down_proj.weight": (h, f),
-        }
-        if hp.arch == "qwen2":
-            expected |= {
-                p + "self_attn.q_proj.bias": (q_out,),
-                p + "self_attn.k_proj.bias": (kv_out,),
-                p + "self_attn.v_proj.bias": (kv_out,),
-            }
+        expected |= _layer_shapes(hp, f"model.layers.{i}.")
     for name, shape in expected.items():
         if name not in state:
             raise GGUFConvertError(f"GGUF file has no tensor for {name}")
@@ -140,3 +169,44 @@ def _check_complete(state: dict[str, np.ndarray], hp: HParams) -> None:
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
         raise GGUFConvertError(f"unexpected tensors for {hp.arch}: {unexpected}")
+
+
+def _layer_shapes(hp: HParams, p: str) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor of one layer of `hp.arch`."""
+    q_out, kv_out = hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim
+    h, f = hp.hidden_size, hp.intermediate_size
+    extra = hp.extra or {}
+    shapes = {
+        p + "input_layernorm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+        p + "self_attn.o_proj.weight": (h, q_out),
+    }
+    if hp.arch == "phi3":
+        shapes[p + "self_attn.qkv_proj.weight"] = (q_out + 2 * kv_out, h)
+        shapes[p + "mlp.gate_up_proj.weight"] = (2 * f, h)
+    else:
+        shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
+        shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
+        shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
+    if hp.arch == "qwen3moe":
+        experts, moe_f = extra["num_experts"], extra["moe_intermediate_size"]
+        shapes[p + "mlp.gate.weight"] = (experts, h)
+        for e in range(experts):
+            ep = f"{p}mlp.experts.{e}."
+            shapes |= {ep + "gate_proj.weight": (moe_f, h), ep + "up_proj.weight": (moe_f, h)}
+            shapes[ep + "down_proj.weight"] = (h, moe_f)
+    elif hp.arch != "phi3":
+        shapes |= {p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h)}
+        shapes[p + "mlp.down_proj.weight"] = (h, f)
+    else:
+        shapes[p + "mlp.down_proj.weight"] = (h, f)
+    if hp.arch in ("qwen3", "qwen3moe", "gemma3"):
+        shapes[p + "self_attn.q_norm.weight"] = (hp.head_dim,)
+        shapes[p + "self_attn.k_norm.weight"] = (hp.head_dim,)
+    if hp.arch in ("gemma2", "gemma3"):
+        shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+        shapes[p + "post_feedforward_layernorm.weight"] = (h,)
+    if hp.arch == "qwen2":
+        shapes |= {p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,)}
+        shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
+    return shapes
