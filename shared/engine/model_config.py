@@ -105,7 +105,6 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelConfig:
         raw = json.loads((Path(model_dir) / "config.json").read_text())
-        raw = raw.get("text_config", raw) | {"architectures": raw.get("architectures")}
         architecture = (raw.get("architectures") or ["LlamaForCausalLM"])[0]
         if architecture not in ARCHITECTURES:
             raise UnsupportedArchitecture(
@@ -224,7 +223,6 @@ def auto_dtype(model_dir: Path, device_type: str) -> str:
     if device_type != "cuda":
         return "float32"
     raw = json.loads((Path(model_dir) / "config.json").read_text())
-    raw = raw.get("text_config", raw) | raw
     name = str(raw.get("torch_dtype") or raw.get("dtype") or "float32").removeprefix("torch.")
     if name == "bfloat16":
         import torch

@@ -46,10 +46,13 @@ class ModelRunner:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # Triton launches on the current device
         model_dir = model_dir or config.model_dir
+        if config.quantization and model_config.num_experts:
+            raise ValueError(
+                f"quantization {config.quantization} is not supported for MoE models: "
+                "serve them without --quantization"
+            )
         weights = load_weights(model_dir, model_config, config.torch_dtype, device)
         vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
-        if config.quantization and model_config.num_experts:
-            raise ValueError("quantization is not supported for MoE models (experts stay float)")
         if config.quantization:
             weights = quantize_weights(weights, config.quantization)
         elif batch_invariant.resolve(config):

@@ -95,3 +95,9 @@ def test_engine_logits_of_an_moe_model_do_not_depend_on_the_batch(tmp_path):
     batched = logits_of({**others, "p": prompt})
     assert len(alone) == len(batched) == params.max_tokens
     assert all(torch.equal(a, b) for a, b in zip(alone, batched, strict=True))
+
+
+def test_quantizing_an_moe_model_is_refused_before_loading(tmp_path):
+    model_dir = write_hf_model(tmp_path / "mixtral", "mixtral")
+    with pytest.raises(ValueError, match="not supported for MoE models"):
+        LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=8, quantization="int8"))
