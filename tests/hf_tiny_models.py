@@ -75,6 +75,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
         "Phi3",
         {
             "partial_rotary_factor": 0.75,
+            "sliding_window": WINDOW,
             "original_max_position_embeddings": 128,
             "rope_parameters": {
                 "rope_type": "longrope",

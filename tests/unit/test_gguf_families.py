@@ -81,7 +81,7 @@ def write_llama_cpp_gguf(model_dir: Path, path: Path, arch: str) -> None:
         writer.add_uint32(f"{arch}.expert_count", config["num_local_experts"])
         writer.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
         writer.add_uint32(f"{arch}.expert_feed_forward_length", config["moe_intermediate_size"])
-    if gemma:
+    if config.get("sliding_window"):
         writer.add_uint32(f"{arch}.attention.sliding_window", config["sliding_window"])
     if arch == "gemma2":
         writer.add_float32(f"{arch}.attn_logit_softcapping", config["attn_logit_softcapping"])
