@@ -67,7 +67,6 @@ class ModelConfig:
     local_rope_theta: float = 0.0  # sliding layers' own rope base (Gemma 3); 0: the global one
     num_experts: int = 0  # routed experts per MoE layer; 0: dense
     num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
     norm_topk_prob: bool = True  # renormalise the top-k router weights to sum to 1
     moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (else a dense MLP)
 
@@ -151,9 +150,6 @@ class ModelConfig:
             local_rope_theta=local_theta,
             num_experts=experts,
             num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0) if experts else 0,
-            moe_intermediate_size=int(
-                raw.get("moe_intermediate_size") or raw.get("intermediate_size") or 0
-            ),
             norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
             moe_layers=_moe_layers(raw, num_layers) if experts else (),
         )
