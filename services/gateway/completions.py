@@ -5,16 +5,25 @@ from __future__ import annotations
 import json
 import uuid
 from contextlib import aclosing
+from typing import Any
 
 from aiohttp import web
 
 from services.gateway.choices import Choices, merged_events
 from services.gateway.errors import ApiError, invalid
-from services.gateway.generation import Delta, Finish, GenerationFailed, Mesh, Submitted
+from services.gateway.generation import (
+    Delta,
+    Finish,
+    GenerationFailed,
+    Mesh,
+    OutputText,
+    Submitted,
+)
 from services.gateway.keys import CONFIG, MESH
 from services.gateway.openai_schema import GenerationRequest, Kind, parse_request, with_max_tokens
 from services.gateway.responses import ResponseBuilder, total_usage
 from services.gateway.sse import SSEWriter
+from services.gateway.tool_stream import ToolCallStream
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -27,22 +36,21 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
     config, mesh = request.app[CONFIG], request.app[MESH]
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise invalid("the request body is not valid JSON") from None
-    parsed = parse_request(kind, body)
-    if parsed.model != config.served_model_name:
-        raise ApiError(
-            400, f"model {parsed.model!r} does not exist", param="model", code="model_not_found"
-        )
-    prompt_ids = _prompt_ids(mesh, parsed)
-    sampling = with_max_tokens(parsed, len(prompt_ids), config.max_model_len)
-    request_id = uuid.uuid4().hex
-    choices = Choices(request_id, prompt_ids, sampling, parsed.stop, parsed.n)
+    parsed = parse_request(kind, await json_body(request))
+    choices = prepare(request, parsed)
     echo = _echo_text(mesh, parsed)
+    usage_so_far = len(choices.prompt_ids) if parsed.continuous_usage else None
     builders = [
-        ResponseBuilder(kind, request_id, config.served_model_name, mesh.text, index, echo)
+        ResponseBuilder(
+            kind,
+            choices.request_id,
+            config.served_model_name,
+            mesh.text,
+            index,
+            echo,
+            tool_stream(request, parsed),
+            usage_so_far,
+        )
         for index in range(parsed.n)
     ]
     first = await choices.submit(mesh, 0)
@@ -54,9 +62,37 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         await mesh.abandon(first)  # a no-op unless its events never ran to their end
 
 
+async def json_body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise invalid("the request body is not valid JSON") from None
+
+
+def prepare(request: web.Request, parsed: GenerationRequest) -> Choices:
+    """Check the model, tokenize the prompt and fit max_tokens: what each choice submits."""
+    config, mesh = request.app[CONFIG], request.app[MESH]
+    if parsed.model != config.served_model_name:
+        raise ApiError(
+            400, f"model {parsed.model!r} does not exist", param="model", code="model_not_found"
+        )
+    prompt_ids = _prompt_ids(mesh, parsed)
+    sampling = with_max_tokens(parsed, len(prompt_ids), config.max_model_len)
+    output = OutputText(parsed.skip_special_tokens, parsed.include_stop_str)
+    return Choices(uuid.uuid4().hex, prompt_ids, sampling, parsed.stop, parsed.n, output)
+
+
+def tool_stream(request: web.Request, parsed: GenerationRequest) -> ToolCallStream | None:
+    """A parser for one choice's tool calls, when the request has active tools."""
+    if parsed.tools is None or not parsed.tools.active:
+        return None
+    parser = request.app[MESH].text.tool_parser(request.app[CONFIG].tool_call_parser)
+    return parsed.tools.stream(parser)
+
+
 def _prompt_ids(mesh: Mesh, parsed: GenerationRequest) -> list[int]:
     if parsed.messages is not None:
-        return mesh.text.chat_prompt_ids(parsed.messages)
+        return mesh.text.chat_prompt_ids(parsed.messages, parsed.tools, parsed.chat)
     assert parsed.prompt is not None  # parse_request sets one of the two
     return mesh.text.completion_prompt_ids(parsed.prompt, parsed.suffix)
 

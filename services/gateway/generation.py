@@ -87,6 +87,12 @@ class GenerationFailed(Exception):
         self.status = status
 
 
+@dataclass(frozen=True, slots=True)
+class OutputText:
+    skip_special_tokens: bool = True
+    include_stop_str: bool = False  # a matched stop string stays in the text
+
+
 @dataclass(slots=True)
 class Submitted:
     request_id: str
@@ -97,6 +103,7 @@ class Submitted:
     deadline: float  # loop time
     submitted: float  # perf_counter() when the submit began
     message: SubmitRequest  # the current attempt, as submitted
+    output: OutputText  # how its tokens become text
     delivered: list[int] = field(default_factory=list)  # tokens streamed to the client
     # Set when the first token arrives (or a finish without any); never on a failure.
     first_token: asyncio.Event = field(default_factory=asyncio.Event)
@@ -125,6 +132,7 @@ class Mesh:
         sampling: SamplingParams,
         stop: tuple[str, ...],
         retry_for: float = 0.0,
+        output: OutputText = OutputText(),
     ) -> Submitted:
         """Submit one request; a refusal is an ApiError, after `retry_for` seconds of retries."""
         submitted = time.perf_counter()
@@ -146,7 +154,15 @@ class Mesh:
         stream = await self._retrying(lambda: self._open(message), loop.time() + retry_for)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return Submitted(
-            request_id, stream, len(prompt_ids), sampling, stop, loop_deadline, submitted, message
+            request_id,
+            stream,
+            len(prompt_ids),
+            sampling,
+            stop,
+            loop_deadline,
+            submitted,
+            message,
+            output,
         )
 
     async def _open(self, message: SubmitRequest) -> RequestStream:
@@ -189,7 +205,9 @@ class Mesh:
         return stream
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
-        detokenizer = IncrementalDetokenizer(self.text.tokenizer)
+        detokenizer = IncrementalDetokenizer(
+            self.text.tokenizer, job.output.skip_special_tokens
+        )
         stops = StopStringMatcher(job.stop)
         completion_tokens = 0
         finished = False
@@ -211,6 +229,8 @@ class Mesh:
                 text, stopped = stops.feed(detokenizer.add(chunk.token_ids))
                 if chunk.finish_reason and not stopped:
                     text += stops.feed(detokenizer.flush())[0] + stops.flush()
+                if stopped and job.output.include_stop_str:
+                    text += stops.matched
                 if text or chunk.logprobs:
                     yield Delta(text, chunk.token_ids, chunk.logprobs)
                 if stopped or chunk.finish_reason:

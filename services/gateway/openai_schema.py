@@ -2,9 +2,11 @@
 
 Decisions: `n` up to MAX_N choices (`choices.py`); `echo` (completions) returns the prompt
 before the output, but not with logprobs (no prompt logprobs); `suffix` (completions) asks
-for fill-in-the-middle (`fim.py`), an empty one is the same as none; any field outside the
-accepted set (tools, functions, audio, ...) is a 400 naming it, unless its value is null.
-Structured output (`response_format`, `guided_*`) is parsed in `structured.py`.
+for fill-in-the-middle (`fim.py`), an empty one is the same as none. The strictness rule
+(docs/API.md): a field OpenAI or vLLM documents either works or is a 400 naming it and
+saying why (REFUSED); any other field is a 400 naming it, unless its value is null.
+Structured output (`response_format`, `structured_outputs`, `guided_*`) is parsed in
+`structured.py`, tools in `tools.py`, messages and template options in `messages.py`.
 SamplingParams does the range checks; its InvalidParameter.field maps back to the name
 the client used. `max_tokens` is resolved against the prompt length in `with_max_tokens`.
 """
@@ -12,11 +14,19 @@ the client used. `max_tokens` is resolved against the prompt length in `with_max
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from services.gateway.errors import invalid
+from services.gateway.messages import (
+    CHAT_OPTION_FIELDS,
+    ChatOptions,
+    Message,
+    chat_options,
+    parse_messages,
+)
 from services.gateway.structured import GUIDED_FIELDS, guided_fields
+from services.gateway.tools import TOOL_FIELDS, ToolRequest, parse_tools
 from shared.engine.sampling_params import InvalidParameter, SamplingParams
 
 Kind = Literal["chat", "completion"]
@@ -28,21 +38,33 @@ _COMMON_FIELDS = frozenset(
         "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
         "stop_token_ids", "seed", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "logprobs",
-        "stream", "stream_options", "user", *GUIDED_FIELDS,
+        "stream", "stream_options", "user", "skip_special_tokens",
+        "include_stop_str_in_output", *GUIDED_FIELDS,
     }
 )  # fmt: skip
+# Fields vLLM documents that this server does not do, with why; their default values pass.
+REFUSED: dict[str, tuple[Any, str]] = {
+    "priority": (0, "the scheduler serves requests first come, first served"),
+    "cache_salt": ("", "the prefix cache is shared by all requests of a model"),
+    "prompt_logprobs": (None, "the engine does not score prompt tokens"),
+    "use_beam_search": (False, "beam search is not implemented"),
+    "length_penalty": (1.0, "it applies to beam search, which is not implemented"),
+    "best_of": (1, "use n; choices are not ranked"),
+}
 _FIELDS: dict[Kind, frozenset[str]] = {
-    "chat": _COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"},
+    "chat": _COMMON_FIELDS
+    | {"messages", "max_completion_tokens", "top_logprobs", *TOOL_FIELDS, *CHAT_OPTION_FIELDS},
     "completion": _COMMON_FIELDS | {"prompt", "echo", "suffix"},
 }
 Prompt = str | list[int]
+_STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     kind: Kind
     model: str
-    messages: list[dict[str, str]] | None  # chat: role and text content
+    messages: list[Message] | None  # chat: role, text content, tool calls
     prompt: Prompt | None  # completions: text or token ids
     sampling: SamplingParams  # max_tokens is a placeholder until with_max_tokens
     max_tokens: int | None  # None: as many as the context allows
@@ -53,6 +75,11 @@ class GenerationRequest:
     n: int = 1  # choices, each its own request on the mesh
     echo: bool = False  # completions: the prompt's text comes before the output
     suffix: str = ""  # completions: the text after the output (fill-in-the-middle)
+    tools: ToolRequest | None = None  # chat
+    chat: ChatOptions = field(default_factory=ChatOptions)  # chat: template options
+    skip_special_tokens: bool = True  # special tokens left out of the text
+    include_stop_str: bool = False  # a matched stop string stays in the output
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats
 
 
 def parse_request(kind: Kind, body: Any) -> GenerationRequest:
@@ -60,6 +87,7 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
+    _refuse(body)
     unsupported = sorted(set(body) - _FIELDS[kind])
     if unsupported:
         raise invalid(f"unsupported field(s): {', '.join(unsupported)}", unsupported[0])
@@ -81,13 +109,23 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         max_tokens = _int(body, max_field, max_tokens)
     stream = _bool(body, "stream", False)
     options = body.get("stream_options", {})
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise invalid("stream_options may only hold include_usage", "stream_options")
+    if not isinstance(options, dict) or set(options) - _STREAM_OPTIONS:
+        raise invalid(
+            "stream_options may only hold include_usage and continuous_usage_stats",
+            "stream_options",
+        )
     if options and not stream:
         raise invalid("stream_options is only allowed with stream=true", "stream_options")
     include_usage = _bool(options, "include_usage", False)
     logprobs, logprobs_field = _logprobs(kind, body)
     guided_kind, guided_spec = guided_fields(body)
+    tools = parse_tools(body) if kind == "chat" else None
+    if tools is not None and tools.guided()[0]:
+        if guided_kind:
+            name = next(f for f in GUIDED_FIELDS if f in body)
+            raise invalid(f"tool_choice {tools.choice!r} cannot be combined with {name}", name)
+        guided_kind, guided_spec = tools.guided()
+    messages = parse_messages(body) if kind == "chat" else None
     try:
         sampling = SamplingParams(
             temperature=_float(body, "temperature", 1.0),
@@ -112,7 +150,7 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
     return GenerationRequest(
         kind=kind,
         model=model,
-        messages=_messages(body) if kind == "chat" else None,
+        messages=messages,
         prompt=_prompt(body) if kind == "completion" else None,
         sampling=sampling,
         max_tokens=max_tokens,
@@ -123,7 +161,21 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         n=n,
         echo=echo,
         suffix=suffix,
+        tools=tools,
+        chat=chat_options(body, messages) if messages else ChatOptions(),
+        skip_special_tokens=_bool(body, "skip_special_tokens", True),
+        include_stop_str=_bool(body, "include_stop_str_in_output", False),
+        continuous_usage=_bool(options, "continuous_usage_stats", False),
     )
+
+
+def _refuse(body: dict[str, Any]) -> None:
+    """400 for a REFUSED field set to anything but its default."""
+    for name, (default, why) in REFUSED.items():
+        if name in body and body[name] != default:
+            raise invalid(f"{name} is not supported: {why}", name)
+    for name in REFUSED:
+        body.pop(name, None)
 
 
 def with_max_tokens(
@@ -169,33 +221,6 @@ def _logprobs(kind: Kind, body: dict[str, Any]) -> tuple[int | None, str]:
     if "top_logprobs" in body and not wanted:
         raise invalid("top_logprobs requires logprobs=true", "top_logprobs")
     return (_int(body, "top_logprobs", 0) if wanted else None), "top_logprobs"
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("messages must be a non-empty list", "messages")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise invalid(f"{where} must be an object with a role", where)
-        extra = sorted(set(message) - {"role", "content", "name"})
-        if extra:
-            raise invalid(f"{where}: unsupported field(s): {', '.join(extra)}", where)
-        out.append({"role": message["role"], "content": _content(message.get("content"), where)})
-    return out
-
-
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise invalid(f"{where}.content must be a string or a list of text parts", where)
 
 
 def _prompt(body: dict[str, Any]) -> Prompt:

@@ -10,7 +10,10 @@ from tokenizers import Tokenizer
 
 from services.gateway.errors import invalid
 from services.gateway.fim import FimTokens, fim_token_names
+from services.gateway.messages import ChatOptions, Message
 from services.gateway.openai_schema import Prompt
+from services.gateway.tool_prompt import parser_for, template_inputs
+from services.gateway.tools import ToolRequest
 from shared.models.chat_template import (
     ChatTemplateError,
     load_chat_template,
@@ -40,15 +43,50 @@ class ModelText:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_prompt_ids(
+        self,
+        messages: list[Message],
+        tools: ToolRequest | None = None,
+        options: ChatOptions = ChatOptions(),  # noqa: B008  (frozen)
+    ) -> list[int]:
         """Rendered as HF does, tokenized without adding special tokens (the template has them)."""
+        return self.tokenizer.encode(
+            self.chat_prompt(messages, tools, options), add_special_tokens=False
+        ).ids
+
+    def chat_prompt(
+        self,
+        messages: list[Message],
+        tools: ToolRequest | None = None,
+        options: ChatOptions = ChatOptions(),  # noqa: B008  (frozen)
+    ) -> str:
+        """The chat template's text; with continue_final_message it ends where the last
+        message's content does, as vLLM does it."""
         if self.chat_template is None:
             raise invalid("this model has no chat template: use /v1/completions", "messages")
+        shown, definitions = template_inputs(self.chat_template, messages, tools)
+        variables = self.special_tokens | options.template_kwargs
         try:
-            text = render_chat(self.chat_template, messages, True, **self.special_tokens)
+            text = render_chat(
+                self.chat_template, shown, options.add_generation_prompt, definitions, **variables
+            )
         except ChatTemplateError as exc:
             raise invalid(f"the chat template refused the messages: {exc}", "messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        if options.continue_final_message:
+            last = shown[-1]["content"]
+            end = text.rfind(last) if last else -1
+            if end < 0:
+                raise invalid(
+                    "continue_final_message: the last message's content is empty or not in "
+                    "the rendered prompt",
+                    "continue_final_message",
+                )
+            text = text[: end + len(last)]
+        return text
+
+    def tool_parser(self, configured: str) -> str:
+        """The tool-call parser for this model's replies (`tool_prompt.parser_for`)."""
+        return parser_for(self.chat_template or "", configured)
 
     def completion_prompt_ids(self, prompt: Prompt, suffix: str = "") -> list[int]:
         """The prompt's ids; with a suffix, the fill-in-the-middle prompt (`fim.py`)."""

@@ -1,4 +1,9 @@
-"""OpenAI response bodies: chat.completion(.chunk) and text_completion, logprobs included."""
+"""OpenAI response bodies: chat.completion(.chunk) and text_completion, logprobs included.
+
+With tools, a chat choice's text goes through its ToolCallStream: content and `tool_calls`
+(deltas when streamed), and finish_reason `tool_calls` when the model stopped after calling.
+With `continuous_usage_stats` every streamed chunk carries the usage so far.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any
 from services.gateway.generation import Delta, Finish, Usage
 from services.gateway.openai_schema import Kind
 from services.gateway.prompting import ModelText
+from services.gateway.tool_stream import ToolCallStream
 from shared.protocol import TokenLogprob
 
 
@@ -22,22 +28,35 @@ class ResponseBuilder:
     text: ModelText
     index: int = 0  # the choice's index (n > 1)
     prefix: str = ""  # text before the output: the prompt, for completions with echo
+    tools: ToolCallStream | None = None  # chat with tools: parses the output
+    num_prompt_tokens: int | None = None  # set: every chunk carries the usage so far
     created: int = field(default_factory=lambda: int(time.time()))
     text_offset: int = 0
+    completion_tokens: int = 0  # streamed so far
 
     def chunk(self, delta: Delta | None, finish: Finish | None, first: bool) -> dict[str, Any]:
         """One streamed chunk; `first` adds the assistant role (chat)."""
         choice: dict[str, Any] = {"index": self.index}
         text = (self.prefix if first else "") + (delta.text if delta else "")
         if self.kind == "chat":
+            calls: list[dict[str, Any]] = []
+            if self.tools is not None:
+                text, calls = self.tools.feed(text, final=finish is not None)
             choice["delta"] = {"role": "assistant", "content": text} if first else {}
             if text:
                 choice["delta"]["content"] = text
+            if calls:
+                choice["delta"]["tool_calls"] = calls
         else:
             choice["text"] = text
         choice["logprobs"] = self.logprobs(delta.logprobs) if delta and delta.logprobs else None
-        choice["finish_reason"] = finish.reason if finish else None
-        return self._envelope([choice], chunk=True)
+        called = self.tools is not None and self.tools.called
+        choice["finish_reason"] = _finish_reason(finish, called) if finish else None
+        body = self._envelope([choice], chunk=True)
+        if self.num_prompt_tokens is not None:
+            self.completion_tokens += len(delta.token_ids) if delta else 0
+            body["usage"] = Usage(self.num_prompt_tokens, self.completion_tokens).as_dict()
+        return body
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self._envelope([], chunk=True) | {"usage": usage.as_dict()}
@@ -47,12 +66,17 @@ class ResponseBuilder:
         text = self.prefix + "".join(d.text for d in deltas)
         logprobs = [lp for d in deltas for lp in d.logprobs]
         choice: dict[str, Any] = {"index": self.index}
+        calls = []
         if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": text}
+            if self.tools is not None:
+                text, calls = self.tools.calls(text)
+            choice["message"] = {"role": "assistant", "content": text or None if calls else text}
+            if calls:
+                choice["message"]["tool_calls"] = [c.as_dict() for c in calls]
         else:
             choice["text"] = text
         choice["logprobs"] = self.logprobs(logprobs) if logprobs else None
-        choice["finish_reason"] = finish.reason
+        choice["finish_reason"] = _finish_reason(finish, bool(calls))
         return self._envelope([choice], chunk=False) | {"usage": finish.usage.as_dict()}
 
     def logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any]:
@@ -90,6 +114,10 @@ class ResponseBuilder:
             "model": self.model,
             "choices": choices,
         }
+
+
+def _finish_reason(finish: Finish, called: bool) -> str:
+    return "tool_calls" if called and finish.reason == "stop" else finish.reason
 
 
 def _chat_logprob(text: str, logprob: float) -> dict[str, Any]:
