@@ -205,9 +205,7 @@ class Mesh:
         return stream
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
-        detokenizer = IncrementalDetokenizer(
-            self.text.tokenizer, job.output.skip_special_tokens
-        )
+        detokenizer = IncrementalDetokenizer(self.text.tokenizer, job.output.skip_special_tokens)
         stops = StopStringMatcher(job.stop)
         completion_tokens = 0
         finished = False

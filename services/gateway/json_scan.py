@@ -46,6 +46,8 @@ def value_end(text: str, i: int) -> int | None:
     while j < len(text) and text[j] not in _SCALAR_END:
         j += 1
     if j == len(text):
+        if not _could_be_scalar(text[i:]):
+            raise NotJson(f"not the start of a JSON value: {text[i:]!r}")
         return None  # a number or literal may go on
     try:
         json.loads(text[i:j])
@@ -93,6 +95,13 @@ def object_fields(text: str, i: int) -> tuple[dict[str, Span], int | None]:
     return fields, None
 
 
+def _could_be_scalar(start: str) -> bool:
+    """Can `start` grow into a number, true, false or null?"""
+    if any(literal.startswith(start) for literal in ("true", "false", "null")):
+        return True
+    return all(c in "-+.eE0123456789" for c in start) and start[0] in "-0123456789"
+
+
 def _string_end(text: str, i: int) -> int | None:
     j = i + 1
     while j < len(text):
@@ -106,23 +115,40 @@ def _string_end(text: str, i: int) -> int | None:
 
 
 def _container_end(text: str, i: int) -> int | None:
-    closing = {"{": "}", "[": "]"}
-    stack = [closing[text[i]]]
+    """Like value_end for the object or array at text[i], checking its syntax as far as the
+    text goes, so a stream learns of bad JSON at its first bad character."""
+    # per open container: [its closing bracket, what comes next]
+    stack = [["}", "key_or_end"] if text[i] == "{" else ["]", "value_or_end"]]
     j = i + 1
-    while j < len(text):
-        c = text[j]
-        if c == '"':
+    while True:
+        j = skip_whitespace(text, j)
+        if j == len(text):
+            return None
+        c, top = text[j], stack[-1]
+        closing, expect = top
+        if c == closing and expect in ("comma_or_end", "key_or_end", "value_or_end"):
+            stack.pop()
+            j += 1
+            if not stack:
+                return j
+        elif expect in ("value", "value_or_end"):
+            top[1] = "comma_or_end"
+            if c in "{[":
+                stack.append(["}", "key_or_end"] if c == "{" else ["]", "value_or_end"])
+                j += 1
+            else:
+                end = value_end(text, j)
+                if end is None:
+                    return None
+                j = end
+        elif expect in ("key", "key_or_end") and c == '"':
             end = _string_end(text, j)
             if end is None:
                 return None
-            j = end
-            continue
-        if c in closing:
-            stack.append(closing[c])
-        elif c in "}]":
-            if c != stack.pop():
-                raise NotJson(f"unbalanced {c!r}")
-            if not stack:
-                return j + 1
-        j += 1
-    return None
+            top[1], j = "colon", end
+        elif expect == "colon" and c == ":":
+            top[1], j = "value", j + 1
+        elif expect == "comma_or_end" and c == ",":
+            top[1], j = ("key" if closing == "}" else "value"), j + 1
+        else:
+            raise NotJson(f"unexpected {c!r} in JSON")

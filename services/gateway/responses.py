@@ -55,6 +55,8 @@ class ResponseBuilder:
         body = self._envelope([choice], chunk=True)
         if self.num_prompt_tokens is not None:
             self.completion_tokens += len(delta.token_ids) if delta else 0
+            if finish is not None:  # it counts tokens that added no text (end of turn)
+                self.completion_tokens = finish.usage.completion_tokens
             body["usage"] = Usage(self.num_prompt_tokens, self.completion_tokens).as_dict()
         return body
 

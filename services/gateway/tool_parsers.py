@@ -50,6 +50,11 @@ def scanner_for(parser: str) -> Scanner:
     return {"hermes": hermes, "llama3_json": llama3_json, "mistral": mistral}[parser]
 
 
+def plain(text: str, final: bool) -> Scan:
+    """No tools: all of it is content."""
+    return Scan(text, ())
+
+
 def named(function: str) -> Scanner:
     """The output is `function`'s arguments (tool_choice names a function)."""
 

@@ -34,11 +34,13 @@ class ToolCallStream:
     content_sent: int = 0
     arguments_sent: list[int] = field(default_factory=list)  # per call index
     ids: list[str] = field(default_factory=list)
+    calling: bool = False  # the latest scan found calls
 
     def feed(self, piece: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
         """(new content, new tool_calls delta entries) once `piece` is added."""
         self.text += piece
         scan = self.scanner(self.text, final)
+        self.calling = bool(scan.calls)
         content = scan.content[self.content_sent :]
         self.content_sent = max(self.content_sent, len(scan.content))
         entries: list[dict[str, Any]] = []
@@ -60,8 +62,9 @@ class ToolCallStream:
 
     @property
     def called(self) -> bool:
-        """Has the stream sent a tool call?"""
-        return bool(self.ids)
+        """Has the stream sent a tool call that is still one? (Output that turns out not
+        to be a call, once parts of it went out, ends as content.)"""
+        return bool(self.ids) and self.calling
 
     def calls(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content, calls) of a whole output."""
