@@ -254,7 +254,7 @@ def test_every_prefix_of_valid_json_is_open_and_the_whole_ends(text: str) -> Non
         assert value_end(text[:cut], 0) in (None, cut)  # never NotJson
 
 
-@pytest.mark.parametrize("text", ['{"a" 1', '[1 2', '{"a": 1,}', '{"a": Par', '{"a": [1}'])
+@pytest.mark.parametrize("text", ['{"a" 1', "[1 2", '{"a": 1,}', '{"a": Par', '{"a": [1}'])
 def test_bad_json_is_refused_while_it_is_still_open(text: str) -> None:
     with pytest.raises(NotJson):
         value_end(text, 0)
