@@ -78,7 +78,9 @@ def prepare(request: web.Request, parsed: GenerationRequest) -> Choices:
         )
     prompt_ids = _prompt_ids(mesh, parsed)
     sampling = with_max_tokens(parsed, len(prompt_ids), config.max_model_len)
-    output = OutputText(parsed.skip_special_tokens, parsed.include_stop_str)
+    tools = parsed.tools is not None and parsed.tools.active
+    keep = mesh.text.tool_markers(config.tool_call_parser) if tools else ()
+    output = OutputText(parsed.skip_special_tokens, parsed.include_stop_str, frozenset(keep))
     return Choices(uuid.uuid4().hex, prompt_ids, sampling, parsed.stop, parsed.n, output)
 
 

@@ -91,6 +91,7 @@ class GenerationFailed(Exception):
 class OutputText:
     skip_special_tokens: bool = True
     include_stop_str: bool = False  # a matched stop string stays in the text
+    keep_tokens: frozenset[int] = frozenset()  # special tokens shown all the same
 
 
 @dataclass(slots=True)
@@ -205,7 +206,10 @@ class Mesh:
         return stream
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
-        detokenizer = IncrementalDetokenizer(self.text.tokenizer, job.output.skip_special_tokens)
+        output = job.output
+        detokenizer = IncrementalDetokenizer(
+            self.text.tokenizer, output.skip_special_tokens, output.keep_tokens
+        )
         stops = StopStringMatcher(job.stop)
         completion_tokens = 0
         finished = False

@@ -12,6 +12,7 @@ from services.gateway.errors import invalid
 from services.gateway.fim import FimTokens, fim_token_names
 from services.gateway.messages import ChatOptions, Message
 from services.gateway.openai_schema import Prompt
+from services.gateway.tool_parsers import MISTRAL_MARKER
 from services.gateway.tool_prompt import parser_for, template_inputs
 from services.gateway.tools import ToolRequest
 from shared.models.chat_template import (
@@ -87,6 +88,12 @@ class ModelText:
     def tool_parser(self, configured: str) -> str:
         """The tool-call parser for this model's replies (`tool_prompt.parser_for`)."""
         return parser_for(self.chat_template or "", configured)
+
+    def tool_markers(self, configured: str) -> tuple[int, ...]:
+        """The special tokens the parser reads, which the text must show: Mistral's."""
+        marker = self.tokenizer.token_to_id(MISTRAL_MARKER)
+        wanted = self.tool_parser(configured) == "mistral" and marker is not None
+        return (marker,) if wanted else ()
 
     def completion_prompt_ids(self, prompt: Prompt, suffix: str = "") -> list[int]:
         """The prompt's ids; with a suffix, the fill-in-the-middle prompt (`fim.py`)."""

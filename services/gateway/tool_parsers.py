@@ -26,7 +26,7 @@ from services.gateway.json_scan import NotJson, object_fields, skip_whitespace
 PARSERS = ("hermes", "llama3_json", "mistral")
 _HERMES_START, _HERMES_END = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
-_MISTRAL_START = "[TOOL_CALLS]"
+MISTRAL_MARKER = "[TOOL_CALLS]"
 _ARGUMENT_KEYS = ("arguments", "parameters")
 
 
@@ -129,10 +129,10 @@ def llama3_json(text: str, final: bool) -> Scan:
 
 
 def mistral(text: str, final: bool) -> Scan:
-    first = text.find(_MISTRAL_START)
+    first = text.find(MISTRAL_MARKER)
     if first < 0:
-        return Scan(text if final else _hold_back(text, _MISTRAL_START), ())
-    start = skip_whitespace(text, first + len(_MISTRAL_START))
+        return Scan(text if final else _hold_back(text, MISTRAL_MARKER), ())
+    start = skip_whitespace(text, first + len(MISTRAL_MARKER))
     return _safely(text, final, lambda: Scan(text[:first], _call_array(text, start)))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import jsonschema
 import openai
 import pytest
 from aiohttp import web
+from tokenizers import Tokenizer
 
 from services.gateway.prompting import ModelText
 from shared.bus import Bus
@@ -77,6 +79,30 @@ def gw(nats_server: NatsServer, real_model_dir: Path) -> Iterator[Harness]:  # n
     harness.run(mesh.bus.close())
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def mistral_gw(
+    gw: Harness,
+    nats_server: NatsServer,  # noqa: F811
+    real_model_dir: Path,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Harness]:
+    """A second gateway on the same fake mesh: `[TOOL_CALLS]` a special token of its
+    tokenizer, --tool-call-parser mistral."""
+    model_dir = tmp_path_factory.mktemp("mistral-tokenizer")
+    tokenizer = Tokenizer.from_file(str(real_model_dir / "tokenizer.json"))
+    tokenizer.add_special_tokens(["[TOOL_CALLS]"])
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    shutil.copy(real_model_dir / "tokenizer_config.json", model_dir)
+    config = dataclasses.replace(
+        gateway_config(nats_server, model_dir, "gw-mistral"),
+        max_model_len=MAX_MODEL_LEN,
+        tool_call_parser="mistral",
+    )
+    runner = gw.run(start_gateway(config))
+    yield Harness(f"http://127.0.0.1:{config.port}", gw.mesh, gw.loop, ModelText.load(model_dir))
+    gw.run(runner.cleanup())
 
 
 def play(gw: Harness, text: str, finish: str = "stop", chunk: int = 1) -> list[int]:
@@ -155,6 +181,21 @@ def test_required_and_named_are_enforced_and_stream_the_same(gw: Harness) -> Non
     )
     content, calls, finish = assemble(list(stream))
     assert (content, calls, finish) == ("", [("get_weather", call.function.arguments)], finish)
+
+
+def test_mistral_calls_are_read_behind_their_special_token(mistral_gw: Harness) -> None:
+    play(mistral_gw, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]')
+    marker = mistral_gw.text.tokenizer.token_to_id("[TOOL_CALLS]")
+    assert mistral_gw.mesh.script[0][0] == [marker]  # played as the one special token
+    client = mistral_gw.client()
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER])
+    (call,) = reply.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Rome"}')
+    assert reply.choices[0].message.content is None
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], stream=True)
+    assert assemble(list(stream)) == ("", [("get_weather", '{"city": "Rome"}')], "tool_calls")
+    reply = client.chat.completions.create(model=MODEL, messages=ASK)  # no tools: skipped
+    assert reply.choices[0].message.content.startswith('[{"name"')
 
 
 def test_a_conversation_with_tool_results_continues(gw: Harness) -> None:
