@@ -21,6 +21,7 @@ from services.gateway.generation import (
 )
 from services.gateway.keys import CONFIG, MESH
 from services.gateway.openai_schema import GenerationRequest, Kind, parse_request, with_max_tokens
+from services.gateway.prompt_scores import PromptScoring
 from services.gateway.responses import ResponseBuilder, total_usage
 from services.gateway.sse import SSEWriter
 from services.gateway.tool_stream import ToolCallStream
@@ -50,6 +51,7 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
             echo,
             tool_stream(request, parsed),
             usage_so_far,
+            _scoring(parsed, choices.prompt_ids),
         )
         for index in range(parsed.n)
     ]
@@ -92,6 +94,16 @@ def tool_stream(request: web.Request, parsed: GenerationRequest) -> ToolCallStre
     return parsed.tools.stream(parser)
 
 
+def _scoring(parsed: GenerationRequest, prompt_ids: list[int]) -> PromptScoring | None:
+    """What the reply shows of the prompt's logprobs, when the request scores its prompt."""
+    sampling = parsed.sampling
+    if sampling.prompt_logprobs is None:
+        return None
+    echoed = parsed.echo and sampling.logprobs is not None
+    listed = parsed.prompt_logprobs_listed
+    return PromptScoring(prompt_ids[0], listed, echoed, parsed.score_only)
+
+
 def _prompt_ids(mesh: Mesh, parsed: GenerationRequest) -> list[int]:
     if parsed.messages is not None:
         return mesh.text.chat_prompt_ids(parsed.messages, parsed.tools, parsed.chat)
@@ -127,7 +139,7 @@ async def _complete(
     if len(finishes) < choices.n:
         raise ApiError(500, "the token stream ended without a finish", code="generation_failed")
     bodies = [b.full(deltas[i], finishes[i]) for i, b in enumerate(builders)]
-    usage = total_usage([finishes[i] for i in range(choices.n)])
+    usage = total_usage([b.finished(finishes[i]) for i, b in enumerate(builders)])
     entries = [body["choices"][0] for body in bodies]
     return web.json_response(bodies[0] | {"choices": entries, "usage": usage.as_dict()})
 
@@ -152,7 +164,7 @@ async def _stream(
                 builder = builders[index]
                 if isinstance(event, Finish):
                     await sse.send(builder.chunk(None, event, opening[index]))
-                    finishes.append(event)
+                    finishes.append(builder.finished(event))
                 else:
                     await sse.send(builder.chunk(event, None, opening[index]))
                 opening[index] = False

@@ -43,7 +43,15 @@ from services.gateway.stop_strings import StopStringMatcher
 from services.gateway.streams import RequestStream, TokenStreams
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
-from shared.protocol import Cancel, Outcome, SubmitAck, SubmitRequest, TokenChunk, TokenLogprob
+from shared.protocol import (
+    Cancel,
+    Outcome,
+    PromptTokenLogprob,
+    SubmitAck,
+    SubmitRequest,
+    TokenChunk,
+    TokenLogprob,
+)
 from shared.subjects import Subjects
 from shared.telemetry.metrics import GatewayMetrics
 from shared.telemetry.tracing import fail, inject
@@ -71,6 +79,8 @@ class Delta:
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # prompt_logprobs: on the first delta, prompt tokens 1.. scored
+    prompt_logprobs: list[PromptTokenLogprob] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -108,6 +118,7 @@ class Submitted:
     delivered: list[int] = field(default_factory=list)  # tokens streamed to the client
     # Set when the first token arrives (or a finish without any); never on a failure.
     first_token: asyncio.Event = field(default_factory=asyncio.Event)
+    prompt_scored: bool = False  # its prompt logprobs have gone to the client
 
 
 class Mesh:
@@ -228,13 +239,15 @@ class Mesh:
                 if chunk.token_ids or chunk.finish_reason:
                     job.first_token.set()
                 completion_tokens += len(chunk.token_ids)
+                scored = [] if job.prompt_scored else chunk.prompt_logprobs
+                job.prompt_scored = job.prompt_scored or bool(scored)  # a migration scores again
                 text, stopped = stops.feed(detokenizer.add(chunk.token_ids))
                 if chunk.finish_reason and not stopped:
                     text += stops.feed(detokenizer.flush())[0] + stops.flush()
                 if stopped and job.output.include_stop_str:
                     text += stops.matched
-                if text or chunk.logprobs:
-                    yield Delta(text, chunk.token_ids, chunk.logprobs)
+                if text or chunk.logprobs or scored:
+                    yield Delta(text, chunk.token_ids, chunk.logprobs, scored)
                 if stopped or chunk.finish_reason:
                     finished = not stopped  # a stop string still needs the Cancel below
                     reason = outcome = "stop" if stopped else chunk.finish_reason or "stop"

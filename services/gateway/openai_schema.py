@@ -1,7 +1,10 @@
 """Parse and validate OpenAI request bodies into a GenerationRequest.
 
 Decisions: `n` up to MAX_N choices (`choices.py`); `echo` (completions) returns the prompt
-before the output, but not with logprobs (no prompt logprobs); `suffix` (completions) asks
+before the output, with logprobs its tokens scored first (the first has none);
+`prompt_logprobs` (vLLM) scores the prompt tokens; `max_tokens: 0` (completions, with echo
+or prompt_logprobs) scores the prompt and returns no output (the worker samples one token,
+which is dropped); `suffix` (completions) asks
 for fill-in-the-middle (`fim.py`), an empty one is the same as none. The strictness rule
 (docs/API.md): a field OpenAI or vLLM documents either works or is a 400 naming it and
 saying why (REFUSED); any other field is a 400 naming it, unless its value is null.
@@ -39,14 +42,13 @@ _COMMON_FIELDS = frozenset(
         "stop_token_ids", "seed", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "logprobs",
         "stream", "stream_options", "user", "skip_special_tokens",
-        "include_stop_str_in_output", *GUIDED_FIELDS,
+        "include_stop_str_in_output", "prompt_logprobs", *GUIDED_FIELDS,
     }
 )  # fmt: skip
 # Fields vLLM documents that this server does not do, with why; their default values pass.
 REFUSED: dict[str, tuple[Any, str]] = {
     "priority": (0, "the scheduler serves requests first come, first served"),
     "cache_salt": ("", "the prefix cache is shared by all requests of a model"),
-    "prompt_logprobs": (None, "the engine does not score prompt tokens"),
     "use_beam_search": (False, "beam search is not implemented"),
     "length_penalty": (1.0, "it applies to beam search, which is not implemented"),
     "best_of": (1, "use n; choices are not ranked"),
@@ -80,6 +82,8 @@ class GenerationRequest:
     skip_special_tokens: bool = True  # special tokens left out of the text
     include_stop_str: bool = False  # a matched stop string stays in the output
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
+    score_only: bool = False  # max_tokens 0: the prompt scored, no output
+    prompt_logprobs_listed: bool = False  # prompt_logprobs asked (not only echo's logprobs)
 
 
 def parse_request(kind: Kind, body: Any) -> GenerationRequest:
@@ -101,12 +105,18 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
     if not isinstance(suffix, str):
         raise invalid("suffix must be a string", "suffix")
     echo = _bool(body, "echo", False)
-    if echo and "logprobs" in body:
-        raise invalid("echo with logprobs is not supported (no prompt logprobs)", "echo")
+    prompt_logprobs = _int(body, "prompt_logprobs", 0) if "prompt_logprobs" in body else None
+    if echo and "logprobs" in body and prompt_logprobs is None:
+        prompt_logprobs = _int(body, "logprobs", 0)  # the echoed prompt is scored too
     max_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = body.get(max_field, 16 if kind == "completion" else None)
     if max_tokens is not None:
         max_tokens = _int(body, max_field, max_tokens)
+    score_only = max_tokens == 0
+    if score_only and not (kind == "completion" and (echo or prompt_logprobs is not None)):
+        raise invalid(f"{max_field}=0 needs a completion with echo or prompt_logprobs", max_field)
+    if score_only:
+        max_tokens = 1  # the one token the worker samples is dropped
     stream = _bool(body, "stream", False)
     options = body.get("stream_options", {})
     if not isinstance(options, dict) or set(options) - _STREAM_OPTIONS:
@@ -142,6 +152,7 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
             min_tokens=_int(body, "min_tokens", 0),
             max_tokens=max_tokens if max_tokens is not None else _placeholder_max(body),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             guided_kind=guided_kind,
             guided_spec=guided_spec,
         )
@@ -166,6 +177,8 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         skip_special_tokens=_bool(body, "skip_special_tokens", True),
         include_stop_str=_bool(body, "include_stop_str_in_output", False),
         continuous_usage=_bool(options, "continuous_usage_stats", False),
+        score_only=score_only,
+        prompt_logprobs_listed="prompt_logprobs" in body,
     )
 
 

@@ -1,7 +1,8 @@
-"""Tool calling and the Responses API through `splitserve up` with the real default model
-(SmolLM2, whose template has no tools: the gateway writes the Hermes convention in), with
-the OpenAI SDK: forced calls validate, streamed calls equal non-streamed ones, a
-conversation carrying a tool result continues, /v1/responses answers."""
+"""Tool calling, the Responses API and prompt logprobs through `splitserve up` with the
+real default model (SmolLM2, whose template has no tools: the gateway writes the Hermes
+convention in), with the OpenAI SDK: forced calls validate, streamed calls equal
+non-streamed ones, a conversation carrying a tool result continues, /v1/responses answers,
+prompt logprobs equal the engine's own logprobs for the same tokens."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from tokenizers import Tokenizer
 
+from shared.engine.engine import LLMEngine
+from shared.engine.engine_config import EngineConfig
+from shared.engine.sampling_params import SamplingParams
 from tests.e2e.test_mesh import Mesh, start_mesh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -110,3 +115,45 @@ def test_responses_api(mesh: Mesh, model: str) -> None:
     )  # fmt: skip
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert events[-1].type == "response.completed" and deltas == response.output_text
+
+
+def engine_generation(model_dir: Path, prompt: list[int], max_tokens: int):
+    """(token ids, their logprobs) of a greedy run on the engine alone, in chunks of 4."""
+    config = EngineConfig(model_dir=model_dir, num_kv_blocks=64, max_num_batched_tokens=4,
+                          max_num_seqs=2)  # fmt: skip
+    engine = LLMEngine(config)
+    engine.add_request(
+        "r", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0)
+    )
+    outputs = [o for _ in range(100) if engine.has_unfinished_requests() for o in engine.step()]
+    return [t for o in outputs for t in o.new_token_ids], [
+        lp.logprob for o in outputs for lp in o.new_logprobs
+    ]
+
+
+def test_prompt_logprobs_equal_the_engines(mesh: Mesh, model: str, real_model_dir: Path) -> None:
+    """Tokens the engine generated greedily, scored as a prompt through the mesh: each gets
+    the logprob the engine gave it as it generated it."""
+    prompt = (
+        Tokenizer.from_file(str(real_model_dir / "tokenizer.json"))
+        .encode("The capital of France is")
+        .ids
+    )
+    generated, logprobs = engine_generation(real_model_dir, prompt, 6)
+    scored = mesh.client.completions.create(
+        model=model, prompt=prompt + generated, max_tokens=0, echo=True, logprobs=2,
+        extra_body={"prompt_logprobs": 2},
+    )  # fmt: skip
+    choice = scored.choices[0]
+    assert choice.finish_reason == "length" and scored.usage.completion_tokens == 0
+    echoed = choice.logprobs
+    assert len(echoed.tokens) == len(prompt) + len(generated) and echoed.token_logprobs[0] is None
+    assert echoed.token_logprobs[len(prompt) :] == pytest.approx(logprobs, abs=1e-4)
+    listed = choice.model_extra["prompt_logprobs"]
+    assert listed[0] is None and len(listed) == len(echoed.tokens)
+    for i, token_id in enumerate(prompt + generated):
+        if i:
+            entry = listed[i][str(token_id)]
+            assert entry["logprob"] == echoed.token_logprobs[i] and len(listed[i]) <= 3
+            assert entry["rank"] == 1 or i < len(prompt)  # the generated ones were greedy
+    assert all(len(top) <= 2 for top in echoed.top_logprobs[1:])
