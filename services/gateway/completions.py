@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from services.gateway.beam_search import beam_search
 from services.gateway.choices import Choices, merged_events
 from services.gateway.errors import ApiError, invalid
 from services.gateway.generation import (
@@ -18,6 +19,7 @@ from services.gateway.generation import (
     Mesh,
     OutputText,
     Submitted,
+    Usage,
 )
 from services.gateway.keys import CONFIG, MESH
 from services.gateway.openai_schema import GenerationRequest, Kind, parse_request, with_max_tokens
@@ -55,6 +57,8 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
         )
         for index in range(parsed.n)
     ]
+    if parsed.beam_search:
+        return await _beams(mesh, parsed, choices, builders)
     first = await choices.submit(mesh, 0)
     try:
         if parsed.stream:
@@ -142,6 +146,27 @@ async def _complete(
     usage = total_usage([b.finished(finishes[i]) for i, b in enumerate(builders)])
     entries = [body["choices"][0] for body in bodies]
     return web.json_response(bodies[0] | {"choices": entries, "usage": usage.as_dict()})
+
+
+async def _beams(
+    mesh: Mesh, parsed: GenerationRequest, choices: Choices, builders: list[ResponseBuilder]
+) -> web.Response:
+    """use_beam_search: the n best beams are the choices, best first (beam_search.py)."""
+    beams = await beam_search(
+        mesh, choices.request_id, choices.prompt_ids, choices.sampling, parsed.n,
+        parsed.length_penalty,
+    )  # fmt: skip
+    decode = mesh.text.tokenizer.decode
+    bodies, finishes = [], []
+    for beam, builder in zip(beams, builders, strict=False):
+        text = decode(list(beam.token_ids), skip_special_tokens=parsed.skip_special_tokens)
+        finish = Finish("stop" if beam.ended else "length",
+                        Usage(len(choices.prompt_ids), len(beam.token_ids)))  # fmt: skip
+        bodies.append(builder.full([Delta(text, list(beam.token_ids))], finish))
+        finishes.append(finish)
+    entries = [body["choices"][0] for body in bodies]
+    usage = total_usage(finishes).as_dict()
+    return web.json_response(bodies[0] | {"choices": entries, "usage": usage})
 
 
 async def _stream(

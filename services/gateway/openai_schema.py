@@ -30,11 +30,12 @@ from services.gateway.messages import (
 )
 from services.gateway.structured import GUIDED_FIELDS, guided_fields
 from services.gateway.tools import TOOL_FIELDS, ToolRequest, parse_tools
-from shared.engine.sampling_params import InvalidParameter, SamplingParams
+from shared.engine.sampling_params import MAX_TOP_LOGPROBS, InvalidParameter, SamplingParams
 
 Kind = Literal["chat", "completion"]
 MAX_STOP_STRINGS = 4
 MAX_N = 16
+MAX_BEAMS = MAX_TOP_LOGPROBS // 2  # each step asks 2 * width logprobs (beam_search.py)
 
 _COMMON_FIELDS = frozenset(
     {
@@ -42,15 +43,14 @@ _COMMON_FIELDS = frozenset(
         "stop_token_ids", "seed", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "logprobs",
         "stream", "stream_options", "user", "skip_special_tokens",
-        "include_stop_str_in_output", "prompt_logprobs", *GUIDED_FIELDS,
+        "include_stop_str_in_output", "prompt_logprobs", "use_beam_search", "length_penalty",
+        *GUIDED_FIELDS,
     }
 )  # fmt: skip
 # Fields vLLM documents that this server does not do, with why; their default values pass.
 REFUSED: dict[str, tuple[Any, str]] = {
     "priority": (0, "the scheduler serves requests first come, first served"),
     "cache_salt": ("", "the prefix cache is shared by all requests of a model"),
-    "use_beam_search": (False, "beam search is not implemented"),
-    "length_penalty": (1.0, "it applies to beam search, which is not implemented"),
     "best_of": (1, "use n; choices are not ranked"),
 }
 _FIELDS: dict[Kind, frozenset[str]] = {
@@ -84,6 +84,8 @@ class GenerationRequest:
     continuous_usage: bool = False  # stream_options.continuous_usage_stats
     score_only: bool = False  # max_tokens 0: the prompt scored, no output
     prompt_logprobs_listed: bool = False  # prompt_logprobs asked (not only echo's logprobs)
+    beam_search: bool = False  # use_beam_search: n beams (beam_search.py)
+    length_penalty: float = 1.0
 
 
 def parse_request(kind: Kind, body: Any) -> GenerationRequest:
@@ -179,7 +181,28 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         continuous_usage=_bool(options, "continuous_usage_stats", False),
         score_only=score_only,
         prompt_logprobs_listed="prompt_logprobs" in body,
+        beam_search=_beam_search(body, n, tools),
+        length_penalty=_float(body, "length_penalty", 1.0),
     )
+
+
+def _beam_search(body: dict[str, Any], n: int, tools: ToolRequest | None) -> bool:
+    """use_beam_search, checked against what beam search cannot do (400 naming the field)."""
+    if not _bool(body, "use_beam_search", False):
+        if "length_penalty" in body and body["length_penalty"] != 1.0:
+            raise invalid("length_penalty needs use_beam_search", "length_penalty")
+        return False
+    if n > MAX_BEAMS:
+        raise invalid(f"n (the beam width) must be <= {MAX_BEAMS} with beam search", "n")
+    conflicts = [
+        *(f for f in ("stream", "echo", "logprobs", "prompt_logprobs", "suffix") if body.get(f)),
+        *(f for f in ("stop", *GUIDED_FIELDS) if body.get(f)),
+    ]
+    if tools is not None and tools.active:
+        conflicts.append("tools")
+    if conflicts:
+        raise invalid(f"beam search does not take {conflicts[0]}", conflicts[0])
+    return True
 
 
 def _refuse(body: dict[str, Any]) -> None:

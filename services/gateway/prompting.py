@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ class ModelText:
     chat_template: str | None  # None: the model has none, chat requests are refused
     special_tokens: dict[str, str]
     fim: FimTokens | None  # None: the tokenizer has no fill-in-the-middle tokens
+    eos_token_ids: tuple[int, ...] = ()  # as the engine reads them; () without config.json
 
     @classmethod
     def load(cls, model_dir: Path) -> ModelText:
@@ -38,7 +40,7 @@ class ModelText:
             template = None
         special = load_special_tokens(model_dir) if template else {}
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        return cls(tokenizer, template, special, FimTokens.find(tokenizer))
+        return cls(tokenizer, template, special, FimTokens.find(tokenizer), _eos_ids(model_dir))
 
     @property
     def vocab_size(self) -> int:
@@ -118,3 +120,15 @@ class ModelText:
     def token_text(self, token_id: int) -> str:
         """One token as text, for logprobs."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _eos_ids(model_dir: Path) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id, else config.json's (as HF and the engine)."""
+    value = None
+    for name in ("config.json", "generation_config.json"):
+        path = model_dir / name
+        if path.is_file():
+            value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id", value)
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (int(value),)

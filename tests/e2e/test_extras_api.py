@@ -12,7 +12,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
 
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
@@ -157,3 +159,41 @@ def test_prompt_logprobs_equal_the_engines(mesh: Mesh, model: str, real_model_di
             assert entry["logprob"] == echoed.token_logprobs[i] and len(listed[i]) <= 3
             assert entry["rank"] == 1 or i < len(prompt)  # the generated ones were greedy
     assert all(len(top) <= 2 for top in echoed.top_logprobs[1:])
+
+
+def reference_beams(model_dir: Path, prompt: list[int], width: int, steps: int) -> list[list[int]]:
+    """Textbook beam search on transformers' logits (no end-of-sequence within `steps`):
+    keep the `width` best continuations by summed logprob, recomputing every prefix."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    beams: list[tuple[list[int], float]] = [([], 0.0)]
+    for _ in range(steps):
+        grown = []
+        for tokens, total in beams:
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + tokens])).logits[0, -1]
+            top = torch.log_softmax(logits.float(), dim=-1).topk(2 * width)
+            pairs = zip(top.indices.tolist(), top.values.tolist(), strict=True)
+            grown += [(tokens + [t], total + lp) for t, lp in pairs]
+        beams = sorted(grown, key=lambda b: b[1], reverse=True)[:width]
+    return [tokens for tokens, _ in beams]
+
+
+def test_beam_search_is_deterministic_and_equals_a_reference(
+    mesh: Mesh, model: str, real_model_dir: Path
+) -> None:
+    prompt = (
+        Tokenizer.from_file(str(real_model_dir / "tokenizer.json"))
+        .encode("The capital of France is")
+        .ids
+    )
+    kwargs = dict(model=model, prompt=prompt, max_tokens=5, n=3,
+                  extra_body={"use_beam_search": True, "length_penalty": 1.0})  # fmt: skip
+    first = mesh.client.completions.create(**kwargs)
+    again = mesh.client.completions.create(**kwargs)
+    texts = [c.text for c in first.choices]
+    assert texts == [c.text for c in again.choices] and len(set(texts)) == 3
+    tokenizer = Tokenizer.from_file(str(real_model_dir / "tokenizer.json"))
+    expected = [tokenizer.decode(b) for b in reference_beams(real_model_dir, prompt, 3, 5)]
+    assert texts == expected
+    assert all(c.finish_reason == "length" for c in first.choices)
+    assert first.usage.completion_tokens == 15
