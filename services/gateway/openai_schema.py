@@ -7,7 +7,7 @@ or prompt_logprobs) scores the prompt and returns no output (the worker samples 
 which is dropped); `suffix` (completions) asks
 for fill-in-the-middle (`fim.py`), an empty one is the same as none. The strictness rule
 (docs/API.md): a field OpenAI or vLLM documents either works or is a 400 naming it and
-saying why (REFUSED); any other field is a 400 naming it, unless its value is null.
+saying why (`vllm_fields.REFUSED`); any other field is a 400 naming it, unless its value is null.
 Structured output (`response_format`, `structured_outputs`, `guided_*`) is parsed in
 `structured.py`, tools in `tools.py`, messages and template options in `messages.py`.
 SamplingParams does the range checks; its InvalidParameter.field maps back to the name
@@ -20,6 +20,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from services.gateway.body_fields import (
+    bool_field,
+    float_field,
+    int_field,
+    int_list_field,
+    is_int,
+)
 from services.gateway.errors import invalid
 from services.gateway.messages import (
     CHAT_OPTION_FIELDS,
@@ -30,12 +37,12 @@ from services.gateway.messages import (
 )
 from services.gateway.structured import GUIDED_FIELDS, guided_fields
 from services.gateway.tools import TOOL_FIELDS, ToolRequest, parse_tools
-from shared.engine.sampling_params import MAX_TOP_LOGPROBS, InvalidParameter, SamplingParams
+from services.gateway.vllm_fields import beam_search, refuse
+from shared.engine.sampling_params import InvalidParameter, SamplingParams
 
 Kind = Literal["chat", "completion"]
 MAX_STOP_STRINGS = 4
 MAX_N = 16
-MAX_BEAMS = MAX_TOP_LOGPROBS // 2  # each step asks 2 * width logprobs (beam_search.py)
 
 _COMMON_FIELDS = frozenset(
     {
@@ -47,12 +54,6 @@ _COMMON_FIELDS = frozenset(
         *GUIDED_FIELDS,
     }
 )  # fmt: skip
-# Fields vLLM documents that this server does not do, with why; their default values pass.
-REFUSED: dict[str, tuple[Any, str]] = {
-    "priority": (0, "the scheduler serves requests first come, first served"),
-    "cache_salt": ("", "the prefix cache is shared by all requests of a model"),
-    "best_of": (1, "use n; choices are not ranked"),
-}
 _FIELDS: dict[Kind, frozenset[str]] = {
     "chat": _COMMON_FIELDS
     | {"messages", "max_completion_tokens", "top_logprobs", *TOOL_FIELDS, *CHAT_OPTION_FIELDS},
@@ -93,33 +94,33 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
-    _refuse(body)
+    refuse(body)
     unsupported = sorted(set(body) - _FIELDS[kind])
     if unsupported:
         raise invalid(f"unsupported field(s): {', '.join(unsupported)}", unsupported[0])
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("model is required", "model")
-    n = _int(body, "n", 1)
+    n = int_field(body, "n", 1)
     if not 1 <= n <= MAX_N:
         raise invalid(f"n must be in [1, {MAX_N}]", "n")
     suffix = body.get("suffix", "")
     if not isinstance(suffix, str):
         raise invalid("suffix must be a string", "suffix")
-    echo = _bool(body, "echo", False)
-    prompt_logprobs = _int(body, "prompt_logprobs", 0) if "prompt_logprobs" in body else None
+    echo = bool_field(body, "echo", False)
+    prompt_logprobs = int_field(body, "prompt_logprobs", 0) if "prompt_logprobs" in body else None
     if echo and "logprobs" in body and prompt_logprobs is None:
-        prompt_logprobs = _int(body, "logprobs", 0)  # the echoed prompt is scored too
+        prompt_logprobs = int_field(body, "logprobs", 0)  # the echoed prompt is scored too
     max_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = body.get(max_field, 16 if kind == "completion" else None)
     if max_tokens is not None:
-        max_tokens = _int(body, max_field, max_tokens)
+        max_tokens = int_field(body, max_field, max_tokens)
     score_only = max_tokens == 0
     if score_only and not (kind == "completion" and (echo or prompt_logprobs is not None)):
         raise invalid(f"{max_field}=0 needs a completion with echo or prompt_logprobs", max_field)
     if score_only:
         max_tokens = 1  # the one token the worker samples is dropped
-    stream = _bool(body, "stream", False)
+    stream = bool_field(body, "stream", False)
     options = body.get("stream_options", {})
     if not isinstance(options, dict) or set(options) - _STREAM_OPTIONS:
         raise invalid(
@@ -128,7 +129,7 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         )
     if options and not stream:
         raise invalid("stream_options is only allowed with stream=true", "stream_options")
-    include_usage = _bool(options, "include_usage", False)
+    include_usage = bool_field(options, "include_usage", False)
     logprobs, logprobs_field = _logprobs(kind, body)
     guided_kind, guided_spec = guided_fields(body)
     tools = parse_tools(body) if kind == "chat" else None
@@ -140,18 +141,18 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
     messages = parse_messages(body) if kind == "chat" else None
     try:
         sampling = SamplingParams(
-            temperature=_float(body, "temperature", 1.0),
-            top_p=_float(body, "top_p", 1.0),
-            top_k=_int(body, "top_k", 0),
-            min_p=_float(body, "min_p", 0.0),
-            repetition_penalty=_float(body, "repetition_penalty", 1.0),
-            frequency_penalty=_float(body, "frequency_penalty", 0.0),
-            presence_penalty=_float(body, "presence_penalty", 0.0),
+            temperature=float_field(body, "temperature", 1.0),
+            top_p=float_field(body, "top_p", 1.0),
+            top_k=int_field(body, "top_k", 0),
+            min_p=float_field(body, "min_p", 0.0),
+            repetition_penalty=float_field(body, "repetition_penalty", 1.0),
+            frequency_penalty=float_field(body, "frequency_penalty", 0.0),
+            presence_penalty=float_field(body, "presence_penalty", 0.0),
             logit_bias=_logit_bias(body),
-            seed=_int(body, "seed", 0) if "seed" in body else None,
-            stop_token_ids=tuple(_int_list(body, "stop_token_ids")),
-            ignore_eos=_bool(body, "ignore_eos", False),
-            min_tokens=_int(body, "min_tokens", 0),
+            seed=int_field(body, "seed", 0) if "seed" in body else None,
+            stop_token_ids=tuple(int_list_field(body, "stop_token_ids")),
+            ignore_eos=bool_field(body, "ignore_eos", False),
+            min_tokens=int_field(body, "min_tokens", 0),
             max_tokens=max_tokens if max_tokens is not None else _placeholder_max(body),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -176,42 +177,14 @@ def parse_request(kind: Kind, body: Any) -> GenerationRequest:
         suffix=suffix,
         tools=tools,
         chat=chat_options(body, messages) if messages else ChatOptions(),
-        skip_special_tokens=_bool(body, "skip_special_tokens", True),
-        include_stop_str=_bool(body, "include_stop_str_in_output", False),
-        continuous_usage=_bool(options, "continuous_usage_stats", False),
+        skip_special_tokens=bool_field(body, "skip_special_tokens", True),
+        include_stop_str=bool_field(body, "include_stop_str_in_output", False),
+        continuous_usage=bool_field(options, "continuous_usage_stats", False),
         score_only=score_only,
         prompt_logprobs_listed="prompt_logprobs" in body,
-        beam_search=_beam_search(body, n, tools),
-        length_penalty=_float(body, "length_penalty", 1.0),
+        beam_search=beam_search(body, n, tools),
+        length_penalty=float_field(body, "length_penalty", 1.0),
     )
-
-
-def _beam_search(body: dict[str, Any], n: int, tools: ToolRequest | None) -> bool:
-    """use_beam_search, checked against what beam search cannot do (400 naming the field)."""
-    if not _bool(body, "use_beam_search", False):
-        if "length_penalty" in body and body["length_penalty"] != 1.0:
-            raise invalid("length_penalty needs use_beam_search", "length_penalty")
-        return False
-    if n > MAX_BEAMS:
-        raise invalid(f"n (the beam width) must be <= {MAX_BEAMS} with beam search", "n")
-    conflicts = [
-        *(f for f in ("stream", "echo", "logprobs", "prompt_logprobs", "suffix") if body.get(f)),
-        *(f for f in ("stop", *GUIDED_FIELDS) if body.get(f)),
-    ]
-    if tools is not None and tools.active:
-        conflicts.append("tools")
-    if conflicts:
-        raise invalid(f"beam search does not take {conflicts[0]}", conflicts[0])
-    return True
-
-
-def _refuse(body: dict[str, Any]) -> None:
-    """400 for a REFUSED field set to anything but its default."""
-    for name, (default, why) in REFUSED.items():
-        if name in body and body[name] != default:
-            raise invalid(f"{name} is not supported: {why}", name)
-    for name in REFUSED:
-        body.pop(name, None)
 
 
 def with_max_tokens(
@@ -247,16 +220,16 @@ def _field_error(exc: InvalidParameter, max_field: str, logprobs_field: str) -> 
 
 def _placeholder_max(body: dict[str, Any]) -> int:
     # Until the prompt is tokenized: the smallest value min_tokens allows.
-    return max(1, _int(body, "min_tokens", 1))
+    return max(1, int_field(body, "min_tokens", 1))
 
 
 def _logprobs(kind: Kind, body: dict[str, Any]) -> tuple[int | None, str]:
     if kind == "completion":
-        return (_int(body, "logprobs", 0) if "logprobs" in body else None), "logprobs"
-    wanted = _bool(body, "logprobs", False)
+        return (int_field(body, "logprobs", 0) if "logprobs" in body else None), "logprobs"
+    wanted = bool_field(body, "logprobs", False)
     if "top_logprobs" in body and not wanted:
         raise invalid("top_logprobs requires logprobs=true", "top_logprobs")
-    return (_int(body, "top_logprobs", 0) if wanted else None), "top_logprobs"
+    return (int_field(body, "top_logprobs", 0) if wanted else None), "top_logprobs"
 
 
 def _prompt(body: dict[str, Any]) -> Prompt:
@@ -265,7 +238,7 @@ def _prompt(body: dict[str, Any]) -> Prompt:
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
         return prompt
-    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
         return prompt
     raise invalid("prompt must be a non-empty string or a list of token ids (one prompt)", "prompt")
 
@@ -285,38 +258,6 @@ def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
     if not isinstance(bias, dict):
         raise invalid("logit_bias must map token ids to numbers", "logit_bias")
     try:
-        return {int(k): _float(bias, k, 0.0, "logit_bias") for k in bias}
+        return {int(k): float_field(bias, k, 0.0, "logit_bias") for k in bias}
     except ValueError:
         raise invalid("logit_bias keys must be token ids", "logit_bias") from None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(body: dict[str, Any], name: str, default: int) -> int:
-    value = body.get(name, default)
-    if not _is_int(value):
-        raise invalid(f"{name} must be an integer", name)
-    return value
-
-
-def _int_list(body: dict[str, Any], name: str) -> list[int]:
-    value = body.get(name, [])
-    if not (isinstance(value, list) and all(_is_int(v) for v in value)):
-        raise invalid(f"{name} must be a list of integers", name)
-    return value
-
-
-def _float(body: dict[str, Any], name: str, default: float, param: str | None = None) -> float:
-    value = body.get(name, default)
-    if not (isinstance(value, int | float) and not isinstance(value, bool)):
-        raise invalid(f"{param or name} must be a number", param or name)
-    return float(value)
-
-
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise invalid(f"{name} must be true or false", name)
-    return value

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from services.gateway.body_fields import bool_field
 from services.gateway.completions import json_body
 from services.gateway.errors import ApiError, invalid
 from services.gateway.keys import CONFIG, MESH
@@ -31,7 +32,7 @@ async def tokenize(request: web.Request) -> web.Response:
     body = _dict(await json_body(request))
     chat = "messages" in body
     body = _checked(request, body, _CHAT if chat else _PROMPT)
-    add_special = _bool(body, "add_special_tokens", not chat)
+    add_special = bool_field(body, "add_special_tokens", not chat)
     if chat:
         messages = parse_messages(body)
         prompt = text.chat_prompt(messages, parse_tools(body), chat_options(body, messages))
@@ -40,7 +41,8 @@ async def tokenize(request: web.Request) -> web.Response:
         if not isinstance(prompt, str):
             raise invalid("prompt must be a string (or send messages)", "prompt")
     ids = text.tokenizer.encode(prompt, add_special_tokens=add_special).ids
-    strs = [text.token_text(i) for i in ids] if _bool(body, "return_token_strs", False) else None
+    wants_strs = bool_field(body, "return_token_strs", False)
+    strs = [text.token_text(i) for i in ids] if wants_strs else None
     return web.json_response(
         {
             "count": len(ids),
@@ -93,10 +95,3 @@ def _checked(request: web.Request, body: Any, allowed: set[str]) -> dict[str, An
             400, f"model {model!r} does not exist", param="model", code="model_not_found"
         )
     return body
-
-
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise invalid(f"{name} must be true or false", name)
-    return value

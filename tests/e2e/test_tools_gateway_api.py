@@ -269,13 +269,18 @@ def test_vllm_fields(gw: Harness) -> None:
     for field, value in (
         ("priority", 5),
         ("cache_salt", "x"),
-        ("use_beam_search", True),
-        ("prompt_logprobs", 1),
+        ("best_of", 2),
+        ("length_penalty", 0.5),  # without use_beam_search
         ("structured_outputs", {"whitespace": "x"}),
     ):
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=MODEL, messages=ASK, extra_body={field: value})
         assert info.value.body["param"] == field
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL, messages=ASK, stop=["x"], extra_body={"use_beam_search": True}
+        )
+    assert info.value.body["param"] == "stop" and "beam search" in info.value.message
 
 
 def test_tokenize_detokenize_version_ping(gw: Harness) -> None:
