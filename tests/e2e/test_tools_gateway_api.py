@@ -1,6 +1,7 @@
 """Tool calling, the Responses API, vLLM's extra fields and endpoints through the real
 gateway and the OpenAI SDK, over a fake mesh that plays recorded model outputs (the fake
-of tests/integration/test_gateway.py): what the client sees, and what reaches the mesh."""
+of tests/integration/test_gateway.py): what the client sees, and what reaches the mesh.
+Also the reply shapes of prompt logprobs, built from a delta as the mesh delivers it."""
 
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ import pytest
 from aiohttp import web
 from tokenizers import Tokenizer
 
+from services.gateway.generation import Delta, Finish, Usage
+from services.gateway.prompt_scores import PromptScoring
 from services.gateway.prompting import ModelText
+from services.gateway.responses import ResponseBuilder
 from shared.bus import Bus
 from shared.nats_server import NatsServer
+from shared.protocol import PromptTokenLogprob, TokenLogprob
 from shared.subjects import Subjects
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
 from tests.integration.conftest import nats_server  # noqa: F401  (fixture)
@@ -343,3 +348,50 @@ def test_responses_api(gw: Harness) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
     assert info.value.body["param"] == "previous_response_id"
+
+
+def test_streamed_responses_with_a_tool_call(gw: Harness) -> None:
+    play(gw, HERMES_REPLY)
+    tool = {"type": "function", **WEATHER["function"]}
+    client = gw.client()
+    whole = client.responses.create(model=MODEL, input="Weather?", tools=[tool])
+    events = list(client.responses.create(model=MODEL, input="Weather?", tools=[tool],
+                                          stream=True))  # fmt: skip
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in kinds
+    fragments = "".join(
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    )
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    call = next(i for i in whole.output if i.type == "function_call")
+    assert fragments == done.arguments == call.arguments
+    final = events[-1].response
+    assert [i.type for i in final.output] == [i.type for i in whole.output] == [
+        "message", "function_call"]  # fmt: skip
+    assert final.output_text == whole.output_text == "I will look it up.\n"
+
+
+def test_prompt_logprobs_shapes(gw: Harness) -> None:
+    """The reply shapes of prompt logprobs, from a delta as the mesh delivers it."""
+    entries = [PromptTokenLogprob(12, -1.5, 3, [(7, -0.5), (9, -1.0)]),
+               PromptTokenLogprob(13, -0.25, 1, [(13, -0.25), (9, -2.0)])]  # fmt: skip
+    delta = Delta("!", [5], [TokenLogprob(5, -0.1, [(5, -0.1), (6, -3.0)])], entries)
+    finish = Finish("length", Usage(3, 1))
+    token = gw.text.token_text
+    scoring = PromptScoring(11, listed=True, echoed=True, score_only=False)
+    echo = ResponseBuilder("completion", "r", MODEL, gw.text, prefix="abc", scoring=scoring)
+    choice = echo.full([delta], finish)["choices"][0]
+    assert choice["logprobs"]["tokens"] == [token(11), token(12), token(13), token(5)]
+    assert choice["logprobs"]["token_logprobs"] == [None, -1.5, -0.25, -0.1]
+    assert choice["logprobs"]["top_logprobs"][0] is None
+    assert choice["prompt_logprobs"][0] is None
+    assert choice["prompt_logprobs"][1]["12"] == {"logprob": -1.5, "rank": 3,
+                                                   "decoded_token": token(12)}  # fmt: skip
+    assert choice["prompt_logprobs"][1]["7"]["rank"] == 1 and len(choice["prompt_logprobs"]) == 3
+    only = PromptScoring(11, listed=True, echoed=False, score_only=True)
+    scored = ResponseBuilder("completion", "r", MODEL, gw.text, prefix="abc", scoring=only)
+    body = scored.full([delta], finish)
+    assert body["choices"][0]["text"] == "abc" and body["choices"][0]["logprobs"] is None
+    assert body["usage"]["completion_tokens"] == 0
+    chat = ResponseBuilder("chat", "r", MODEL, gw.text, scoring=only).chunk(delta, None, True)
+    assert len(chat["prompt_logprobs"]) == 3 and "prompt_logprobs" not in chat["choices"][0]
