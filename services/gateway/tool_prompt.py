@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.gateway.errors import invalid
 from services.gateway.tools import ToolRequest
 
 _HERMES_SYSTEM = (
@@ -49,7 +48,7 @@ def template_inputs(
     """(messages, tools) as `template` should see them."""
     definitions = [f.as_tool() for f in tools.functions] if tools and tools.active else None
     if renders_tools(template):
-        return [_with_argument_objects(m, i) for i, m in enumerate(messages)], definitions
+        return [_with_argument_objects(m) for m in messages], definitions
     converted = [_as_hermes_text(m) for m in messages]
     if definitions:
         listing = "\n".join(json.dumps(d, ensure_ascii=False) for d in definitions)
@@ -62,18 +61,15 @@ def template_inputs(
     return converted, None
 
 
-def _with_argument_objects(message: dict[str, Any], index: int) -> dict[str, Any]:
+def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
+    """Past calls' arguments as objects (messages.py checked that they are JSON)."""
     if "tool_calls" not in message:
         return message
-    calls = []
-    for call in message["tool_calls"]:
-        function = call["function"]
-        try:
-            arguments = json.loads(function["arguments"])
-        except json.JSONDecodeError:
-            where = f"messages[{index}].tool_calls"
-            raise invalid(f"{where}: arguments must be JSON text", where) from None
-        calls.append(call | {"function": function | {"arguments": arguments}})
+    calls = [
+        call
+        | {"function": call["function"] | {"arguments": json.loads(call["function"]["arguments"])}}
+        for call in message["tool_calls"]
+    ]
     return message | {"tool_calls": calls}
 
 
