@@ -179,14 +179,14 @@ class Scheduler:
                 out = self._append_verified(chunk, next(per_chunk))
             else:
                 completes = chunk.completes  # read before the computed count moves
-                prefilled = seq.num_computed_tokens < seq.num_prompt_tokens
                 seq.num_computed_tokens += chunk.num_tokens
                 self.block_manager.commit(seq)
                 if not completes:
                     continue
                 out = append_tokens(seq, next(per_chunk), self.stop_rules)
-                if prefilled and seq.params.prompt_logprobs is not None:
-                    out.prompt_logprobs = list(seq.prompt_logprobs)
+                first_output = seq.num_output_tokens == len(out.new_token_ids)
+                if first_output and seq.params.prompt_logprobs is not None:
+                    out.prompt_logprobs = list(seq.prompt_logprobs)  # once, with the first token
             self._settle(seq, out.finish_reason)
             outputs.append(out)
         assert next(per_chunk, None) is None, "more sampled tokens than completing chunks"
