@@ -18,7 +18,7 @@ from services.gateway.errors import invalid
 _PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "user", "seed")
 _ACCEPTED = {
     *_PASSED, "input", "instructions", "max_output_tokens", "tools", "tool_choice", "text",
-    "store", "metadata", "truncation", "service_tier", "top_logprobs",
+    "store", "metadata", "truncation", "service_tier",
 }  # fmt: skip
 _REFUSED = {
     "previous_response_id": "responses are not stored",
@@ -27,6 +27,7 @@ _REFUSED = {
     "include": "no extra output items are produced",
     "reasoning": "this server has no reasoning options",
     "prompt": "stored prompts are not supported",
+    "top_logprobs": "this route returns no logprobs (use /v1/chat/completions)",
 }
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # chat field → the Responses field a chat-side error is about
@@ -34,7 +35,6 @@ CHAT_TO_RESPONSES = {
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
     "messages": "input",
-    "top_logprobs": "top_logprobs",
 }
 
 
@@ -43,7 +43,7 @@ def chat_body(body: Any) -> dict[str, Any]:
         raise invalid("the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
     for name, why in _REFUSED.items():
-        if name in body and body[name] not in (False, []):
+        if name in body and body[name] not in (False, [], 0):
             raise invalid(f"{name} is not supported: {why}", name)
         body.pop(name, None)
     unsupported = sorted(set(body) - _ACCEPTED)
@@ -55,14 +55,14 @@ def chat_body(body: Any) -> dict[str, Any]:
         )
     if body.get("truncation", "disabled") != "disabled":
         raise invalid("truncation: only 'disabled' is supported", "truncation")
+    if body.get("service_tier", "auto") not in ("auto", "default"):
+        raise invalid("service_tier: only 'auto' and 'default' are served", "service_tier")
     if not isinstance(body.get("metadata", {}), dict):
         raise invalid("metadata must be an object", "metadata")
     chat: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
     chat["messages"] = _messages(body)
     if "max_output_tokens" in body:
         chat["max_completion_tokens"] = body["max_output_tokens"]
-    if "top_logprobs" in body:
-        chat |= {"logprobs": True, "top_logprobs": body["top_logprobs"]}
     if "tools" in body:
         chat["tools"] = _tools(body["tools"])
     if "tool_choice" in body:

@@ -155,6 +155,8 @@ def test_responses_bodies_become_chat_bodies() -> None:
         ({"input": [{"type": "image"}]}, "input"),
         ({"text": {"format": {"type": "text"}, "verbosity": "low"}}, "text"),
         ({"temperature_x": 1}, "temperature_x"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"service_tier": "priority"}, "service_tier"),
     ],
 )
 def test_responses_refusals_name_the_field(extra: dict[str, Any], param: str) -> None:
