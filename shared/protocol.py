@@ -208,6 +208,16 @@ class TokenLogprob:
 
 
 @dataclass(slots=True)
+class PromptTokenLogprob:
+    """A prompt token scored (SamplingParams.prompt_logprobs)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1: the most likely token at its position
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class TokenChunk:
     request_id: str
     index: int  # position in the output of token_ids[0]; lets the gateway drop duplicates
@@ -217,6 +227,8 @@ class TokenChunk:
     error: str = ""  # a failure the gateway reports to the client
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # with the first token, when asked: prompt tokens 1.. (the first has no logprob)
+    prompt_logprobs: list[PromptTokenLogprob] = field(default_factory=list)
 
 
 # -- anyone → all -------------------------------------------------------------------------

@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 
 import msgpack
 
-SCHEMA_VERSION = 2  # 2: one `Outcome` enum in every answer instead of ok/invalid flags
+# 2: one `Outcome` enum in every answer instead of ok/invalid flags; 3: prompt logprobs
+# (SamplingParams.prompt_logprobs, TokenChunk.prompt_logprobs)
+SCHEMA_VERSION = 3
 MAX_FRAME_BYTES = 64 * 2**20  # no message, KV chunks included, may exceed this
 
 T = TypeVar("T")

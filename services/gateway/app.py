@@ -2,9 +2,10 @@
 
 One NATS connection per process (opened in `cleanup_ctx`, drained on shutdown) and one
 token subscription for all requests. Errors leave in the OpenAI shape. With API keys
-configured, /v1/* needs `Authorization: Bearer <key>`; /health, /ready and /metrics stay
-open. Every POST to /v1/* runs in a `gateway.request` span (continuing the client's
-`traceparent`), marked ERROR when it answers 4xx/5xx or the generation fails.
+configured, /v1/*, /tokenize and /detokenize need `Authorization: Bearer <key>`; /health,
+/ready, /ping, /version and /metrics stay open. Every POST to /v1/* runs in a
+`gateway.request` span (continuing the client's `traceparent`), marked ERROR when it
+answers 4xx/5xx or the generation fails.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from services.gateway.generation import Mesh
 from services.gateway.keys import CONFIG, MESH
 from services.gateway.pages import setup_pages
 from services.gateway.prompting import ModelText
+from services.gateway.responses_api import create_response
 from services.gateway.streams import TokenStreams
+from services.gateway.tokenize import detokenize, ping, server_version, tokenize
 from shared.bus import Bus
 from shared.protocol import MeshStatus, StatusQuery
 from shared.subjects import Subjects
@@ -37,6 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATUS_TIMEOUT_S = 2.0
 TRACING = web.AppKey("tracing", Tracing)
 METRICS = web.AppKey("metrics", GatewayMetrics)
+_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
 
 
 def init_app(config: GatewayConfig) -> web.Application:
@@ -69,6 +73,12 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/version", server_version)
+    app.router.add_get("/ping", ping)
+    app.router.add_post("/ping", ping)
     setup_pages(app)
 
 
@@ -158,7 +168,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     keys = request.app[CONFIG].api_keys
-    if keys and request.path.startswith("/v1/"):
+    if keys and request.path.startswith(_KEYED_PATHS):
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
         # Compare against every key, so the time taken says nothing about which matched.
         matches = [hmac.compare_digest(given, key.encode()) for key in keys]

@@ -22,7 +22,14 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from services.gateway.errors import ApiError
-from services.gateway.generation import Delta, Finish, GenerationFailed, Mesh, Submitted
+from services.gateway.generation import (
+    Delta,
+    Finish,
+    GenerationFailed,
+    Mesh,
+    OutputText,
+    Submitted,
+)
 from shared.engine.sampling_params import SamplingParams
 
 _SEED_RANGE = 2**63
@@ -37,6 +44,7 @@ class Choices:
     sampling: SamplingParams
     stop: tuple[str, ...]
     n: int
+    output: OutputText = OutputText()  # noqa: RUF009  (frozen)
 
     def request_id_of(self, index: int) -> str:
         return self.request_id if self.n == 1 else f"{self.request_id}-{index}"
@@ -55,6 +63,7 @@ class Choices:
             self.sampling_of(index),
             self.stop,
             retry_for,
+            self.output,
         )
 
 

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.gateway.tool_parsers import PARSERS
 from shared.config import CommonConfig
 from shared.flags import build, flag
 
@@ -45,6 +46,11 @@ class GatewayConfig:
         "default: none",
     )
     sse_heartbeat: float = flag(15.0, help="seconds of stream silence per keep-alive comment")
+    tool_call_parser: str = flag(
+        "auto",
+        choices=("auto", *PARSERS),
+        help="how tool calls are read from replies; auto: from the chat template",
+    )
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:

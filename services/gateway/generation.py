@@ -43,7 +43,15 @@ from services.gateway.stop_strings import StopStringMatcher
 from services.gateway.streams import RequestStream, TokenStreams
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
-from shared.protocol import Cancel, Outcome, SubmitAck, SubmitRequest, TokenChunk, TokenLogprob
+from shared.protocol import (
+    Cancel,
+    Outcome,
+    PromptTokenLogprob,
+    SubmitAck,
+    SubmitRequest,
+    TokenChunk,
+    TokenLogprob,
+)
 from shared.subjects import Subjects
 from shared.telemetry.metrics import GatewayMetrics
 from shared.telemetry.tracing import fail, inject
@@ -71,6 +79,8 @@ class Delta:
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # prompt_logprobs: on the first delta, prompt tokens 1.. scored
+    prompt_logprobs: list[PromptTokenLogprob] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -87,6 +97,13 @@ class GenerationFailed(Exception):
         self.status = status
 
 
+@dataclass(frozen=True, slots=True)
+class OutputText:
+    skip_special_tokens: bool = True
+    include_stop_str: bool = False  # a matched stop string stays in the text
+    keep_tokens: frozenset[int] = frozenset()  # special tokens shown all the same
+
+
 @dataclass(slots=True)
 class Submitted:
     request_id: str
@@ -97,9 +114,11 @@ class Submitted:
     deadline: float  # loop time
     submitted: float  # perf_counter() when the submit began
     message: SubmitRequest  # the current attempt, as submitted
+    output: OutputText  # how its tokens become text
     delivered: list[int] = field(default_factory=list)  # tokens streamed to the client
     # Set when the first token arrives (or a finish without any); never on a failure.
     first_token: asyncio.Event = field(default_factory=asyncio.Event)
+    prompt_scored: bool = False  # its prompt logprobs have gone to the client
 
 
 class Mesh:
@@ -125,6 +144,7 @@ class Mesh:
         sampling: SamplingParams,
         stop: tuple[str, ...],
         retry_for: float = 0.0,
+        output: OutputText = OutputText(),
     ) -> Submitted:
         """Submit one request; a refusal is an ApiError, after `retry_for` seconds of retries."""
         submitted = time.perf_counter()
@@ -146,7 +166,15 @@ class Mesh:
         stream = await self._retrying(lambda: self._open(message), loop.time() + retry_for)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return Submitted(
-            request_id, stream, len(prompt_ids), sampling, stop, loop_deadline, submitted, message
+            request_id,
+            stream,
+            len(prompt_ids),
+            sampling,
+            stop,
+            loop_deadline,
+            submitted,
+            message,
+            output,
         )
 
     async def _open(self, message: SubmitRequest) -> RequestStream:
@@ -189,7 +217,10 @@ class Mesh:
         return stream
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
-        detokenizer = IncrementalDetokenizer(self.text.tokenizer)
+        output = job.output
+        detokenizer = IncrementalDetokenizer(
+            self.text.tokenizer, output.skip_special_tokens, output.keep_tokens
+        )
         stops = StopStringMatcher(job.stop)
         completion_tokens = 0
         finished = False
@@ -208,11 +239,15 @@ class Mesh:
                 if chunk.token_ids or chunk.finish_reason:
                     job.first_token.set()
                 completion_tokens += len(chunk.token_ids)
+                scored = [] if job.prompt_scored else chunk.prompt_logprobs
+                job.prompt_scored = job.prompt_scored or bool(scored)  # a migration scores again
                 text, stopped = stops.feed(detokenizer.add(chunk.token_ids))
                 if chunk.finish_reason and not stopped:
                     text += stops.feed(detokenizer.flush())[0] + stops.flush()
-                if text or chunk.logprobs:
-                    yield Delta(text, chunk.token_ids, chunk.logprobs)
+                if stopped and job.output.include_stop_str:
+                    text += stops.matched
+                if text or chunk.logprobs or scored:
+                    yield Delta(text, chunk.token_ids, chunk.logprobs, scored)
                 if stopped or chunk.finish_reason:
                     finished = not stopped  # a stop string still needs the Cancel below
                     reason = outcome = "stop" if stopped else chunk.finish_reason or "stop"

@@ -1,10 +1,15 @@
 """Parse and validate OpenAI request bodies into a GenerationRequest.
 
 Decisions: `n` up to MAX_N choices (`choices.py`); `echo` (completions) returns the prompt
-before the output, but not with logprobs (no prompt logprobs); `suffix` (completions) asks
-for fill-in-the-middle (`fim.py`), an empty one is the same as none; any field outside the
-accepted set (tools, functions, audio, ...) is a 400 naming it, unless its value is null.
-Structured output (`response_format`, `guided_*`) is parsed in `structured.py`.
+before the output, with logprobs its tokens scored first (the first has none);
+`prompt_logprobs` (vLLM) scores the prompt tokens; `max_tokens: 0` (completions, with echo
+or prompt_logprobs) scores the prompt and returns no output (the worker samples one token,
+which is dropped); `suffix` (completions) asks
+for fill-in-the-middle (`fim.py`), an empty one is the same as none. The strictness rule
+(docs/API.md): a field OpenAI or vLLM documents either works or is a 400 naming it and
+saying why (`vllm_fields.REFUSED`); any other field is a 400 naming it, unless its value is null.
+Structured output (`response_format`, `structured_outputs`, `guided_*`) is parsed in
+`structured.py`, tools in `tools.py`, messages and template options in `messages.py`.
 SamplingParams does the range checks; its InvalidParameter.field maps back to the name
 the client used. `max_tokens` is resolved against the prompt length in `with_max_tokens`.
 """
@@ -12,11 +17,27 @@ the client used. `max_tokens` is resolved against the prompt length in `with_max
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from services.gateway.body_fields import (
+    bool_field,
+    float_field,
+    int_field,
+    int_list_field,
+    is_int,
+)
 from services.gateway.errors import invalid
+from services.gateway.messages import (
+    CHAT_OPTION_FIELDS,
+    ChatOptions,
+    Message,
+    chat_options,
+    parse_messages,
+)
 from services.gateway.structured import GUIDED_FIELDS, guided_fields
+from services.gateway.tools import TOOL_FIELDS, ToolRequest, parse_tools
+from services.gateway.vllm_fields import beam_search, refuse
 from shared.engine.sampling_params import InvalidParameter, SamplingParams
 from shared.models.generation_config import SamplingDefaults
 
@@ -31,21 +52,25 @@ _COMMON_FIELDS = frozenset(
         "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
         "stop_token_ids", "seed", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "logprobs",
-        "stream", "stream_options", "user", *GUIDED_FIELDS,
+        "stream", "stream_options", "user", "skip_special_tokens",
+        "include_stop_str_in_output", "prompt_logprobs", "use_beam_search", "length_penalty",
+        *GUIDED_FIELDS,
     }
 )  # fmt: skip
 _FIELDS: dict[Kind, frozenset[str]] = {
-    "chat": _COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"},
+    "chat": _COMMON_FIELDS
+    | {"messages", "max_completion_tokens", "top_logprobs", *TOOL_FIELDS, *CHAT_OPTION_FIELDS},
     "completion": _COMMON_FIELDS | {"prompt", "echo", "suffix"},
 }
 Prompt = str | list[int]
+_STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     kind: Kind
     model: str
-    messages: list[dict[str, str]] | None  # chat: role and text content
+    messages: list[Message] | None  # chat: role, text content, tool calls
     prompt: Prompt | None  # completions: text or token ids
     sampling: SamplingParams  # max_tokens is a placeholder until with_max_tokens
     max_tokens: int | None  # None: as many as the context allows
@@ -56,6 +81,15 @@ class GenerationRequest:
     n: int = 1  # choices, each its own request on the mesh
     echo: bool = False  # completions: the prompt's text comes before the output
     suffix: str = ""  # completions: the text after the output (fill-in-the-middle)
+    tools: ToolRequest | None = None  # chat
+    chat: ChatOptions = field(default_factory=ChatOptions)  # chat: template options
+    skip_special_tokens: bool = True  # special tokens left out of the text
+    include_stop_str: bool = False  # a matched stop string stays in the output
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats
+    score_only: bool = False  # max_tokens 0: the prompt scored, no output
+    prompt_logprobs_listed: bool = False  # prompt_logprobs asked (not only echo's logprobs)
+    beam_search: bool = False  # use_beam_search: n beams (beam_search.py)
+    length_penalty: float = 1.0
 
 
 def parse_request(
@@ -66,50 +100,70 @@ def parse_request(
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
+    refuse(body)
     unsupported = sorted(set(body) - _FIELDS[kind])
     if unsupported:
         raise invalid(f"unsupported field(s): {', '.join(unsupported)}", unsupported[0])
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("model is required", "model")
-    n = _int(body, "n", 1)
+    n = int_field(body, "n", 1)
     if not 1 <= n <= MAX_N:
         raise invalid(f"n must be in [1, {MAX_N}]", "n")
     suffix = body.get("suffix", "")
     if not isinstance(suffix, str):
         raise invalid("suffix must be a string", "suffix")
-    echo = _bool(body, "echo", False)
-    if echo and "logprobs" in body:
-        raise invalid("echo with logprobs is not supported (no prompt logprobs)", "echo")
+    echo = bool_field(body, "echo", False)
+    prompt_logprobs = int_field(body, "prompt_logprobs", 0) if "prompt_logprobs" in body else None
+    if echo and "logprobs" in body and prompt_logprobs is None:
+        prompt_logprobs = int_field(body, "logprobs", 0)  # the echoed prompt is scored too
     max_field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = body.get(max_field, 16 if kind == "completion" else None)
     if max_tokens is not None:
-        max_tokens = _int(body, max_field, max_tokens)
-    stream = _bool(body, "stream", False)
+        max_tokens = int_field(body, max_field, max_tokens)
+    score_only = max_tokens == 0
+    if score_only and not (kind == "completion" and (echo or prompt_logprobs is not None)):
+        raise invalid(f"{max_field}=0 needs a completion with echo or prompt_logprobs", max_field)
+    if score_only:
+        max_tokens = 1  # the one token the worker samples is dropped
+    stream = bool_field(body, "stream", False)
     options = body.get("stream_options", {})
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise invalid("stream_options may only hold include_usage", "stream_options")
+    if not isinstance(options, dict) or set(options) - _STREAM_OPTIONS:
+        raise invalid(
+            "stream_options may only hold include_usage and continuous_usage_stats",
+            "stream_options",
+        )
     if options and not stream:
         raise invalid("stream_options is only allowed with stream=true", "stream_options")
-    include_usage = _bool(options, "include_usage", False)
+    include_usage = bool_field(options, "include_usage", False)
     logprobs, logprobs_field = _logprobs(kind, body)
     guided_kind, guided_spec = guided_fields(body)
+    tools = parse_tools(body) if kind == "chat" else None
+    if tools is not None and tools.guided()[0]:
+        if guided_kind:
+            name = next(f for f in GUIDED_FIELDS if f in body)
+            raise invalid(f"tool_choice {tools.choice!r} cannot be combined with {name}", name)
+        guided_kind, guided_spec = tools.guided()
+    messages = parse_messages(body) if kind == "chat" else None
     try:
         sampling = SamplingParams(
-            temperature=_float(body, "temperature", defaults.temperature),
-            top_p=_float(body, "top_p", defaults.top_p),
-            top_k=_int(body, "top_k", defaults.top_k),
-            min_p=_float(body, "min_p", defaults.min_p),
-            repetition_penalty=_float(body, "repetition_penalty", defaults.repetition_penalty),
-            frequency_penalty=_float(body, "frequency_penalty", 0.0),
-            presence_penalty=_float(body, "presence_penalty", 0.0),
+            temperature=float_field(body, "temperature", defaults.temperature),
+            top_p=float_field(body, "top_p", defaults.top_p),
+            top_k=int_field(body, "top_k", defaults.top_k),
+            min_p=float_field(body, "min_p", defaults.min_p),
+            repetition_penalty=float_field(
+                body, "repetition_penalty", defaults.repetition_penalty
+            ),
+            frequency_penalty=float_field(body, "frequency_penalty", 0.0),
+            presence_penalty=float_field(body, "presence_penalty", 0.0),
             logit_bias=_logit_bias(body),
-            seed=_int(body, "seed", 0) if "seed" in body else None,
-            stop_token_ids=tuple(_int_list(body, "stop_token_ids")),
-            ignore_eos=_bool(body, "ignore_eos", False),
-            min_tokens=_int(body, "min_tokens", 0),
+            seed=int_field(body, "seed", 0) if "seed" in body else None,
+            stop_token_ids=tuple(int_list_field(body, "stop_token_ids")),
+            ignore_eos=bool_field(body, "ignore_eos", False),
+            min_tokens=int_field(body, "min_tokens", 0),
             max_tokens=max_tokens if max_tokens is not None else _placeholder_max(body),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             guided_kind=guided_kind,
             guided_spec=guided_spec,
         )
@@ -118,7 +172,7 @@ def parse_request(
     return GenerationRequest(
         kind=kind,
         model=model,
-        messages=_messages(body) if kind == "chat" else None,
+        messages=messages,
         prompt=_prompt(body) if kind == "completion" else None,
         sampling=sampling,
         max_tokens=max_tokens,
@@ -129,6 +183,15 @@ def parse_request(
         n=n,
         echo=echo,
         suffix=suffix,
+        tools=tools,
+        chat=chat_options(body, messages) if messages else ChatOptions(),
+        skip_special_tokens=bool_field(body, "skip_special_tokens", True),
+        include_stop_str=bool_field(body, "include_stop_str_in_output", False),
+        continuous_usage=bool_field(options, "continuous_usage_stats", False),
+        score_only=score_only,
+        prompt_logprobs_listed="prompt_logprobs" in body,
+        beam_search=beam_search(body, n, tools),
+        length_penalty=float_field(body, "length_penalty", 1.0),
     )
 
 
@@ -165,43 +228,16 @@ def _field_error(exc: InvalidParameter, max_field: str, logprobs_field: str) -> 
 
 def _placeholder_max(body: dict[str, Any]) -> int:
     # Until the prompt is tokenized: the smallest value min_tokens allows.
-    return max(1, _int(body, "min_tokens", 1))
+    return max(1, int_field(body, "min_tokens", 1))
 
 
 def _logprobs(kind: Kind, body: dict[str, Any]) -> tuple[int | None, str]:
     if kind == "completion":
-        return (_int(body, "logprobs", 0) if "logprobs" in body else None), "logprobs"
-    wanted = _bool(body, "logprobs", False)
+        return (int_field(body, "logprobs", 0) if "logprobs" in body else None), "logprobs"
+    wanted = bool_field(body, "logprobs", False)
     if "top_logprobs" in body and not wanted:
         raise invalid("top_logprobs requires logprobs=true", "top_logprobs")
-    return (_int(body, "top_logprobs", 0) if wanted else None), "top_logprobs"
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("messages must be a non-empty list", "messages")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise invalid(f"{where} must be an object with a role", where)
-        extra = sorted(set(message) - {"role", "content", "name"})
-        if extra:
-            raise invalid(f"{where}: unsupported field(s): {', '.join(extra)}", where)
-        out.append({"role": message["role"], "content": _content(message.get("content"), where)})
-    return out
-
-
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise invalid(f"{where}.content must be a string or a list of text parts", where)
+    return (int_field(body, "top_logprobs", 0) if wanted else None), "top_logprobs"
 
 
 def _prompt(body: dict[str, Any]) -> Prompt:
@@ -210,7 +246,7 @@ def _prompt(body: dict[str, Any]) -> Prompt:
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
         return prompt
-    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
         return prompt
     raise invalid("prompt must be a non-empty string or a list of token ids (one prompt)", "prompt")
 
@@ -230,38 +266,6 @@ def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
     if not isinstance(bias, dict):
         raise invalid("logit_bias must map token ids to numbers", "logit_bias")
     try:
-        return {int(k): _float(bias, k, 0.0, "logit_bias") for k in bias}
+        return {int(k): float_field(bias, k, 0.0, "logit_bias") for k in bias}
     except ValueError:
         raise invalid("logit_bias keys must be token ids", "logit_bias") from None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(body: dict[str, Any], name: str, default: int) -> int:
-    value = body.get(name, default)
-    if not _is_int(value):
-        raise invalid(f"{name} must be an integer", name)
-    return value
-
-
-def _int_list(body: dict[str, Any], name: str) -> list[int]:
-    value = body.get(name, [])
-    if not (isinstance(value, list) and all(_is_int(v) for v in value)):
-        raise invalid(f"{name} must be a list of integers", name)
-    return value
-
-
-def _float(body: dict[str, Any], name: str, default: float, param: str | None = None) -> float:
-    value = body.get(name, default)
-    if not (isinstance(value, int | float) and not isinstance(value, bool)):
-        raise invalid(f"{param or name} must be a number", param or name)
-    return float(value)
-
-
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise invalid(f"{name} must be true or false", name)
-    return value

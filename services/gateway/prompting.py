@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,11 @@ from tokenizers import Tokenizer
 
 from services.gateway.errors import invalid
 from services.gateway.fim import FimTokens, fim_token_names
+from services.gateway.messages import ChatOptions, Message
 from services.gateway.openai_schema import Prompt
+from services.gateway.tool_parsers import MISTRAL_MARKER
+from services.gateway.tool_prompt import parser_for, template_inputs
+from services.gateway.tools import ToolRequest
 from shared.models.chat_template import (
     ChatTemplateError,
     load_chat_template,
@@ -27,6 +32,7 @@ class ModelText:
     special_tokens: dict[str, str]
     fim: FimTokens | None  # None: the tokenizer has no fill-in-the-middle tokens
     sampling_defaults: SamplingDefaults  # the model's generation_config.json
+    eos_token_ids: tuple[int, ...] = ()  # as the engine reads them; () without config.json
 
     @classmethod
     def load(cls, model_dir: Path) -> ModelText:
@@ -42,21 +48,63 @@ class ModelText:
             special,
             FimTokens.find(tokenizer),
             load_sampling_defaults(model_dir),
+            _eos_ids(model_dir),
         )
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_prompt_ids(
+        self,
+        messages: list[Message],
+        tools: ToolRequest | None = None,
+        options: ChatOptions = ChatOptions(),  # noqa: B008  (frozen)
+    ) -> list[int]:
         """Rendered as HF does, tokenized without adding special tokens (the template has them)."""
+        return self.tokenizer.encode(
+            self.chat_prompt(messages, tools, options), add_special_tokens=False
+        ).ids
+
+    def chat_prompt(
+        self,
+        messages: list[Message],
+        tools: ToolRequest | None = None,
+        options: ChatOptions = ChatOptions(),  # noqa: B008  (frozen)
+    ) -> str:
+        """The chat template's text; with continue_final_message it ends where the last
+        message's content does, as vLLM does it."""
         if self.chat_template is None:
             raise invalid("this model has no chat template: use /v1/completions", "messages")
+        shown, definitions = template_inputs(self.chat_template, messages, tools)
+        variables = self.special_tokens | options.template_kwargs
         try:
-            text = render_chat(self.chat_template, messages, True, **self.special_tokens)
+            text = render_chat(
+                self.chat_template, shown, options.add_generation_prompt, definitions, **variables
+            )
         except ChatTemplateError as exc:
             raise invalid(f"the chat template refused the messages: {exc}", "messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        if options.continue_final_message:
+            last = shown[-1]["content"]
+            end = text.rfind(last) if last else -1
+            if end < 0:
+                raise invalid(
+                    "continue_final_message: the last message's content is empty or not in "
+                    "the rendered prompt",
+                    "continue_final_message",
+                )
+            text = text[: end + len(last)]
+        return text
+
+    def tool_parser(self, configured: str) -> str:
+        """The tool-call parser for this model's replies (`tool_prompt.parser_for`)."""
+        return parser_for(self.chat_template or "", configured)
+
+    def tool_markers(self, configured: str) -> tuple[int, ...]:
+        """The special tokens the parser reads, which the text must show: Mistral's."""
+        marker = self.tokenizer.token_to_id(MISTRAL_MARKER)
+        wanted = self.tool_parser(configured) == "mistral" and marker is not None
+        return (marker,) if wanted else ()
 
     def completion_prompt_ids(self, prompt: Prompt, suffix: str = "") -> list[int]:
         """The prompt's ids; with a suffix, the fill-in-the-middle prompt (`fim.py`)."""
@@ -81,3 +129,15 @@ class ModelText:
     def token_text(self, token_id: int) -> str:
         """One token as text, for logprobs."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _eos_ids(model_dir: Path) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id, else config.json's (as HF and the engine)."""
+    value = None
+    for name in ("config.json", "generation_config.json"):
+        path = model_dir / name
+        if path.is_file():
+            value = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id", value)
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (int(value),)

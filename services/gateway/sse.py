@@ -40,9 +40,11 @@ class SSEWriter:
         self.last_write = asyncio.get_running_loop().time()
         self.heartbeat = asyncio.create_task(self._beat())
 
-    async def send(self, data: dict[str, Any]) -> None:
+    async def send(self, data: dict[str, Any], event: str = "") -> None:
+        """One event; `event` names it in an `event:` line (the Responses API's events)."""
         payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-        await self._write(f"data: {payload}\n\n".encode())
+        name = f"event: {event}\n" if event else ""
+        await self._write(f"{name}data: {payload}\n\n".encode())
 
     async def done(self) -> web.StreamResponse:
         await self._stop_heartbeat()

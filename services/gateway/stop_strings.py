@@ -13,13 +13,16 @@ class StopStringMatcher:
     def __init__(self, stop: Sequence[str]) -> None:
         self.stop = tuple(s for s in stop if s)
         self.buffer = ""  # held back: might be the start of a stop string
+        self.matched = ""  # the stop string that matched, once one has
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to emit, whether a stop string matched); after a match, stop feeding."""
         self.buffer += text
         matches = [i for i in (self.buffer.find(s) for s in self.stop) if i >= 0]
         if matches:
-            out, self.buffer = self.buffer[: min(matches)], ""
+            first = min(matches)
+            self.matched = next(s for s in self.stop if self.buffer.find(s) == first)
+            out, self.buffer = self.buffer[:first], ""
             return out, True
         keep = self._partial_match_len()
         cut = len(self.buffer) - keep

@@ -1,7 +1,9 @@
 """Structured-output fields of a request → SamplingParams.guided_kind / guided_spec.
 
-OpenAI's `response_format` (`json_object`, `json_schema`) and vLLM's `guided_json`,
-`guided_regex`, `guided_choice`, `guided_grammar`; at most one per request. The gateway
+OpenAI's `response_format` (`json_object`, `json_schema`), vLLM's `structured_outputs`
+(`json`, `regex`, `choice`, `grammar`, `json_object`: exactly one of them) and its older
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` (aliases); at most one
+field per request. The gateway
 does not import xgrammar (it would bring torch), so it checks what it can here and names
 the problem in a 400: the JSON Schema's structure keyword by keyword, regexes with Python's
 `re` parser (refusing the constructs xgrammar's regex dialect lacks), choices and grammars
@@ -19,8 +21,14 @@ from typing import Any
 from services.gateway.errors import invalid
 
 GUIDED_FIELDS = (
-    "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar",
 )  # fmt: skip
+# structured_outputs' keys → the guided_* field each is an alias of.
+_STRUCTURED_OUTPUTS = {
+    "json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
+    "grammar": "guided_grammar",
+}  # fmt: skip
 _TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -40,18 +48,49 @@ def guided_fields(body: dict[str, Any]) -> tuple[str, str]:
     value = body[name]
     if name == "response_format":
         return _response_format(value)
+    if name == "structured_outputs":
+        return _structured_outputs(value)
+    return _guided(name, value, name)
+
+
+def _structured_outputs(value: Any) -> tuple[str, str]:
+    where = "structured_outputs"
+    if not isinstance(value, dict):
+        raise invalid(f"{where} must be an object", where)
+    value = {k: v for k, v in value.items() if v is not None and v is not False}
+    unknown = sorted(set(value) - {*_STRUCTURED_OUTPUTS, "json_object"})
+    if unknown:
+        raise invalid(
+            f"{where}: unsupported key(s): {', '.join(unknown)} (supported: json, regex, "
+            "choice, grammar, json_object)",
+            where,
+        )
+    if len(value) != 1:
+        raise invalid(
+            f"{where} must set exactly one of json, regex, choice, grammar, json_object", where
+        )
+    key, spec = next(iter(value.items()))
+    if key == "json_object":
+        if spec is not True:
+            raise invalid(f"{where}.json_object must be true", where)
+        return "json_object", ""
+    return _guided(_STRUCTURED_OUTPUTS[key], spec, f"{where}.{key}")
+
+
+def _guided(name: str, value: Any, where: str) -> tuple[str, str]:
+    """A guided_* field's value (or the structured_outputs key it is an alias of)."""
     if name == "guided_json":
         schema = json.loads(value) if isinstance(value, str) and _is_json(value) else value
-        check_schema(schema, "guided_json")
+        check_schema(schema, where)
         return "json_schema", json.dumps(schema)
     if name == "guided_regex":
-        return "regex", _regex(value, name)
+        return "regex", _regex(value, where)
     if name == "guided_choice":
         if not (isinstance(value, list) and value and all(isinstance(c, str) for c in value)):
-            raise invalid("guided_choice must be a non-empty list of strings", name)
+            raise invalid(f"{where} must be a non-empty list of strings", where)
         return "choice", json.dumps(value)
     if not (isinstance(value, str) and "root" in value and "::=" in value):
-        raise invalid("guided_grammar must be an EBNF grammar with a rule `root ::= ...`", name)
+        raise invalid(f"{where} must be an EBNF grammar with a rule `root ::= ...`", where)
     return "grammar", value
 
 

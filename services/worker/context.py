@@ -18,7 +18,7 @@ from shared.engine.outputs import RequestOutput
 from shared.engine.sequence import FinishReason
 from shared.kvtransfer import KVLayout
 from shared.kvtransfer.transfer import KVTransport
-from shared.protocol import SubmitRequest, TokenChunk, TokenLogprob
+from shared.protocol import PromptTokenLogprob, SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
 
 FINISH_REASONS = {
@@ -106,4 +106,8 @@ def token_chunk(output: RequestOutput, index: int) -> TokenChunk:
         else FINISH_REASONS[output.finish_reason],
         num_prompt_tokens=output.num_prompt_tokens,
         num_cached_tokens=output.num_cached_tokens,
+        prompt_logprobs=[
+            PromptTokenLogprob(lp.token_id, lp.logprob, lp.rank, [tuple(t) for t in lp.top])
+            for lp in output.prompt_logprobs or []
+        ],
     )

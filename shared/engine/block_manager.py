@@ -60,7 +60,9 @@ class BlockManager:
     def can_allocate(self, seq: Sequence, token_budget: int) -> bool:
         """Would `allocate` then `allocate_slots` for up to `token_budget` new tokens fit?
         Changes nothing, so a refused admission leaves the cache and its counters alone."""
-        hits = self._lookup(seq.token_ids) if self.enable_prefix_caching else []
+        # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
+        reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
+        hits = self._lookup(seq.token_ids) if reuse else []
         num_tokens = min(seq.num_tokens - len(hits) * self.block_size, token_budget)
         needed = self.blocks_for(len(hits) * self.block_size + num_tokens) - len(hits)
         reclaimed = sum(1 for block_id, _ in hits if self.ref_counts[block_id] == 0)
@@ -71,7 +73,9 @@ class BlockManager:
         """Admit `seq`: claim the longest cached prefix of its tokens (never all of them, so at
         least one token is computed and yields logits). Sets the computed and cached counts."""
         assert not seq.block_table, "allocate() is for a sequence that holds no blocks"
-        hits = self._lookup(seq.token_ids) if self.enable_prefix_caching else []
+        # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
+        reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
+        hits = self._lookup(seq.token_ids) if reuse else []
         for block_id, _ in hits:
             self._claim(block_id)
         seq.block_table = [block_id for block_id, _ in hits]

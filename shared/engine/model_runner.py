@@ -16,6 +16,7 @@ from shared.engine.kv_cache import KVCache
 from shared.engine.model.families import model_class
 from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
+from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
 from shared.engine.quantization import quantize_weights
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler_output import ScheduledChunk
@@ -68,7 +69,17 @@ class ModelRunner:
         """Compute `chunks` (decodes first) and sample for those that complete, in order: one
         token per chunk, or for a verify chunk its accepted drafts and one token more."""
         completing = [chunk for chunk in chunks if chunk.completes]
-        logits = self.forward([_span(chunk) for chunk in chunks])
+        spans = [_span(chunk) for chunk in chunks]
+        scoring = [
+            wants_prompt_logprobs(chunk.seq, span.start)
+            for chunk, span in zip(chunks, spans, strict=True)
+        ]
+        for span, scores in zip(spans, scoring, strict=True):
+            if scores:
+                span.num_logits = len(span.token_ids)  # every row: prompt_logprobs.py
+        logits = self.forward(spans)
+        if any(scoring):
+            logits = self._score_prompts(chunks, spans, scoring, logits)
         plain = [i for i, chunk in enumerate(completing) if not chunk.draft_token_ids]
         rows = [
             SamplingRow(
@@ -96,6 +107,28 @@ class ModelRunner:
                     rows_of_chunk, chunk.seq, chunk.draft_token_ids, self.sampler, chunk.draft_probs
                 )
         return results
+
+    def _score_prompts(
+        self,
+        chunks: list[ScheduledChunk],
+        spans: list[Span],
+        scoring: list[bool],
+        logits: torch.Tensor,  # [sum of num_logits, V']
+    ) -> torch.Tensor:
+        """Score the prompt rows of the chunks that want it; returns the logits rows the
+        sampler expects (a scoring chunk keeps only its last row, and only if it completes)."""
+        keep: list[int] = []
+        row = 0
+        for chunk, span, scores in zip(chunks, spans, scoring, strict=True):
+            rows = range(row, row + span.num_logits)
+            if scores:
+                score_prompt(
+                    chunk.seq, span.start, logits[row : rows.stop, : self.sampler.vocab_size]
+                )
+                rows = rows[-1:] if chunk.completes else range(0)
+            keep.extend(rows)
+            row += span.num_logits
+        return logits[torch.tensor(keep, dtype=torch.int64, device=logits.device)]
 
     def forward(self, spans: list[Span]) -> torch.Tensor:
         """Compute `spans` (single-token ones first) into the KV cache. Returns the wanted

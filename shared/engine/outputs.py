@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.engine.prompt_logprobs import PromptLogprob
 from shared.engine.sampler import TokenLogprobs
 from shared.engine.sequence import FinishReason
 
@@ -16,3 +17,5 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # params.prompt_logprobs: with the first token, prompt tokens 1.. scored (None: not asked)
+    prompt_logprobs: list[PromptLogprob] | None = None

@@ -38,6 +38,7 @@ class SamplingParams:
     min_tokens: int = 0
     max_tokens: int = 16
     logprobs: int | None = None  # None: no logprobs; k: the chosen token's plus the top k
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's plus the top k
     guided_kind: str = ""  # "" (free text) or a key of GUIDED_KINDS
     guided_spec: str = ""  # what GUIDED_KINDS[guided_kind] says
 
@@ -60,6 +61,11 @@ class SamplingParams:
         _check(
             self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
             "logprobs",
+            f"must be in [0, {MAX_TOP_LOGPROBS}]",
+        )
+        _check(
+            self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+            "prompt_logprobs",
             f"must be in [0, {MAX_TOP_LOGPROBS}]",
         )
         kinds = ("", *GUIDED_KINDS)

@@ -184,6 +184,9 @@ class Scheduler:
                 if not completes:
                     continue
                 out = append_tokens(seq, next(per_chunk), self.stop_rules)
+                first_output = seq.num_output_tokens == len(out.new_token_ids)
+                if first_output and seq.params.prompt_logprobs is not None:
+                    out.prompt_logprobs = list(seq.prompt_logprobs)  # once, with the first token
             self._settle(seq, out.finish_reason)
             outputs.append(out)
         assert next(per_chunk, None) is None, "more sampled tokens than completing chunks"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from shared.engine.prompt_logprobs import PromptLogprob
     from shared.engine.structured_output import GrammarState
 
 
@@ -42,6 +43,8 @@ class Sequence:
     num_draft_computed_tokens: int = 0  # draft model: tokens whose draft KV is in its cache
     finish_reason: FinishReason | None = None
     grammar: GrammarState | None = None  # structured output: where the output is in its grammar
+    # params.prompt_logprobs: entry j scores prompt token j + 1 (prompt_logprobs.py)
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -75,9 +75,11 @@ def render_chat(
     chat_template: str,
     messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
     **special_tokens: Any,
 ) -> str:
-    """The prompt text for `messages`, e.g. render_chat(t, msgs, bos_token="<s>").
+    """The prompt text for `messages`, e.g. render_chat(t, msgs, bos_token="<s>"); `tools`
+    are OpenAI tool definitions; any other keyword is a template variable too.
 
     A template's own `raise_exception(...)` (e.g. "roles must alternate") becomes a
     ChatTemplateError carrying its message.
@@ -85,7 +87,7 @@ def render_chat(
     try:
         return _compile(chat_template).render(
             messages=messages,
-            tools=None,
+            tools=tools,
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **special_tokens,

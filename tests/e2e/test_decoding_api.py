@@ -96,7 +96,7 @@ def test_json_object_choice_regex_and_grammar(mesh: Mesh, model: str) -> None:
         ({"guided_regex": "[a-"}, "guided_regex is not a valid regular expression"),
         ({"guided_choice": []}, "guided_choice"),
         ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "use only one of"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported field"),
+        ({"functions": [{"name": "f"}]}, "unsupported field"),  # deprecated: use tools
         # Only xgrammar finds this one (at the worker): still a 400 with its reason.
         ({"guided_grammar": 'root ::= "a" undefined_rule'}, "invalid request: invalid grammar"),
     ],
@@ -187,5 +187,5 @@ def test_unsupported_fields_are_400(mesh: Mesh, model: str) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             mesh.client.completions.create(model=model, prompt="x", extra_body=extra)
         assert info.value.body["param"] == name
-    with pytest.raises(openai.BadRequestError, match="echo with logprobs"):
-        mesh.client.completions.create(model=model, prompt="x", echo=True, logprobs=1)
+    with pytest.raises(openai.BadRequestError, match="priority is not supported"):
+        mesh.client.completions.create(model=model, prompt="x", extra_body={"priority": 1})

@@ -300,7 +300,7 @@ def test_bad_requests_name_the_field(gw: Harness) -> None:
         ({"model": "gpt-4"}, "model"),
         ({"messages": [{"role": "user", "content": long_prompt}]}, "messages"),
         ({"max_tokens": MAX_MODEL_LEN}, "max_tokens"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "not a name"}}]}, "tools"),
     ]
     for extra, param in cases:
         body = {"model": MODEL, "messages": MESSAGES} | extra
