@@ -76,12 +76,13 @@ class SchedulerMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.workers = Gauge(
-            P + "workers", "Registered workers by role and state", ["role", "state"], registry=r
-        )
+            P + "workers", "Registered workers by model, role and state",
+            ["model", "role", "state"], registry=r,
+        )  # fmt: skip
         self.waiting = Gauge(P + "num_requests_waiting", "Submits being placed", registry=r)
         self.placements = Counter(
-            P + "placements", "Submits answered, by outcome and path", ["outcome", "path"],
-            registry=r,
+            P + "placements", "Submits answered, by model, outcome and path",
+            ["model", "outcome", "path"], registry=r,
         )  # fmt: skip
         self.queue_wait = Histogram(
             P + "scheduler_queue_wait_seconds",
