@@ -11,9 +11,9 @@ from aiohttp import web
 from services.gateway.choices import Choices, merged_events
 from services.gateway.errors import ApiError, invalid
 from services.gateway.generation import Delta, Finish, GenerationFailed, Mesh, Submitted
-from services.gateway.keys import CONFIG, MESH
 from services.gateway.openai_schema import GenerationRequest, Kind, parse_request, with_max_tokens
 from services.gateway.responses import ResponseBuilder, total_usage
+from services.gateway.routed import routed_mesh
 from services.gateway.sse import SSEWriter
 
 
@@ -26,16 +26,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
-    config, mesh = request.app[CONFIG], request.app[MESH]
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise invalid("the request body is not valid JSON") from None
     parsed = parse_request(kind, body)
-    if parsed.model != config.served_model_name:
-        raise ApiError(
-            400, f"model {parsed.model!r} does not exist", param="model", code="model_not_found"
-        )
+    mesh = routed_mesh(request, parsed.model)  # the router's choice, or the one model
+    config = mesh.config
     prompt_ids = _prompt_ids(mesh, parsed)
     sampling = with_max_tokens(parsed, len(prompt_ids), config.max_model_len)
     request_id = uuid.uuid4().hex

@@ -45,6 +45,9 @@ class GatewayConfig:
         "default: none",
     )
     sse_heartbeat: float = flag(15.0, help="seconds of stream silence per keep-alive comment")
+    mesh_config: Path | None = flag(
+        None, help="a mesh config (several models, routes, fallbacks; docs/mesh-config.md)"
+    )
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:

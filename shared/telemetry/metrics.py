@@ -36,9 +36,28 @@ class GatewayMetrics:
     generation_tokens: Counter = field(init=False)
     running: Gauge = field(init=False)
     migrations: Counter = field(init=False)
+    http_requests: Counter = field(init=False)
+    http_duration: Histogram = field(init=False)
+    fallbacks: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
+        # By the model that served (or last refused), the route called ("": a model by name)
+        # and the traffic class of the request (`x-splitserve-traffic`; "": none).
+        routed = ["model", "route", "traffic"]
+        self.http_requests = Counter(
+            P + "gateway_requests", "Generation requests answered, by model, route, traffic "
+            "and HTTP status", [*routed, "status"], registry=r,
+        )  # fmt: skip
+        self.http_duration = Histogram(
+            P + "gateway_request_duration_seconds", "Arrival to the end of the answer (or "
+            "stream)", routed, buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            P + "gateway_fallbacks", "Requests a model could not serve that went on down its "
+            "fallback chain, by that model and the status it answered",
+            ["model", "status", "traffic"], registry=r,
+        )  # fmt: skip
         self.ttft = Histogram(
             P + "time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS,
             registry=r,
