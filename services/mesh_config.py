@@ -26,6 +26,7 @@ from services.mesh_yaml import MeshConfigError, Reader
 from services.worker.cli import NOT_ENGINE_FLAGS
 from shared.engine.engine_config import EngineConfig
 from shared.flags import Setting, settings
+from shared.models.registry import KNOWN_MODELS
 
 # Set per worker by `up` (the model's directory), so not an `engine:` key.
 ENGINE_SET_BY_UP = ("model_dir",)
@@ -118,6 +119,9 @@ def load_mesh_config(path: Path) -> MeshConfig:
     )
     models = tuple(_model(reader, n) for n in reader.sequence(top["models"], "models", min_len=1))
     names = _unique(reader, [(m.name, m.line) for m in models], "model")
+    if all(m.upstream is not None for m in models):
+        message = "models: at least one model needs workers (the gateway uses its tokenizer)"
+        raise reader.error(top["models"], message)
     routes = tuple(_route(reader, n) for n in reader.sequence(top.get("routes"), "routes"))
     for route in routes:
         if route.name in names:
@@ -161,13 +165,17 @@ def _model(reader: Reader, node: Node) -> MeshModel:
             node, f"model {name!r} has no workers: give it decode: N (and prefill: N), "
             "aggregated: N, or an upstream",
         )  # fmt: skip
-    model_dir = (
-        Path(reader.text(fields["model_dir"], "model_dir")) if "model_dir" in fields else None
-    )
+    model_dir = None
+    if "model_dir" in fields:  # relative to the config file's directory
+        model_dir = reader.path.parent / Path(reader.text(fields["model_dir"], "model_dir"))
+    known = reader.text(fields["model"], "model") if "model" in fields else ""
+    if known and known not in KNOWN_MODELS:
+        choices = ", ".join(sorted(KNOWN_MODELS))
+        raise reader.error(fields["model"], f"unknown model {known!r} (known: {choices})")
     return MeshModel(
         name,
         line,
-        model=reader.text(fields["model"], "model") if "model" in fields else "",
+        model=known,
         model_dir=model_dir,
         prefill=prefill,
         decode=decode,
