@@ -10,8 +10,10 @@ docs/mesh-config.example.yaml is the commented example; the shape:
     routes:   [{name, targets: [{model, weight, traffic}] | rules: [{max_prompt_tokens, model}]}]
     fallbacks: {model: [model, ...]}
 
-A mesh model's workers report its `name` as their model (heartbeats, block hashes), so the
-scheduler keeps each model's workers, queue and prefix cache apart.
+Routes and fallbacks are parsed in services/mesh_routes.py; the YAML reads that keep each
+value's line are services/mesh_yaml.py. A mesh model's workers report its `name` as their
+model (heartbeats, block hashes), so the scheduler keeps each model's workers, queue and
+prefix cache apart.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import yaml
 from yaml.nodes import Node
 
+from services.mesh_routes import Route, parse_fallbacks, parse_route
 from services.mesh_yaml import MeshConfigError, Reader
 from services.worker.cli import NOT_ENGINE_FLAGS
 from shared.engine.engine_config import EngineConfig
@@ -56,29 +59,6 @@ class MeshModel:
     decode: int = 0  # workers of role decode
     aggregated: int = 0  # workers of role both (instead of prefill + decode)
     engine_argv: tuple[str, ...] = ()  # the `engine:` settings, as worker flags
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    model: str
-    weight: float
-    line: int
-    traffic: str = ""  # reserved for requests of this traffic class; "": for the others
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    model: str
-    line: int
-    max_prompt_tokens: int | None = None  # None: matches every request
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    name: str
-    line: int
-    targets: tuple[Target, ...] = ()  # weighted choice, or
-    rules: tuple[Rule, ...] = ()  # the first rule that matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +102,7 @@ def load_mesh_config(path: Path) -> MeshConfig:
     if all(m.upstream is not None for m in models):
         message = "models: at least one model needs workers (the gateway uses its tokenizer)"
         raise reader.error(top["models"], message)
-    routes = tuple(_route(reader, n) for n in reader.sequence(top.get("routes"), "routes"))
+    routes = tuple(parse_route(reader, n) for n in reader.sequence(top.get("routes"), "routes"))
     for route in routes:
         if route.name in names:
             raise reader.error_at(route.line, f"route {route.name!r} has the name of a model")
@@ -131,7 +111,7 @@ def load_mesh_config(path: Path) -> MeshConfig:
                 message = f"route {route.name!r}: unknown model {entry.model!r}"
                 raise reader.error_at(entry.line, message)
     _unique(reader, [(r.name, r.line) for r in routes], "route")
-    fallbacks = _fallbacks(reader, top.get("fallbacks"), names)
+    fallbacks = parse_fallbacks(reader, top.get("fallbacks"), names)
     return MeshConfig(path, models, routes, fallbacks)
 
 
@@ -230,81 +210,6 @@ def _flag(reader: Reader, setting: Setting, node: Node) -> list[str]:
     except ValueError as exc:
         raise reader.error(node, f"engine {setting.name}: {raw!r} is not valid: {exc}") from None
     return [setting.option, raw]
-
-
-def _route(reader: Reader, node: Node) -> Route:
-    fields = reader.mapping(node, "a route", required=("name",), optional=("targets", "rules"))
-    name = reader.name(fields["name"], "name")
-    line = _line(node)
-    if ("targets" in fields) == ("rules" in fields):
-        raise reader.error(node, f"route {name!r} needs either targets or rules")
-    if "targets" in fields:
-        targets = tuple(
-            _target(reader, n) for n in reader.sequence(fields["targets"], "targets", 1)
-        )
-        if all(t.traffic for t in targets):
-            raise reader.error(
-                fields["targets"], f"route {name!r}: every target is reserved for a traffic class"
-            )
-        return Route(name, line, targets=targets)
-    rule_nodes = reader.sequence(fields["rules"], "rules", 1)
-    rules = tuple(_rule(reader, n) for n in rule_nodes)
-    if rules[-1].max_prompt_tokens is not None:
-        raise reader.error(
-            rule_nodes[-1], "the last rule needs no condition, so every request matches one"
-        )
-    return Route(name, line, rules=rules)
-
-
-def _target(reader: Reader, node: Node) -> Target:
-    fields = reader.mapping(node, "a target", required=("model", "weight"), optional=("traffic",))
-    weight = reader.number(fields["weight"], "weight", positive=True)
-    traffic = reader.name(fields["traffic"], "traffic") if "traffic" in fields else ""
-    return Target(reader.name(fields["model"], "model"), weight, _line(node), traffic)
-
-
-def _rule(reader: Reader, node: Node) -> Rule:
-    fields = reader.mapping(node, "a rule", required=("model",), optional=("max_prompt_tokens",))
-    limit = fields.get("max_prompt_tokens")
-    tokens = reader.integer(limit, "max_prompt_tokens", minimum=1) if limit is not None else None
-    return Rule(reader.name(fields["model"], "model"), _line(node), tokens)
-
-
-def _fallbacks(
-    reader: Reader, node: Node | None, names: set[str]
-) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    if node is None:
-        return ()
-    fields = reader.mapping(node, "fallbacks", optional=None)
-    chains: dict[str, tuple[str, ...]] = {}
-    for model, chain_node in fields.items():
-        if model not in names:
-            raise reader.error(chain_node, f"fallbacks: unknown model {model!r}")
-        chain = tuple(reader.name(n, "fallback") for n in reader.sequence(chain_node, model, 1))
-        for other in chain:
-            if other not in names:
-                raise reader.error(chain_node, f"fallbacks of {model!r}: unknown model {other!r}")
-        chains[model] = chain
-    for model, chain_node in fields.items():
-        cycle = _cycle(model, chains)
-        if cycle:
-            raise reader.error(chain_node, f"fallbacks loop: {' -> '.join(cycle)}")
-    return tuple(chains.items())
-
-
-def _cycle(start: str, chains: dict[str, tuple[str, ...]]) -> list[str]:
-    """A path start -> ... -> start through the fallbacks, or [] when there is none."""
-    path = [start]
-
-    def walk(model: str, seen: set[str]) -> bool:
-        for nxt in chains.get(model, ()):
-            path.append(nxt)
-            if nxt == start or (nxt not in seen and walk(nxt, seen | {nxt})):
-                return True
-            path.pop()
-        return False
-
-    return path if walk(start, {start}) else []
 
 
 def _unique(reader: Reader, named: list[tuple[str, int]], what: str) -> set[str]:

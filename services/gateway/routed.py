@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
+from opentelemetry import trace
 
 from services.gateway.config import GatewayConfig, model_max_len
 from services.gateway.errors import ApiError, invalid
@@ -196,6 +197,10 @@ async def _try_chain(
     for at, model in enumerate(chain):
         has_fallback = at + 1 < len(chain)
         state.model = model
+        span = trace.get_current_span()
+        span.set_attributes(
+            {"gen_ai.response.model": model, "splitserve.route": state.decision.route}
+        )
         try:
             upstream = routing.router.config.model(model).upstream
             if upstream is not None:

@@ -120,3 +120,11 @@ def test_a_missing_or_empty_file_is_refused(tmp_path):
     only_upstreams = "models:\n  - {name: r, upstream: 'http://h/v1'}\n"
     with pytest.raises(MeshConfigError, match=r":2: models: at least one model needs workers"):
         load_mesh_config(write(tmp_path, only_upstreams))
+
+
+def test_the_documented_example_is_a_valid_config():
+    example = Path(__file__).parents[2] / "docs" / "mesh-config.example.yaml"
+    config = load_mesh_config(example)
+    assert [m.name for m in config.models] == ["smol-a", "smol-b", "remote-x"]
+    assert [r.name for r in config.routes] == ["chat", "auto"]
+    assert config.fallbacks_of("smol-a") == ("smol-b",)
