@@ -256,3 +256,9 @@ def test_a_model_whose_workers_stopped_falls_back(mesh):
         assert reply.headers["x-splitserve-route"].endswith("served=remote-x; fallbacks=smol-a:503")
     finally:
         os.kill(pid, signal.SIGCONT)
+    # It beats again and rejoins as a new registration: its model is served by it again.
+    deadline = time.monotonic() + 10
+    while not _workers_of(mesh, "smol-a") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    reply = mesh.post("smol-a")
+    assert reply.status == 200 and reply.body["model"] == "smol-a", reply.body

@@ -91,6 +91,24 @@ def test_a_stream_is_relayed_chunk_by_chunk_renamed():
     ]
 
 
+def test_a_stream_cut_after_its_first_chunk_ends_with_an_error_event():
+    async def answer(request: web.Request) -> web.StreamResponse:
+        reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await reply.prepare(request)
+        chunk = {"model": "their-name", "choices": [{"delta": {"content": "a"}}]}
+        await reply.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()  # the upstream dies mid-stream
+        return reply
+
+    status, text, received = run(answer)
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    assert status == 200 and len(received) == 1  # no second try after the first token
+    assert events[0]["model"] == "ours"
+    assert "cut off" in events[-1]["error"]["message"]
+
+
 def test_a_client_error_passes_through():
     async def answer(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "bad temperature"}}, status=400)
