@@ -56,6 +56,7 @@ class RouteState:
 
     decision: Decision
     model: str = ""  # the model of the chain trying (or, once it answers, serving) it
+    answering: bool = False  # its response has started: no other model may answer now
     fallbacks: list[Fallback] = field(default_factory=list)
 
 
@@ -95,10 +96,11 @@ class Routing:
             cards.append(card)
         return cards
 
-    def prompt_tokens(self, kind: Kind, body: object, model: str) -> int:
-        """The prompt's length in tokens, with `model`'s tokenizer (or the first mesh
-        model's, for an upstream)."""
-        text = self.texts.get(model) or next(iter(self.texts.values()))
+    def prompt_tokens(self, kind: Kind, body: object, route: str) -> int:
+        """The prompt's length in tokens, with the tokenizer of the first mesh model among
+        the route's rules (of the first mesh model of the file when they are upstreams)."""
+        ruled = [m for m in self.router.rule_models(route) if m in self.texts]
+        text = self.texts[ruled[0]] if ruled else next(iter(self.texts.values()))
         parsed = parse_request(kind, body)
         if parsed.messages is not None:
             return len(text.chat_prompt_ids(parsed.messages))
@@ -214,7 +216,7 @@ async def _try_chain(
                 )
                 response = await handler(request)
         except (ApiError, UpstreamUnavailable) as exc:
-            if not has_fallback or exc.status not in FALLBACK_STATUSES:
+            if not has_fallback or state.answering or exc.status not in FALLBACK_STATUSES:
                 if isinstance(exc, UpstreamUnavailable):
                     raise ApiError(exc.status, str(exc), code="upstream_unavailable") from None
                 raise
@@ -236,4 +238,5 @@ async def _body(request: web.Request) -> object:
 async def _route_header(request: web.Request, response: web.StreamResponse) -> None:
     state = request.get(ROUTE)
     if state is not None:
+        state.answering = True
         response.headers[ROUTE_HEADER] = route_header(state.decision, state.model, state.fallbacks)

@@ -59,6 +59,11 @@ class Router:
         route = self._routes.get(name)
         return route is not None and any(r.max_prompt_tokens is not None for r in route.rules)
 
+    def rule_models(self, name: str) -> list[str]:
+        """The models the rules of route `name` name, in order ([] for any other name)."""
+        route = self._routes.get(name)
+        return [rule.model for rule in route.rules] if route is not None else []
+
     def decide(self, name: str, prompt_tokens: Callable[[], int], traffic: str = "") -> Decision:
         """The chain for a request calling `name` (KeyError when it is neither a model nor a
         route); `prompt_tokens()` is called only for a route with prompt-size rules."""

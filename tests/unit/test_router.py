@@ -67,6 +67,8 @@ def test_a_reserved_target_takes_only_its_traffic_class(router):
 def test_the_first_rule_that_holds_picks_by_prompt_size(router, tokens, model):
     assert router.counts_prompt("auto") and not router.counts_prompt("chat")
     assert router.decide("auto", lambda: tokens).target == model
+    assert router.rule_models("auto") == ["smol-a", "big", "remote-x"]
+    assert router.rule_models("chat") == router.rule_models("smol-a") == []
 
 
 def test_fallback_chains_are_depth_first_without_repeats(router):
