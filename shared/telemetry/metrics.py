@@ -17,6 +17,8 @@ from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -110,11 +112,30 @@ class SchedulerMetrics:
         )  # fmt: skip
 
 
+class ConstantLabels(Collector):
+    """Every sample of `inner` with `labels` added: one process's identity on all its
+    metrics (a worker's `model`, as vLLM labels its metrics with `model_name`)."""
+
+    def __init__(self, inner: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.inner = inner
+        self.labels = labels
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.inner.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [
+                sample._replace(labels=sample.labels | self.labels) for sample in family.samples
+            ]
+            yield labelled
+
+
 @dataclass(slots=True)
 class WorkerMetrics:
-    """Labelled by `role` (prefill | decode | both), so pools aggregate in PromQL."""
+    """Labelled by `role` (prefill | decode | both), so pools aggregate in PromQL, and by
+    `model` (the served name the worker reports) when it is given."""
 
     role: str
+    model: str = ""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     queue_time: Histogram = field(init=False)
     running: Gauge = field(init=False)
@@ -133,6 +154,9 @@ class WorkerMetrics:
 
     def __post_init__(self) -> None:
         r, role = self.registry, ["role"]
+        if self.model:  # the metrics live in their own registry; the served one labels them
+            r = CollectorRegistry()
+            self.registry.register(ConstantLabels(r, {"model": self.model}))
         # direction: send (prefill) | receive (decode); transport: nixl | nats
         direction = ["role", "direction", "transport"]
         self.queue_time = Histogram(

@@ -24,7 +24,7 @@ import pytest
 from shared.nats_server import free_port
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
 from tests.e2e.test_mesh import mesh_model_dir  # noqa: F401  (fixture)
-from tests.integration.test_observability import Receiver, metric, scrape
+from tests.integration.test_observability import Receiver, metric, metrics_ports, scrape
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TRACE = "5cf92f3577b34da6a3ce929d0e0e4737"
@@ -117,13 +117,13 @@ def wait_ready(mesh: MultiMesh, timeout: float = 120) -> None:
 
 def _workers_of(mesh: MultiMesh, model: str) -> float:
     try:
-        samples = scrape_gateway(mesh)
+        samples = scrape_scheduler(mesh)
     except OSError:
         return 0
     return metric(samples, "splitserve_workers", model=model, state="ready")
 
 
-def scrape_gateway(mesh: MultiMesh) -> dict:
+def scrape_scheduler(mesh: MultiMesh) -> dict:
     """The scheduler's metrics: its port is in the launcher's log."""
     for line in mesh.log.read_text().splitlines():
         if "scheduler: metrics on" in line:
@@ -189,11 +189,14 @@ def test_a_weighted_route_reaches_both_models_and_says_so(mesh):
         assert reply.headers["x-splitserve-route"] == f"route=chat; target={model}; served={model}"
         served.append(model)
     assert set(served) == {"smol-a", "smol-b"}
-    placed = scrape_gateway(mesh)  # each model's worker took its own requests
+    placed = scrape_scheduler(mesh)  # each model's worker took its own requests
+    ports = metrics_ports(mesh.log)
     for model in ("smol-a", "smol-b"):
         assert metric(
             placed, "splitserve_placements_total", model=model, outcome="accepted"
         ) >= served.count(model)
+        worker = scrape(ports[f"{model}-both-0"])  # its own metrics name its model
+        assert metric(worker, "splitserve_generation_tokens_total", model=model) > 0
 
 
 def test_a_prompt_size_rule_picks_the_model(mesh):
