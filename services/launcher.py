@@ -405,9 +405,11 @@ def with_mesh_config(config: LauncherConfig, args: argparse.Namespace) -> Launch
     the file's error (and its line) when it is bad."""
     from shared.models.pull import pull_model
 
-    if args.model_dir is not None or args.model != DEFAULT_MODEL or args.aggregated:
-        sys.exit("up: --config names the models and their pools; drop --model, --model-dir "
-                 "and --aggregated")  # fmt: skip
+    pool_flags = (args.model_dir, args.model != DEFAULT_MODEL, args.aggregated, args.prefill != 1,
+                  args.decode != 1)  # fmt: skip
+    if any(pool_flags):
+        sys.exit("up: --config names the models and their pools; drop --model, --model-dir, "
+                 "--prefill, --decode and --aggregated")  # fmt: skip
     try:
         mesh = load_mesh_config(args.config.resolve())
     except MeshConfigError as exc:

@@ -51,3 +51,13 @@ def test_up_refuses_a_bad_config_naming_its_line(tmp_path: Path):
     )  # fmt: skip
     assert done.returncode != 0
     assert f"{path}:3: model 'smol-b' has no workers" in done.stderr, done.stderr
+
+
+def test_up_refuses_pool_flags_beside_a_config(tmp_path: Path):
+    path = tmp_path / "mesh.yaml"
+    path.write_text(CONFIG)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--config", str(path), "--decode", "3"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0 and "drop --model, --model-dir, --prefill" in done.stderr
