@@ -192,6 +192,9 @@ def _engine_argv(reader: Reader, node: Node | None) -> tuple[str, ...]:
         return ()
     known = {s.name: s for s in settings(EngineConfig, (*NOT_ENGINE_FLAGS, *ENGINE_SET_BY_UP))}
     fields = reader.mapping(node, "engine", optional=tuple(known), normalize=True)
+    if "block_size" in fields:  # the scheduler hashes every model's blocks with one size
+        message = "engine block_size is the whole mesh's: pass --block-size to up instead"
+        raise reader.error(fields["block_size"], message)
     argv: list[str] = []
     for key, value_node in fields.items():
         argv += _flag(reader, known[key], value_node)

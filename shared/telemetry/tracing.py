@@ -27,7 +27,7 @@ from opentelemetry.trace import NoOpTracer, Span, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:  # the SDK loads only when spans are exported
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 _PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
@@ -72,7 +72,7 @@ def setup_tracing(service: str, endpoint: str, instance: str = "") -> Tracing:
     if instance:
         attributes["service.instance.id"] = instance
     provider = TracerProvider(resource=Resource.create(attributes))
-    provider.add_span_processor(_traffic_processor())
+    provider.add_span_processor(traffic_processor())
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint))))
     return Tracing(provider.get_tracer("splitserve"), provider)
 
@@ -113,7 +113,7 @@ def _span_traffic(span: Span) -> str:
     return ""
 
 
-def _traffic_processor() -> object:
+def traffic_processor() -> SpanProcessor:
     """A span processor that sets `splitserve.traffic` on a span from its parent context."""
     from opentelemetry.sdk.trace import SpanProcessor
 

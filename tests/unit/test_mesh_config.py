@@ -85,6 +85,7 @@ BAD = [
     ("    aggregated: 1\n", "", 7, "model 'smol-b' has no workers"),
     ("    decode: 2\n", "    decodes: 2\n", 5, "unknown key 'decodes'"),
     ("{dtype: bfloat16,", "{dtypo: bfloat16,", 6, "engine: unknown key 'dtypo'"),
+    ("max-num-seqs: 8", "block-size: 32", 6, "engine block_size is the whole mesh's"),
     ("max-num-seqs: 8", "max-num-seqs: eight", 6, "engine max_num_seqs: 'eight' is not valid"),
     ("  - name: auto", "  - name: chat", 17, "two routes are named 'chat'"),
     ("  - name: auto", "  - name: smol-b", 17, "route 'smol-b' has the name of a model"),

@@ -10,17 +10,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from shared.telemetry.tracing import (
     TRAFFIC,
-    _traffic_processor,
     extract,
     inject,
     traffic_class,
+    traffic_processor,
 )
 
 
 def tracer_and_spans() -> tuple[trace.Tracer, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(_traffic_processor())
+    provider.add_span_processor(traffic_processor())
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider.get_tracer("test"), exporter
 
