@@ -35,7 +35,7 @@ from opentelemetry.trace import SpanKind
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.placement import RELEASED, InvalidRequest, Placer
 from services.scheduler.registry import Registry
-from services.scheduler.waiting import WaitEnd, Waiter, WaitingLine
+from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
 from shared.protocol import (
     Cancel,
@@ -71,8 +71,7 @@ class SchedulerService:
         self.rejected = 0
         self.tracing = setup_tracing("scheduler", config.otlp_endpoint)
         self.metrics = SchedulerMetrics()
-        self.lines: dict[str, WaitingLine] = {}  # model -> its waiting line
-        self.stopping = False
+        self.lines = ModelLines()
         self._sweeper: asyncio.Task[None] | None = None
         # Request ids cancelled lately (id -> when): a placement still in progress for one
         # stops instead of starting work nobody will read (the gateway migrated it).
@@ -100,9 +99,7 @@ class SchedulerService:
     async def stop(self) -> None:
         """Stop the sweeper and end every wait (answered UNAVAILABLE, so the gateway retries
         another replica); placements in progress finish while the bus drains."""
-        self.stopping = True
-        for line in self.lines.values():
-            line.close()
+        self.lines.close()
         if self._sweeper:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -119,7 +116,7 @@ class SchedulerService:
         if heartbeat.worker_id not in self.registry:
             log.info("worker %s joined (role %s)", heartbeat.worker_id, heartbeat.role)
         if self.registry.on_heartbeat(heartbeat, self.clock()):
-            self._wake()
+            self.lines.wake()
 
     async def _on_kv_events(self, events: KVEvents, headers: Headers) -> None:
         self.registry.on_kv_events(events)
@@ -129,8 +126,7 @@ class SchedulerService:
             return
         self.registry.forget(cancel.request_id)
         self.cancelled[cancel.request_id] = self.clock()
-        for line in self.lines.values():
-            line.cancel(cancel.request_id)
+        self.lines.cancel(cancel.request_id)
 
     async def on_status(self, query: StatusQuery, headers: Headers) -> MeshStatus:
         placing = sum(self.placing.values())
@@ -148,7 +144,7 @@ class SchedulerService:
         self.registry.forget_past_deadline(now)
         horizon = now - CANCEL_MEMORY_S
         self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
-        self._wake()  # the backoff: waiters try again at least once a sweep
+        self.lines.wake()  # the backoff: waiters try again at least once a sweep
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -157,19 +153,6 @@ class SchedulerService:
                 await self.sweep()
             except Exception:
                 log.exception("sweep failed")
-
-    def _wake(self) -> None:
-        """Room may have appeared: every model's line (a request of no model takes any)."""
-        for line in self.lines.values():
-            line.wake()
-
-    def _line(self, model: str) -> WaitingLine:
-        line = self.lines.get(model)
-        if line is None:
-            line = self.lines[model] = WaitingLine()
-            if self.stopping:
-                line.close()
-        return line
 
     def _count_workers(self) -> None:
         self.metrics.workers.clear()
@@ -243,7 +226,7 @@ class SchedulerService:
             return SubmitAck(request.request_id, Outcome.UNAVAILABLE, "deadline already passed")
         give_up = min(request.deadline, now + self.config.queue_timeout)
         waiter = Waiter(request.request_id, now, give_up)
-        line = self._line(request.model)
+        line = self.lines.of(request.model)
         if len(line):  # others wait for room already: behind them
             line.join(waiter)
         try:
