@@ -22,6 +22,12 @@ worker and the gateway or scheduler read (`--max-model-len`, `--block-size`) goe
 those names), each worker's `--role`, `--worker-id` and `--model-dir`, and every service's
 `--nats`, `--namespace`, `--otlp-endpoint` and `--metrics-port`.
 
+Several models: `up --config FILE.yaml` (services/mesh_config.py, docs/mesh-config.md) starts
+each mesh model's own pools instead of `--model`/`--prefill`/`--decode`: worker ids
+`<model>-<role>-<i>`, each with `--model-name <model>` and its `engine:` flags after the
+command line's; the gateway gets `--mesh-config FILE` and the first mesh model as its own.
+A bad file stops `up` before anything starts, with the line that is wrong.
+
 Observability: `--otlp-endpoint URL` goes to every service; the scheduler and each worker
 get a `--metrics-port` (from `--metrics-port BASE` upwards, or free ports when 0), listed
 at start; the gateway serves /metrics on its own port.
@@ -44,6 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from services.gateway.config import GatewayConfig
+from services.mesh_config import MeshConfig, MeshConfigError, load_mesh_config, model_dir_of
 from services.scheduler.config import SchedulerConfig
 from services.worker.cli import add_engine_arguments, engine_argv
 from services.worker.config import WorkerConfig
@@ -59,7 +66,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
 MAX_BACKOFF_S = 30.0
 # `up`'s own flags of these names set them: not forwarded as the gateway's.
-GATEWAY_SET_BY_UP = ("host", "port", "model_dir")
+GATEWAY_SET_BY_UP = ("host", "port", "model_dir", "mesh_config")
 WORKER_SET_BY_UP = ("worker_id", "role", "model_name")
 
 
@@ -86,6 +93,7 @@ class LauncherConfig:
     worker_args: tuple[str, ...] = ()  # engine flags passed to every worker as they are
     gateway_args: tuple[str, ...] = ()  # gateway flags, passed to it as they are
     scheduler_args: tuple[str, ...] = ()  # scheduler flags, passed to it as they are
+    mesh: MeshConfig | None = None  # `--config FILE`: several models (replaces the pool flags)
 
     def __post_init__(self) -> None:
         if self.prefill < (1 if self.aggregated else 0) or self.decode < 0:
@@ -114,19 +122,48 @@ def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
 
     scheduler = (*service, "scheduler", *common, *metrics(), *config.scheduler_args)
     specs = [ChildSpec("scheduler", "scheduler", scheduler)]
-    pools = [("both", config.prefill)] if config.aggregated else []
-    pools = pools or [("prefill", config.prefill), ("decode", config.decode)]
-    for role, count in pools:
-        for i in range(count):
-            worker_id = f"{role}-{i}"
-            argv = (*service, "worker", "--role", role, "--model-dir", str(config.model_dir))
+    for pool in worker_pools(config):
+        for i in range(pool.count):
+            worker_id = f"{pool.prefix}{pool.role}-{i}"
+            argv = (*service, "worker", "--role", pool.role, "--model-dir", str(pool.model_dir))
             argv += ("--worker-id", worker_id, *common, *metrics())
-            argv += config.worker_args
+            argv += (*config.worker_args, *pool.argv)
             specs.append(ChildSpec(f"worker {worker_id}", "worker", argv))
     gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))
     gateway += ("--model-dir", str(config.model_dir), *common, *config.gateway_args)
+    if config.mesh is not None:
+        first = config.mesh.mesh_models[0].name
+        gateway += ("--mesh-config", str(config.mesh.source), "--served-model-name", first)
     specs.append(ChildSpec("gateway", "gateway", gateway))
     return specs
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPool:
+    role: str
+    count: int
+    model_dir: Path | None
+    prefix: str = ""  # of its worker ids: "<model>-" with a mesh config
+    argv: tuple[str, ...] = ()  # its model's own flags, after the shared ones
+
+
+def worker_pools(config: LauncherConfig) -> list[WorkerPool]:
+    """The one model's pools from the flags, or each mesh model's from the config file."""
+    if config.mesh is None:
+        if config.aggregated:
+            return [WorkerPool("both", config.prefill, config.model_dir)]
+        return [
+            WorkerPool("prefill", config.prefill, config.model_dir),
+            WorkerPool("decode", config.decode, config.model_dir),
+        ]
+    pools = []
+    for model in config.mesh.mesh_models:
+        model_dir = model_dir_of(model, config.home)
+        argv = ("--model-name", model.name, *model.engine_argv)
+        counts = [("both", model.aggregated)] if model.aggregated else []
+        counts = counts or [("prefill", model.prefill), ("decode", model.decode)]
+        pools += [WorkerPool(role, n, model_dir, f"{model.name}-", argv) for role, n in counts]
+    return pools
 
 
 class Child:
@@ -311,6 +348,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--nats", default="", help="use this NATS URL instead of starting one")
     parser.add_argument("--nats-port", type=int, default=0, help="embedded server port")
     parser.add_argument("--namespace", default=env("namespace", DEFAULT_NAMESPACE))
+    parser.add_argument(
+        "--config", type=Path, help="a mesh config: several models, routes, fallbacks (YAML)"
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     parser.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
     parser.add_argument("--prefill", type=int, default=1, help="prefill workers (or 'both')")
@@ -360,6 +400,26 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
     )
 
 
+def with_mesh_config(config: LauncherConfig, args: argparse.Namespace) -> LauncherConfig:
+    """`config` serving the mesh config `args.config`, its known models pulled; exits with
+    the file's error (and its line) when it is bad."""
+    from shared.models.pull import pull_model
+
+    pool_flags = (args.model_dir, args.model != DEFAULT_MODEL, args.aggregated, args.prefill != 1,
+                  args.decode != 1)  # fmt: skip
+    if any(pool_flags):
+        sys.exit("up: --config names the models and their pools; drop --model, --model-dir, "
+                 "--prefill, --decode and --aggregated")  # fmt: skip
+    try:
+        mesh = load_mesh_config(args.config.resolve())
+    except MeshConfigError as exc:
+        sys.exit(f"up: {exc}")
+    for model in mesh.mesh_models:
+        if model.model_dir is None:
+            pull_model(model.model, config.home)
+    return replace(config, mesh=mesh, model_dir=model_dir_of(mesh.mesh_models[0], config.home))
+
+
 def main(args: argparse.Namespace) -> None:
     from shared.engine.model_config import ModelConfig, UnsupportedArchitecture
     from shared.models.pull import default_home, pull_model
@@ -368,6 +428,8 @@ def main(args: argparse.Namespace) -> None:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s up: %(message)s"
     )
     config = config_from_args(args, default_home())
+    if args.config is not None:
+        config = with_mesh_config(config, args)
     if config.model_dir is None:
         config = replace(config, model_dir=pull_model(config.model))
     try:  # an architecture the engine does not serve: refused before anything starts

@@ -39,6 +39,10 @@ class SubmitRequest:
     deadline: float  # absolute; every stage gives up after it
     attempt: int = 0  # 0 first time; +1 on each migration
     delivered_token_ids: list[int] = field(default_factory=list)  # already streamed (migration)
+    model: str = ""  # the served model's name: only its workers take it; "": any worker
+    # The gateway has a fallback for this model: with no worker of the model registered,
+    # refuse at once (UNAVAILABLE) rather than wait for one to join.
+    has_fallback: bool = False
 
 
 @dataclass(slots=True)

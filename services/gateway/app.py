@@ -27,6 +27,7 @@ from services.gateway.keys import CONFIG, MESH
 from services.gateway.pages import setup_pages
 from services.gateway.prompting import ModelText
 from services.gateway.responses_api import create_response
+from services.gateway.routed import ROUTING, setup_routing
 from services.gateway.streams import TokenStreams
 from services.gateway.tokenize import detokenize, ping, server_version, tokenize
 from shared.bus import Bus
@@ -63,6 +64,7 @@ def init_app(config: GatewayConfig) -> web.Application:
 
     app.cleanup_ctx.append(mesh_connection)
     setup_routes(app)
+    setup_routing(app, config)  # several models, routes and fallbacks (services/gateway/routed.py)
     return app
 
 
@@ -118,6 +120,8 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
+    if ROUTING in request.app:  # a mesh config: every model and route
+        return web.json_response({"object": "list", "data": request.app[ROUTING].cards()})
     config = request.app[CONFIG]
     card = {
         "id": config.served_model_name,

@@ -21,10 +21,10 @@ from services.gateway.generation import (
     Submitted,
     Usage,
 )
-from services.gateway.keys import CONFIG, MESH
 from services.gateway.openai_schema import GenerationRequest, Kind, parse_request, with_max_tokens
 from services.gateway.prompt_scores import PromptScoring
 from services.gateway.responses import ResponseBuilder, total_usage
+from services.gateway.routed import routed_mesh, serving_mesh
 from services.gateway.sse import SSEWriter
 from services.gateway.tool_stream import ToolCallStream
 
@@ -38,9 +38,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
-    config, mesh = request.app[CONFIG], request.app[MESH]
-    parsed = parse_request(kind, await json_body(request), mesh.text.sampling_defaults)
-    choices = prepare(request, parsed)
+    body = await json_body(request)
+    parsed = parse_request(kind, body, serving_mesh(request).text.sampling_defaults)
+    mesh, choices = prepare(request, parsed)  # the router's choice, or the one model
+    config = mesh.config
     echo = _echo_text(mesh, parsed)
     usage_so_far = len(choices.prompt_ids) if parsed.continuous_usage else None
     builders = [
@@ -51,7 +52,7 @@ async def _handle(request: web.Request, kind: Kind) -> web.StreamResponse:
             mesh.text,
             index,
             echo,
-            tool_stream(request, parsed),
+            tool_stream(mesh, parsed),
             usage_so_far,
             _scoring(parsed, choices.prompt_ids),
         )
@@ -75,26 +76,24 @@ async def json_body(request: web.Request) -> Any:
         raise invalid("the request body is not valid JSON") from None
 
 
-def prepare(request: web.Request, parsed: GenerationRequest) -> Choices:
-    """Check the model, tokenize the prompt and fit max_tokens: what each choice submits."""
-    config, mesh = request.app[CONFIG], request.app[MESH]
-    if parsed.model != config.served_model_name:
-        raise ApiError(
-            400, f"model {parsed.model!r} does not exist", param="model", code="model_not_found"
-        )
+def prepare(request: web.Request, parsed: GenerationRequest) -> tuple[Mesh, Choices]:
+    """The mesh of the request's model (400 for a model not served), and what each choice
+    submits there: the tokenized prompt and max_tokens fitted."""
+    mesh = routed_mesh(request, parsed.model)
+    config = mesh.config
     prompt_ids = _prompt_ids(mesh, parsed)
     sampling = with_max_tokens(parsed, len(prompt_ids), config.max_model_len)
     tools = parsed.tools is not None and parsed.tools.active
     keep = mesh.text.tool_markers(config.tool_call_parser) if tools else ()
     output = OutputText(parsed.skip_special_tokens, parsed.include_stop_str, frozenset(keep))
-    return Choices(uuid.uuid4().hex, prompt_ids, sampling, parsed.stop, parsed.n, output)
+    return mesh, Choices(uuid.uuid4().hex, prompt_ids, sampling, parsed.stop, parsed.n, output)
 
 
-def tool_stream(request: web.Request, parsed: GenerationRequest) -> ToolCallStream | None:
+def tool_stream(mesh: Mesh, parsed: GenerationRequest) -> ToolCallStream | None:
     """A parser for one choice's tool calls, when the request has active tools."""
     if parsed.tools is None or not parsed.tools.active:
         return None
-    parser = request.app[MESH].text.tool_parser(request.app[CONFIG].tool_call_parser)
+    parser = mesh.text.tool_parser(mesh.config.tool_call_parser)
     return parsed.tools.stream(parser)
 
 

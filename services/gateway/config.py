@@ -51,6 +51,9 @@ class GatewayConfig:
         choices=("auto", *PARSERS),
         help="how tool calls are read from replies; auto: from the chat template",
     )
+    mesh_config: Path | None = flag(
+        None, help="a mesh config (several models, routes, fallbacks; docs/mesh-config.md)"
+    )
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:

@@ -57,4 +57,4 @@ async def cors_headers(request: web.Request, response: web.StreamResponse) -> No
     response.headers["Vary"] = "Origin"
     if origin_allowed(request):
         response.headers["Access-Control-Allow-Origin"] = request.headers["Origin"]
-        response.headers["Access-Control-Expose-Headers"] = "Retry-After"
+        response.headers["Access-Control-Expose-Headers"] = "Retry-After, x-splitserve-route"

@@ -129,8 +129,14 @@ class Mesh:
         streams: TokenStreams,
         text: ModelText,
         metrics: GatewayMetrics,
+        model: str = "",
+        has_fallback: bool = False,
     ) -> None:
+        """`model`: the served model whose workers take the requests ("": any worker, the
+        one-model mesh); `has_fallback`: the router has another model to try after it."""
         self.config = config
+        self.model = model
+        self.has_fallback = has_fallback
         self.metrics = metrics
         self.bus = bus
         self.subjects = Subjects(config.common.namespace)
@@ -162,6 +168,8 @@ class Mesh:
             prompt_token_ids=prompt_ids,
             sampling=sampling,
             deadline=time.time() + self.config.request_timeout,
+            model=self.model,
+            has_fallback=self.has_fallback,
         )
         stream = await self._retrying(lambda: self._open(message), loop.time() + retry_for)
         self.metrics.prompt_tokens.inc(len(prompt_ids))

@@ -131,8 +131,9 @@ async def mesh_status(request: web.Request) -> web.Response:
     return web.json_response(body, headers={"Cache-Control": "no-cache"})
 
 
-def _order(worker: WorkerStatus) -> tuple[str, str]:
-    return worker.heartbeat.role, worker.heartbeat.worker_id
+def _order(worker: WorkerStatus) -> tuple[str, str, str]:
+    """By model (the mesh view groups them), then role, then id."""
+    return worker.heartbeat.model, worker.heartbeat.role, worker.heartbeat.worker_id
 
 
 def _worker(worker: WorkerStatus) -> dict[str, Any]:
@@ -140,6 +141,7 @@ def _worker(worker: WorkerStatus) -> dict[str, Any]:
     used = beat.total_blocks - beat.free_blocks
     return {
         "id": beat.worker_id,
+        "model": beat.model,
         "role": beat.role,
         "state": "draining" if beat.draining else "ready",
         "running": beat.num_running,

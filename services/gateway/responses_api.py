@@ -26,9 +26,9 @@ from services.gateway.choices import merged_events
 from services.gateway.completions import json_body, prepare, tool_stream
 from services.gateway.errors import ApiError
 from services.gateway.generation import Finish, GenerationFailed
-from services.gateway.keys import CONFIG, MESH
 from services.gateway.openai_schema import parse_request
 from services.gateway.responses_input import CHAT_TO_RESPONSES, chat_body
+from services.gateway.routed import serving_mesh
 from services.gateway.sse import SSEWriter
 from services.gateway.tool_parsers import plain
 from services.gateway.tool_stream import ToolCallStream
@@ -38,17 +38,16 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
     chat = chat_body(body)
     try:
-        parsed = parse_request("chat", chat, request.app[MESH].text.sampling_defaults)
+        parsed = parse_request("chat", chat, serving_mesh(request).text.sampling_defaults)
     except ApiError as exc:
         exc.param = CHAT_TO_RESPONSES.get(exc.param or "", exc.param)
         raise
-    choices = prepare(request, parsed)
-    mesh = request.app[MESH]
+    mesh, choices = prepare(request, parsed)
     shape = ResponseShape(
         f"resp_{choices.request_id}",
-        request.app[CONFIG].served_model_name,
+        mesh.config.served_model_name,
         body,
-        tool_stream(request, parsed) or ToolCallStream(plain),
+        tool_stream(mesh, parsed) or ToolCallStream(plain),
     )
     first = await choices.submit(mesh, 0)
     try:

@@ -1,5 +1,6 @@
 """One try at placing a request on the workers the registry knows (no waiting here).
 
+Only the workers of the request's model are candidates (all workers when it names none).
 Every NATS request is bounded by `reserve_timeout` and the placement's give-up time, and
 given up at once when the sweeper finds the worker it waits on lost (`worker_lost`):
   decode candidates (room in the registry), best first →
@@ -102,13 +103,15 @@ class Placer:
     ) -> SubmitAck | NoRoom:
         cfg = self.config
         tokens = request.prompt_token_ids + request.delivered_token_ids
-        hashes = hash_full_blocks(tokens, cfg.block_size, self.registry.model_id(cfg.model_id))
-        views = self.registry.views()
+        model_id = self.registry.model_id(request.model, cfg.model_id)
+        hashes = hash_full_blocks(tokens, cfg.block_size, model_id)
+        views = self.registry.views(request.model)
         decodes = rank_decode(views, hashes, len(tokens), cfg.block_size, cfg.load_penalty)
         if not decodes:
             has_decode = any(v.role in ("decode", "both") and not v.draining for v in views)
             why = "no decode worker with enough free KV blocks" if has_decode else ""
-            return NoRoom(why or "no worker for role decode", asked=False)
+            of_model = f" of model {request.model}" if request.model else ""
+            return NoRoom(why or f"no worker{of_model} for role decode", asked=False)
         prefills = rank_prefill(views, hashes, cfg.load_penalty)
         refusal = ""
         for decode in decodes:

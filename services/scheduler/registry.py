@@ -7,6 +7,9 @@ refills within one heartbeat interval).
 - KV events keep a set of cached block hashes per worker. They apply in seq order; anything
   but the next seq no. (a gap: events were lost, or a lower one: the worker restarted)
   clears the set first, so the set can under-report but never invent blocks.
+- Each worker serves one model (its heartbeat's `model`, the served name): a request that
+  names a model is placed only on that model's workers, and its blocks hash with that name,
+  so prefix hashes never match across models.
 - Placements are remembered per worker (request id → deadline) until a Cancel or the
   deadline, and counted as load until the worker's next heartbeat reports them.
 - A placed prompt's full blocks count as cached at once on the worker that computes them
@@ -110,11 +113,22 @@ class Registry:
             for request_id in [r for r, deadline in state.assigned.items() if deadline < now]:
                 del state.assigned[request_id]
 
-    def model_id(self, default: str) -> str:
-        """The model the workers hash their blocks with (one model per namespace)."""
+    def model_id(self, model: str, default: str) -> str:
+        """The model id a request's blocks hash with: its own model's name (the workers of a
+        served model hash with it), or for a request of any model (""), the first worker's."""
+        if model:
+            return model
         return next((s.heartbeat.model for s in self._workers.values()), default)
 
-    def views(self) -> list[WorkerView]:
+    def serves(self, model: str) -> bool:
+        """Some worker of `model` ("": of any model) is registered and not draining."""
+        return any(
+            not s.heartbeat.draining and model in ("", s.heartbeat.model)
+            for s in self._workers.values()
+        )
+
+    def views(self, model: str = "") -> list[WorkerView]:
+        """The workers of `model` ("": every worker)."""
         return [
             WorkerView(
                 worker_id=worker_id,
@@ -125,6 +139,7 @@ class Registry:
                 cached=s.cached,
             )
             for worker_id, s in self._workers.items()
+            if model in ("", s.heartbeat.model)
         ]
 
     def status(self) -> list[WorkerStatus]:

@@ -4,9 +4,12 @@ Subscriptions: submit (queue group, so replicas share the load), status, heartbe
 events, cancels. A sweeper expires silent workers, publishing `WorkerLost` with the request
 ids placed on each, forgets placements past their deadline, and wakes the waiting line.
 
-Admission: at most `max_queue` submits are placed or waiting at once; beyond that a submit
-is refused at once (BUSY, 429 at the gateway). Every admitted one is placed or answered by
-min(its deadline, arrival + `queue_timeout`).
+Admission, per model (the request's `model`; "" for a one-model mesh): at most `max_queue`
+submits of one model are placed or waiting at once; beyond that a submit is refused at once
+(BUSY, 429 at the gateway). Every admitted one is placed or answered by min(its deadline,
+arrival + `queue_timeout`). A request whose gateway has a fallback (`has_fallback`) for a
+model with no worker registered is refused at once (UNAVAILABLE), so the gateway falls back
+without waiting; without one it waits for a worker of its model to join, as any request does.
 
 One try at placing a request (services/scheduler/placement.py, whose docstring gives the
 order it asks workers in) places it on a decode worker, with a prefill worker unless it
@@ -14,7 +17,7 @@ prefills itself, or finds no room: no candidate in the registry, or every one as
 BUSY, UNAVAILABLE, FAILED or not at all (a worker found lost by the sweeper at once).
 An INVALID answer from any worker ends placement at once: the request is refused INVALID
 (400 at the gateway) and its reservation freed. No room is not a refusal: the request waits
-in the line (services/scheduler/waiting.py) and tries again when its turn comes, oldest
+in its model's line (services/scheduler/waiting.py) and tries again when its turn comes, oldest
 first, until it is placed, cancelled, or its give-up time passes (UNAVAILABLE, 503, with
 retry_after and the last reason). A submit that arrives while others wait queues behind them.
 """
@@ -32,7 +35,7 @@ from opentelemetry.trace import SpanKind
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.placement import RELEASED, InvalidRequest, Placer
 from services.scheduler.registry import Registry
-from services.scheduler.waiting import WaitEnd, Waiter, WaitingLine
+from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
 from shared.protocol import (
     Cancel,
@@ -63,12 +66,12 @@ class SchedulerService:
         self.clock = clock
         self.subjects = Subjects(config.namespace)
         self.registry = Registry(config.heartbeat_timeout)
-        self.placing = 0  # submits being placed or waiting right now (bounded by max_queue)
+        self.placing: dict[str, int] = {}  # model -> submits being placed or waiting now
         self.admitted = 0
         self.rejected = 0
         self.tracing = setup_tracing("scheduler", config.otlp_endpoint)
         self.metrics = SchedulerMetrics()
-        self.line = WaitingLine()
+        self.lines = ModelLines()
         self._sweeper: asyncio.Task[None] | None = None
         # Request ids cancelled lately (id -> when): a placement still in progress for one
         # stops instead of starting work nobody will read (the gateway migrated it).
@@ -96,7 +99,7 @@ class SchedulerService:
     async def stop(self) -> None:
         """Stop the sweeper and end every wait (answered UNAVAILABLE, so the gateway retries
         another replica); placements in progress finish while the bus drains."""
-        self.line.close()
+        self.lines.close()
         if self._sweeper:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -113,7 +116,7 @@ class SchedulerService:
         if heartbeat.worker_id not in self.registry:
             log.info("worker %s joined (role %s)", heartbeat.worker_id, heartbeat.role)
         if self.registry.on_heartbeat(heartbeat, self.clock()):
-            self.line.wake()
+            self.lines.wake()
 
     async def _on_kv_events(self, events: KVEvents, headers: Headers) -> None:
         self.registry.on_kv_events(events)
@@ -123,10 +126,11 @@ class SchedulerService:
             return
         self.registry.forget(cancel.request_id)
         self.cancelled[cancel.request_id] = self.clock()
-        self.line.cancel(cancel.request_id)
+        self.lines.cancel(cancel.request_id)
 
     async def on_status(self, query: StatusQuery, headers: Headers) -> MeshStatus:
-        return MeshStatus(self.registry.status(), self.placing, self.admitted, self.rejected)
+        placing = sum(self.placing.values())
+        return MeshStatus(self.registry.status(), placing, self.admitted, self.rejected)
 
     async def sweep(self) -> None:
         now = self.clock()
@@ -140,7 +144,7 @@ class SchedulerService:
         self.registry.forget_past_deadline(now)
         horizon = now - CANCEL_MEMORY_S
         self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
-        self.line.wake()  # the backoff: waiters try again at least once a sweep
+        self.lines.wake()  # the backoff: waiters try again at least once a sweep
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -152,9 +156,10 @@ class SchedulerService:
 
     def _count_workers(self) -> None:
         self.metrics.workers.clear()
-        for view in self.registry.views():
-            state = "draining" if view.draining else "ready"
-            self.metrics.workers.labels(view.role, state).inc()
+        for status in self.registry.status():
+            beat = status.heartbeat
+            state = "draining" if beat.draining else "ready"
+            self.metrics.workers.labels(beat.model, beat.role, state).inc()
 
     # -- admission and waiting ----------------------------------------------------------
     async def on_submit(self, request: SubmitRequest, headers: Headers) -> SubmitAck:
@@ -162,6 +167,7 @@ class SchedulerService:
             "scheduler.route", extract(headers), kind=SpanKind.SERVER
         ) as span:
             span.set_attribute("splitserve.request_id", request.request_id)
+            span.set_attribute("gen_ai.request.model", request.model)
             ack = await self._admit(request, inject(span))
             span.set_attributes(
                 {
@@ -175,16 +181,22 @@ class SchedulerService:
             if not ack.accepted:
                 fail(span, ack.error)
         path = "disaggregated" if ack.prefill_worker else "decode_only" if ack.accepted else ""
-        self.metrics.placements.labels(_outcome_label(ack), path).inc()
+        self.metrics.placements.labels(request.model, _outcome_label(ack), path).inc()
         return ack
 
     async def _admit(self, request: SubmitRequest, headers: Headers) -> SubmitAck:
-        if self.placing >= self.config.max_queue:
+        model = request.model
+        placing = self.placing.get(model, 0)
+        if placing >= self.config.max_queue:
             self.rejected += 1
-            error = f"scheduler busy: {self.placing} requests already waiting to be placed"
+            of_model = f" of model {model}" if model else ""
+            error = f"scheduler busy: {placing} requests{of_model} already waiting to be placed"
             return self._refuse(request, Outcome.BUSY, error)
-        self.placing += 1
-        self.metrics.waiting.set(self.placing)
+        if request.has_fallback and not self.registry.serves(model):
+            self.rejected += 1
+            error = f"no worker of model {model or '(any)'} is registered"
+            return self._refuse(request, Outcome.UNAVAILABLE, error)
+        self._count_placing(model, +1)
         try:
             ack = await self._place(request, headers)
         except InvalidRequest as exc:
@@ -193,13 +205,18 @@ class SchedulerService:
             )
             ack = SubmitAck(request.request_id, Outcome.INVALID, str(exc))
         finally:
-            self.placing -= 1
-            self.metrics.waiting.set(self.placing)
+            self._count_placing(model, -1)
         if ack.accepted:
             self.admitted += 1
         else:
             self.rejected += 1
         return ack
+
+    def _count_placing(self, model: str, change: int) -> None:
+        self.placing[model] = self.placing.get(model, 0) + change
+        if not self.placing[model]:
+            del self.placing[model]
+        self.metrics.waiting.set(sum(self.placing.values()))
 
     async def _place(self, request: SubmitRequest, headers: Headers) -> SubmitAck:
         """Try at once (unless others wait already); while no worker has room, wait in
@@ -209,25 +226,26 @@ class SchedulerService:
             return SubmitAck(request.request_id, Outcome.UNAVAILABLE, "deadline already passed")
         give_up = min(request.deadline, now + self.config.queue_timeout)
         waiter = Waiter(request.request_id, now, give_up)
-        if len(self.line):  # others wait for room already: behind them
-            self.line.join(waiter)
+        line = self.lines.of(request.model)
+        if len(line):  # others wait for room already: behind them
+            line.join(waiter)
         try:
-            ack = await self._try_until_placed(request, waiter, headers)
+            ack = await self._try_until_placed(request, waiter, line, headers)
         finally:
-            self.line.leave(waiter)
+            line.leave(waiter)
         if waiter.queued:
             self.metrics.queue_wait.labels(_outcome_label(ack)).observe(self.clock() - now)
         return ack
 
     async def _try_until_placed(
-        self, request: SubmitRequest, waiter: Waiter, headers: Headers
+        self, request: SubmitRequest, waiter: Waiter, line: WaitingLine, headers: Headers
     ) -> SubmitAck:
         request_id = request.request_id
         while True:
             end = WaitEnd.TURN
-            if waiter in self.line:
-                end = await self.line.wait(waiter, waiter.give_up - self.clock())
-            if self.line.closed:
+            if waiter in line:
+                end = await line.wait(waiter, waiter.give_up - self.clock())
+            if line.closed:
                 return self._refuse(request, Outcome.UNAVAILABLE, "the scheduler is stopping")
             if end is WaitEnd.CANCELLED or self._is_cancelled(request_id):
                 return SubmitAck(request_id, Outcome.UNAVAILABLE, "cancelled while being placed")
@@ -238,11 +256,11 @@ class SchedulerService:
                 return result
             if self.clock() < waiter.give_up:  # else the give-up time cut the try short
                 waiter.reason = result.reason
-            if waiter in self.line:
-                self.line.tried(waiter, result.asked)
+            if waiter in line:
+                line.tried(waiter, result.asked)
             else:
                 log.info("%s waits for room: %s", request_id, result.reason)
-                self.line.join(waiter)
+                line.join(waiter)
 
     def _gave_up(self, request: SubmitRequest, waiter: Waiter) -> SubmitAck:
         waited = self.clock() - waiter.arrival

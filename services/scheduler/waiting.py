@@ -13,6 +13,9 @@ on new room and nobody wins it by polling faster. After its try a waiter
     the pass ends; the next wake starts one from the oldest again.
 A Cancel ends one request's wait at once; a wait also ends at its give-up time, and every
 wait ends when the scheduler stops (`close`), so draining does not sit out the timeouts.
+
+`ModelLines` keeps one line per model (a request's `model`), so the requests of a model
+without room never hold up another model's.
 """
 
 from __future__ import annotations
@@ -115,3 +118,33 @@ class WaitingLine:
         self._holder = self._waiters[at] if at < len(self._waiters) else None
         if self._holder is not None:
             self._holder.woken.set()
+
+
+class ModelLines:
+    """One `WaitingLine` per model, made on first use; wake, cancel and close reach all."""
+
+    def __init__(self) -> None:
+        self._lines: dict[str, WaitingLine] = {}
+        self.closed = False
+
+    def of(self, model: str) -> WaitingLine:
+        line = self._lines.get(model)
+        if line is None:
+            line = self._lines[model] = WaitingLine()
+            if self.closed:
+                line.close()
+        return line
+
+    def wake(self) -> None:
+        """Room may have appeared: every model's line (a request of no model takes any)."""
+        for line in self._lines.values():
+            line.wake()
+
+    def cancel(self, request_id: str) -> None:
+        for line in self._lines.values():
+            line.cancel(request_id)
+
+    def close(self) -> None:
+        self.closed = True
+        for line in self._lines.values():
+            line.close()

@@ -42,7 +42,7 @@ class WorkerTelemetry:
         role = self.config.role
         service = "worker" if role == "both" else role
         self.tracing = setup_tracing(service, self.config.otlp_endpoint, self.config.worker_id)
-        self.metrics = WorkerMetrics(role)
+        self.metrics = WorkerMetrics(role, self.config.model_name)
 
     @property
     def tracer(self) -> trace.Tracer:

@@ -17,6 +17,8 @@ from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -36,9 +38,28 @@ class GatewayMetrics:
     generation_tokens: Counter = field(init=False)
     running: Gauge = field(init=False)
     migrations: Counter = field(init=False)
+    http_requests: Counter = field(init=False)
+    http_duration: Histogram = field(init=False)
+    fallbacks: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
+        # By the model that served (or last refused), the route called ("": a model by name)
+        # and the traffic class of the request (`x-splitserve-traffic`; "": none).
+        routed = ["model", "route", "traffic"]
+        self.http_requests = Counter(
+            P + "gateway_requests", "Generation requests answered, by model, route, traffic "
+            "and HTTP status", [*routed, "status"], registry=r,
+        )  # fmt: skip
+        self.http_duration = Histogram(
+            P + "gateway_request_duration_seconds", "Arrival to the end of the answer (or "
+            "stream)", routed, buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            P + "gateway_fallbacks", "Requests a model could not serve that went on down its "
+            "fallback chain, by that model and the status it answered",
+            ["model", "status", "traffic"], registry=r,
+        )  # fmt: skip
         self.ttft = Histogram(
             P + "time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS,
             registry=r,
@@ -76,12 +97,13 @@ class SchedulerMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.workers = Gauge(
-            P + "workers", "Registered workers by role and state", ["role", "state"], registry=r
-        )
+            P + "workers", "Registered workers by model, role and state",
+            ["model", "role", "state"], registry=r,
+        )  # fmt: skip
         self.waiting = Gauge(P + "num_requests_waiting", "Submits being placed", registry=r)
         self.placements = Counter(
-            P + "placements", "Submits answered, by outcome and path", ["outcome", "path"],
-            registry=r,
+            P + "placements", "Submits answered, by model, outcome and path",
+            ["model", "outcome", "path"], registry=r,
         )  # fmt: skip
         self.queue_wait = Histogram(
             P + "scheduler_queue_wait_seconds",
@@ -90,11 +112,30 @@ class SchedulerMetrics:
         )  # fmt: skip
 
 
+class ConstantLabels(Collector):
+    """Every sample of `inner` with `labels` added: one process's identity on all its
+    metrics (a worker's `model`, as vLLM labels its metrics with `model_name`)."""
+
+    def __init__(self, inner: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.inner = inner
+        self.labels = labels
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.inner.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [
+                sample._replace(labels=sample.labels | self.labels) for sample in family.samples
+            ]
+            yield labelled
+
+
 @dataclass(slots=True)
 class WorkerMetrics:
-    """Labelled by `role` (prefill | decode | both), so pools aggregate in PromQL."""
+    """Labelled by `role` (prefill | decode | both), so pools aggregate in PromQL, and by
+    `model` (the served name the worker reports) when it is given."""
 
     role: str
+    model: str = ""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     queue_time: Histogram = field(init=False)
     running: Gauge = field(init=False)
@@ -113,6 +154,9 @@ class WorkerMetrics:
 
     def __post_init__(self) -> None:
         r, role = self.registry, ["role"]
+        if self.model:  # the metrics live in their own registry; the served one labels them
+            r = CollectorRegistry()
+            self.registry.register(ConstantLabels(r, {"model": self.model}))
         # direction: send (prefill) | receive (decode); transport: nixl | nats
         direction = ["role", "direction", "transport"]
         self.queue_time = Histogram(

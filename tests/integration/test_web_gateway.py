@@ -187,6 +187,7 @@ def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
         workers = {w["id"]: w for w in body["workers"]}
         assert workers["d0"] | {"last_seen": 0} == {
             "id": "d0",
+            "model": MODEL,
             "role": "decode",
             "state": "draining",
             "running": 3,
@@ -210,7 +211,7 @@ def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
             {"worker_id": "d1", "transport": "nats", "blocks": 4, "transfers": 1},
         ]
         assert workers["d1"]["kv_transports"] == ["nats"]
-        assert [w["id"] for w in body["workers"]] == ["d0", "d1", "p0"]  # role, then id
+        assert [w["id"] for w in body["workers"]] == ["d0", "d1", "p0"]  # model, role, id
         assert body["gateway"]["history"] == [] and body["gateway"]["requests_running"] == 0
 
     asyncio.run(scenario())

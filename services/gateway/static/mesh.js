@@ -1,7 +1,8 @@
 // The live mesh view: polls /v1/mesh/status every second, redraws the worker table, the
 // prefill → decode KV pairs (from the prefill workers' kv_peers: the transport each pair
 // used last, blocks and transfers) and the sparklines of the gateway's recent history
-// (mean TTFT and tokens/s per sample).
+// (mean TTFT and tokens/s per sample). Workers are grouped by the model they serve (the
+// status lists them by model), each group under a row naming it.
 "use strict";
 
 const POLL_MS = 1000;
@@ -40,6 +41,28 @@ function workerRow(w) {
     cell(`${w.kv_blocks_sent} / ${w.kv_blocks_received}`), cell(w.assigned),
     cell(w.kv_transports.join(" › ") || "–", "transports"));
   return tr;
+}
+
+function modelRow(model, count) {
+  const tr = document.createElement("tr");
+  tr.className = "model-group";
+  tr.dataset.model = model;
+  const th = document.createElement("th");
+  th.colSpan = 10;
+  th.textContent = `${model} · ${count} worker${count === 1 ? "" : "s"}`;
+  tr.append(th);
+  return tr;
+}
+
+function workerRows(workers) {
+  const rows = [];
+  workers.forEach((w, i) => {
+    if (i === 0 || workers[i - 1].model !== w.model) {
+      rows.push(modelRow(w.model, workers.filter((x) => x.model === w.model).length));
+    }
+    rows.push(workerRow(w));
+  });
+  return rows;
 }
 
 function transportBadge(name) {
@@ -92,7 +115,7 @@ async function poll() {
     $("admitted").textContent = status.scheduler.admitted;
     $("rejected").textContent = status.scheduler.rejected;
     $("streaming").textContent = status.gateway.requests_running;
-    $("workers").replaceChildren(...status.workers.map(workerRow));
+    $("workers").replaceChildren(...workerRows(status.workers));
     kvPairs(status.workers);
     sparklines(status.gateway);
     $("updated").textContent = `${status.workers.length} workers · ${new Date().toLocaleTimeString()}`;
