@@ -50,8 +50,10 @@ from services.worker.config import WorkerConfig
 from shared.config import env
 from shared.engine.engine_config import EngineConfig
 from shared.flags import add_flags, changed_argv, flag_names
-from shared.nats_server import free_port, start_nats_server
-from shared.subjects import DEFAULT_NAMESPACE
+from shared.nats_auth import service_role, start_mesh_nats
+from shared.nats_options import NatsAuth
+from shared.nats_server import free_port
+from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class LauncherConfig:
     port: int = 8000
     nats_url: str = ""  # "" → start our own nats-server
     nats_port: int = 0  # 0 → a free port
+    nats_args: tuple[str, ...] = ()  # with nats_url: the --nats-* flags (credentials, TLS)
     namespace: str = DEFAULT_NAMESPACE
     model: str = DEFAULT_MODEL
     model_dir: Path | None = None  # set: used as is; unset: `model` is pulled
@@ -104,7 +107,7 @@ class ChildSpec:
 def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
     """The command table, in start order."""
     service = (sys.executable, "-m", "services.cli")
-    common = ("--nats", nats_url, "--namespace", config.namespace)
+    common = ("--nats", nats_url, "--namespace", config.namespace, *config.nats_args)
     if config.otlp_endpoint:
         common += ("--otlp-endpoint", config.otlp_endpoint)
     ports = iter(range(config.metrics_port, config.metrics_port + 1_000))
@@ -254,10 +257,15 @@ def run_mesh(
     nats = None
     nats_url = config.nats_url
     if not nats_url:
-        nats = start_nats_server(config.home / "nats", config.nats_port or None)
+        port, subjects = config.nats_port or None, Subjects(config.namespace)
+        nats, credentials = start_mesh_nats(config.home / "nats", port, subjects)
         nats_url = nats.url
         log.info("started nats-server (pid %d) at %s", nats.process.pid, nats_url)
+        log.info("NATS credentials per role (no anonymous access): %s", credentials.directory)
     specs = children(nats_url)
+    if nats is not None:  # each child connects as its role
+        role_argv = credentials.argv
+        specs = [replace(s, argv=s.argv + role_argv(service_role(s.role, s.argv))) for s in specs]
     for spec in specs:
         if "--metrics-port" in spec.argv:
             port = spec.argv[spec.argv.index("--metrics-port") + 1]
@@ -310,6 +318,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
     parser.add_argument("--nats", default="", help="use this NATS URL instead of starting one")
     parser.add_argument("--nats-port", type=int, default=0, help="embedded server port")
+    add_flags(parser.add_argument_group("NATS credentials and TLS (with --nats URL)"), NatsAuth)
     parser.add_argument("--namespace", default=env("namespace", DEFAULT_NAMESPACE))
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     parser.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
@@ -342,6 +351,7 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
         port=args.port,
         nats_url=args.nats,
         nats_port=args.nats_port,
+        nats_args=changed_argv(NatsAuth, args) if args.nats else (),
         namespace=args.namespace,
         model=args.model,
         model_dir=args.model_dir,

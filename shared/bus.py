@@ -1,8 +1,9 @@
 """The NATS connection every service uses: typed publish / request / subscribe / serve.
 
-- Connects with endless reconnects and a short wait between tries; `on_disconnect` and
-  `on_reconnect` callbacks let a service react (the scheduler counts a worker's
-  disconnect as a lost heartbeat).
+- Connects to one URL or a cluster's (comma-separated: it fails over between them) with the
+  role's credentials and TLS (`NatsAuth`, shared/nats_options.py), with endless reconnects
+  and a short wait between tries; `on_disconnect` and `on_reconnect` callbacks let a
+  service react (the scheduler counts a worker's disconnect as a lost heartbeat).
 - Messages are `shared.protocol` dataclasses; a frame that does not decode is logged and
   dropped (or answered with an error for request/reply), never a crash of the service.
 - Headers carry the W3C `traceparent`: callers pass `headers=`; handlers receive them.
@@ -22,6 +23,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from shared.nats_options import NatsAuth, connect_options
 from shared.wire_codec import WireError, decode, decode_one_of, encode
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,13 @@ class Bus:
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
         on_reconnect: Callable[[], Awaitable[None]] | None = None,
         connect_timeout: float = 10.0,
+        auth: NatsAuth | None = None,
     ) -> Bus:
+        """Connect to `url` (one or several, comma-separated) as `auth`'s user (None:
+        anonymous); every failure, refused credentials included, is retried until
+        `connect_timeout`, then raises ConnectionError."""
+        options = connect_options(url, auth or NatsAuth())
+
         async def disconnected() -> None:
             log.warning("%s: disconnected from NATS", name)
             if on_disconnect:
@@ -54,13 +62,14 @@ class Bus:
                 await on_reconnect()
 
         async def error(exc: Exception) -> None:
-            log.debug("%s: NATS error: %s", name, exc)
+            denied = "permissions violation" in str(exc).lower()  # a subject outside the role's
+            log.log(logging.WARNING if denied else logging.DEBUG, "%s: NATS error: %s", name, exc)
 
         deadline = asyncio.get_running_loop().time() + connect_timeout
         while True:  # the first connection too is retried, so start order does not matter
             try:
                 nc = await nats.connect(
-                    url,
+                    **options,
                     name=name,
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,

