@@ -4,8 +4,9 @@
   role's credentials and TLS (`NatsAuth`, shared/nats_options.py), with endless reconnects
   and a short wait between tries; `on_disconnect` and `on_reconnect` callbacks let a
   service react (the scheduler counts a worker's disconnect as a lost heartbeat).
-- Messages are `shared.protocol` dataclasses; a frame that does not decode is logged and
-  dropped (or answered with an error for request/reply), never a crash of the service.
+- Messages are `shared.protocol` dataclasses; a frame that does not decode or breaks a
+  bound (shared/wire_checks.py) is counted and logged (`rejections`) and dropped, or
+  answered with an error for request/reply, never a crash of the service.
 - Headers carry the W3C `traceparent`: callers pass `headers=`; handlers receive them.
 - `close()` drains: in-flight handlers finish, then the connection closes.
 """
@@ -24,7 +25,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared.nats_options import NatsAuth, connect_options
-from shared.wire_codec import WireError, decode, decode_one_of, encode
+from shared.wire_checks import decode_checked, decode_checked_one_of
+from shared.wire_codec import WireError, encode
+from shared.wire_rejections import WireRejections
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -35,6 +38,7 @@ Headers = dict[str, str]
 class Bus:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
+        self.rejections = WireRejections()
 
     @classmethod
     async def connect(
@@ -105,7 +109,11 @@ class Bus:
         """Send and wait for one typed reply; raises TimeoutError, NoRespondersError,
         or WireError when the reply does not decode."""
         reply = await self.nc.request(subject, encode(message), timeout=timeout, headers=headers)
-        return decode(reply.data, reply_type)
+        try:
+            return decode_checked(reply.data, reply_type)
+        except WireError as exc:
+            self.rejections.reject(subject, exc)
+            raise
 
     async def subscribe(
         self,
@@ -120,11 +128,11 @@ class Bus:
         async def on_message(msg: Msg) -> None:
             try:
                 if isinstance(message_type, tuple):
-                    message = decode_one_of(msg.data, *message_type)
+                    message = decode_checked_one_of(msg.data, *message_type)
                 else:
-                    message = decode(msg.data, message_type)
+                    message = decode_checked(msg.data, message_type)
             except WireError as exc:
-                log.warning("dropped a bad frame on %s: %s", msg.subject, exc)
+                self.rejections.reject(msg.subject, exc)
                 return
             try:
                 await handler(message, msg.headers or {})
@@ -149,9 +157,9 @@ class Bus:
 
         async def answer(msg: Msg) -> None:
             try:
-                message = decode(msg.data, request_type)
+                message = decode_checked(msg.data, request_type)
             except WireError as exc:
-                log.warning("bad request on %s: %s", msg.subject, exc)
+                self.rejections.reject(msg.subject, exc)
                 reply = on_bad_request(str(exc))
             else:
                 try:

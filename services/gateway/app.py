@@ -50,6 +50,7 @@ def init_app(config: GatewayConfig) -> web.Application:
     async def mesh_connection(app: web.Application) -> AsyncIterator[None]:
         name, auth = f"gateway-{config.gateway_id}", config.common.nats_auth
         bus = await Bus.connect(config.common.nats_url, name, auth=auth)
+        metrics.registry.register(bus.rejections.counter)
         streams = TokenStreams(bus, Subjects(config.common.namespace), config.gateway_id)
         await streams.start()
         app[MESH] = Mesh(config, bus, streams, text, metrics)

@@ -89,6 +89,7 @@ class Worker:
             config.kv_transport,
         )
         bus = await Bus.connect(config.nats_url, f"worker-{wid}", auth=config.nats_auth)
+        self.telemetry.metrics.registry.register(bus.rejections.counter)
         subjects = Subjects(config.namespace)
         self.ctx = ctx = WorkerContext(
             config,
