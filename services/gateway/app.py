@@ -23,6 +23,7 @@ from services.gateway.cors import cors_headers, cors_preflight
 from services.gateway.errors import ApiError
 from services.gateway.generation import Mesh
 from services.gateway.keys import CONFIG, MESH
+from services.gateway.limits import setup_limits
 from services.gateway.pages import setup_pages
 from services.gateway.prompting import ModelText
 from services.gateway.streams import TokenStreams
@@ -40,7 +41,9 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 
 
 def init_app(config: GatewayConfig) -> web.Application:
-    app = web.Application(middlewares=[cors_preflight, _trace, _errors, _auth])
+    middlewares = [cors_preflight, _trace, _errors, _auth]
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
+    setup_limits(app, config)  # after _auth: body size, per-key concurrency and rate
     app.on_response_prepare.append(cors_headers)
     app[CONFIG] = config
     app[TRACING] = tracing = setup_tracing("gateway", config.common.otlp_endpoint)
