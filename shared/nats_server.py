@@ -3,12 +3,13 @@
 Used by `splitserve up` and by the tests: 127.0.0.1, a free port unless one is given,
 JetStream on with its data under `data_dir` (unless `jetstream=False`), max_payload raised
 for KV chunks. `extra_config` is appended to the generated config: an `authorization` block
-(shared/nats_auth.py), `tls`, a `cluster` with routes. The config file is private (0600):
-it may hold passwords.
+(shared/nats_auth.py), `tls`, a `cluster` with routes (`start_nats_cluster`: several
+nodes on loopback). The config file is private (0600): it may hold passwords.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -50,6 +51,7 @@ class NatsServer:
     process: subprocess.Popen
     port: int
     config_path: Path
+    monitor_port: int = 0  # the HTTP monitoring endpoint (/connz, /routez); 0: none
 
     @property
     def url(self) -> str:
@@ -72,11 +74,14 @@ def start_nats_server(
     ready_timeout: float = 10.0,
     extra_config: str = "",
     jetstream: bool = True,
+    monitor_port: int = 0,
 ) -> NatsServer:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     config = data_dir / "nats.conf"
     text = f"listen: 127.0.0.1:{port}\nmax_payload: {max_payload}\n"
+    if monitor_port:
+        text += f"http: 127.0.0.1:{monitor_port}\n"
     if jetstream:
         text += f"jetstream {{ store_dir: {str(data_dir / 'jetstream')!r} }}\n"
     write_private(config, text + extra_config)
@@ -86,7 +91,7 @@ def start_nats_server(
     process = subprocess.Popen(
         [find_binary(), "-c", str(config)], stdout=log, stderr=log, start_new_session=True
     )
-    server = NatsServer(process, port, config)
+    server = NatsServer(process, port, config, monitor_port)
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -98,3 +103,35 @@ def start_nats_server(
             time.sleep(0.05)
     server.stop()
     raise TimeoutError(f"nats-server did not listen on {port} within {ready_timeout}s")
+
+
+def start_nats_cluster(data_dir: Path, size: int = 3, extra_config: str = "") -> list[NatsServer]:
+    """`size` nats-servers on loopback joined by routes (every node lists every other), each
+    with a monitoring port (`/connz` says who is connected where) and `extra_config`.
+    JetStream stays off: the mesh does not use it, and a clustered one needs a quorum."""
+    ports = [free_port() for _ in range(size)]
+    routes = [free_port() for _ in range(size)]
+    servers: list[NatsServer] = []
+    try:
+        for i in range(size):
+            others = [f"nats-route://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i]
+            cluster = {"name": "splitserve", "listen": f"127.0.0.1:{routes[i]}", "routes": others}
+            node = f"server_name: node{i}\ncluster {json.dumps(cluster)}\n"
+            server = start_nats_server(
+                data_dir / f"node{i}",
+                ports[i],
+                extra_config=node + extra_config,
+                jetstream=False,
+                monitor_port=free_port(),
+            )
+            servers.append(server)
+    except Exception:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+def cluster_urls(servers: list[NatsServer]) -> str:
+    """The `--nats` value naming every node."""
+    return ",".join(server.url for server in servers)
