@@ -69,26 +69,29 @@ class Bus:
             denied = "permissions violation" in str(exc).lower()  # a subject outside the role's
             log.log(logging.WARNING if denied else logging.DEBUG, "%s: NATS error: %s", name, exc)
 
-        deadline = asyncio.get_running_loop().time() + connect_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + connect_timeout
         while True:  # the first connection too is retried, so start order does not matter
-            try:
-                nc = await nats.connect(
-                    **options,
-                    name=name,
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    connect_timeout=2,
-                    ping_interval=5,
-                    max_outstanding_pings=2,
-                    disconnected_cb=disconnected,
-                    reconnected_cb=reconnected,
-                    error_cb=error,
-                )
+            connecting = nats.connect(
+                **options,
+                name=name,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                connect_timeout=2,
+                ping_interval=5,
+                max_outstanding_pings=2,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
+                error_cb=error,
+            )
+            try:  # nats-py itself retries a refused first connection for ever: bounded here
+                nc = await asyncio.wait_for(connecting, max(0.1, deadline - loop.time()))
                 return cls(nc)
             except Exception as exc:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise ConnectionError(f"{name}: cannot reach NATS at {url}: {exc}") from exc
+                if loop.time() >= deadline:
+                    why = f"{exc}" or type(exc).__name__
+                    raise ConnectionError(f"{name}: cannot reach NATS at {url}: {why}") from exc
                 await asyncio.sleep(0.5)
 
     @property
