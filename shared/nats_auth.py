@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,17 +55,34 @@ class MeshCredentials:
 
     def server_config(self, subjects: Subjects) -> str:
         """The nats-server `authorization` block: one user per role, nobody else."""
-        users = []
-        for role in ROLES:
-            allowed = role_permissions(role, subjects)
-            permissions = {
-                "publish": {"allow": list(allowed.publish)},
-                "subscribe": {"allow": list(allowed.subscribe)},
-                "allow_responses": True,
-            }
-            password = self.password_file(role).read_text(encoding="utf-8")
-            users.append({"user": role, "password": password, "permissions": permissions})
-        return "authorization " + json.dumps({"users": users}, indent=1) + "\n"
+
+        def password(role: str) -> str:
+            return json.dumps(self.password_file(role).read_text(encoding="utf-8"))
+
+        return authorization_block(subjects, password)
+
+
+def authorization_block(subjects: Subjects, password: Callable[[str], str]) -> str:
+    """nats-server config granting each role (user = role name) its permissions; `password`
+    gives each role's password as config text: a quoted string, or `$VARIABLE` (compose
+    and k8s read them from their Secrets: compose/nats/nats.conf)."""
+    users = []
+    for role in ROLES:
+        allowed = role_permissions(role, subjects)
+        permissions = (
+            f"publish: {{allow: {json.dumps(list(allowed.publish))}}}, "
+            f"subscribe: {{allow: {json.dumps(list(allowed.subscribe))}}}, allow_responses: true"
+        )
+        users.append(
+            f"    {{user: {role}, password: {password(role)},\n"
+            f"     permissions: {{{permissions}}}}}"
+        )
+    return "authorization {\n  users = [\n" + ",\n".join(users) + "\n  ]\n}\n"
+
+
+def password_variable(role: str) -> str:
+    """The environment variable a static nats.conf reads `role`'s password from."""
+    return f"$NATS_{role.upper()}_PASSWORD"
 
 
 def start_mesh_nats(
