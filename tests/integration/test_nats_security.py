@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import stat
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import nats
 import pytest
 
+from services.cli import build_parser
+from services.launcher import ChildSpec, LauncherConfig, child_specs, config_from_args, run_mesh
 from shared.nats_auth import MeshCredentials, service_role, start_mesh_nats
 from shared.nats_options import connect_options
 from shared.subjects import Subjects
@@ -160,3 +167,62 @@ def test_credentials_are_fresh_at_every_start_and_each_child_gets_its_role(tmp_p
         "--nats-password-file",
         str(tmp_path / "auth" / "decode.password"),
     )
+
+
+def test_up_starts_its_children_as_their_roles_on_a_server_that_refuses_anonymous(tmp_path):
+    stop = threading.Event()
+    config = LauncherConfig(home=tmp_path / "home", grace=0.5, ready_timeout=60)
+    starts = tmp_path / "starts"
+    # A stand-in service: records its pid, then sleeps until SIGTERM.
+    script = "import os,sys,time; open(sys.argv[1],'a').write(f'{os.getpid()}\\n'); time.sleep(60)"
+
+    def child(name: str, role: str, *argv: str) -> ChildSpec:
+        return ChildSpec(name, role, (sys.executable, "-c", script, str(starts), *argv))
+
+    children = [
+        child("sched", "scheduler"),
+        child("decode-0", "worker", "--role", "decode"),
+        child("gw", "gateway"),
+    ]
+    runner = threading.Thread(target=run_mesh, args=(config, stop, lambda url: children, bool))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(starts.read_text().split() if starts.exists() else []) < 3:
+            assert time.monotonic() < deadline, "children did not start"
+            time.sleep(0.05)
+        pids = starts.read_text().split()
+        argvs = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in pids]
+        users = sorted(a[a.index(b"--nats-user") + 1].decode() for a in argvs)
+        assert users == ["decode", "gateway", "scheduler"]
+        credentials = MeshCredentials(config.home / "nats" / "auth")
+        url = f"nats://127.0.0.1:{_port(config.home / 'nats' / 'nats.conf')}"
+
+        async def main() -> None:
+            nc = await nats.connect(**connect_options(url, credentials.auth("decode")))
+            await nc.close()
+            with pytest.raises(Exception, match=r"(?i)authorization|no servers"):
+                await nats.connect(url, allow_reconnect=False, connect_timeout=2)
+
+        asyncio.run(main())
+    finally:
+        stop.set()
+        runner.join(20)
+    assert not runner.is_alive()
+
+
+def _port(config: Path) -> int:
+    return int(config.read_text().split("listen: 127.0.0.1:", 1)[1].split()[0])
+
+
+def test_up_with_an_external_server_passes_its_credentials_and_tls_to_every_service(tmp_path):
+    argv = ["up", "--nats", "nats://a:4222,nats://b:4222", "--nats-user", "mesh"]
+    argv += ["--nats-password-file", str(tmp_path / "pw"), "--nats-tls-ca", str(tmp_path / "ca")]
+    config = config_from_args(build_parser().parse_args(argv), tmp_path)
+    specs = child_specs(replace(config, model_dir=tmp_path), config.nats_url)
+    assert len(specs) == 4  # scheduler, prefill, decode, gateway
+    for spec in specs:
+        line = " ".join(spec.argv)
+        assert "--nats nats://a:4222,nats://b:4222" in line
+        assert "--nats-user mesh" in line
+        assert f"--nats-tls-ca {tmp_path / 'ca'}" in line
