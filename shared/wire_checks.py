@@ -3,10 +3,12 @@
 `shared/wire_codec.py` checks a frame's shape (version, type, field names and types); this
 checks the values a sender could still get wrong or forge: ids that must be NATS subject
 tokens, counts that cannot be negative, token ids and block hashes in range, lists no
-longer than any real request's, a KV chunk's shape consistent with its own fields.
-`decode_checked` / `decode_checked_one_of` decode and check in one call, raising
-`WireError` naming the field; what the receiver alone can judge (a token id below its
-vocabulary, a block id inside its cache) it still checks itself.
+longer than any real request's. `decode_checked` / `decode_checked_one_of` decode and check
+in one call, raising `WireError` naming the field. A KV offer or chunk that fits its
+transfer badly (block ids outside the sender's cache, a shape that disagrees with the
+block and layer ranges) is the decode worker's to refuse (shared/kvtransfer/chunks.py,
+shared/engine/kv_handoff.py), since that refusal also ends the transfer; so is a token
+id beyond the model's vocabulary.
 """
 
 from __future__ import annotations
@@ -137,8 +139,6 @@ def _kv_chunk(m: KVChunk) -> None:
     _count(m.first_block, "KVChunk.first_block", MAX_TOKENS)
     _require(m.dtype in KV_DTYPES, f"KVChunk.dtype: one of {KV_DTYPES}")
     _require(len(m.shape) == 6 and all(0 < d < 1 << 20 for d in m.shape), "KVChunk.shape")
-    _require(m.shape[0] == m.layer_end - m.layer_start, "KVChunk.shape[0]: not the layer count")
-    _require(m.shape[1] == len(m.block_hashes), "KVChunk.shape[1]: not the block count")
     _hashes(m.block_hashes, "KVChunk.block_hashes")
 
 
@@ -152,8 +152,7 @@ def _kv_ready(m: KVReady) -> None:
     _request_id(m.request_id, "KVReady.request_id")
     _count(m.num_cache_blocks, "KVReady.num_cache_blocks", MAX_ITEMS)
     _items(m.block_ids, "KVReady.block_ids")
-    _all_below(m.block_ids, m.num_cache_blocks, "KVReady.block_ids")
-    _require(len(m.block_hashes) == len(m.block_ids), "KVReady.block_hashes: one per block")
+    _all_below(m.block_ids, HASH_LIMIT, "KVReady.block_ids")
     _hashes(m.block_hashes, "KVReady.block_hashes")
     _require(m.dtype in KV_DTYPES, f"KVReady.dtype: one of {KV_DTYPES}")
     _require(len(m.layout) == 5 and all(0 < d < 1 << 20 for d in m.layout), "KVReady.layout")

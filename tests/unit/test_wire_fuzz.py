@@ -126,8 +126,8 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
     KVDone: {"request_id": st.just(""), "num_chunks": NEGATIVE, "first_token_id": NEGATIVE | HUGE},
     KVReady: {
         "num_cache_blocks": NEGATIVE,
-        "block_ids": st.lists(st.integers(10, 2**62) | NEGATIVE, min_size=1, max_size=3),
-        "block_hashes": st.lists(st.none(), min_size=2, max_size=4),  # not one per block
+        "block_ids": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
+        "block_hashes": st.lists(NEGATIVE | HUGE, min_size=1, max_size=1),
         "layout": st.lists(st.integers(1, 4), max_size=4),
         "first_token_id": NEGATIVE,
         "read_by": st.just(float("nan")),
