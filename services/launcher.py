@@ -20,7 +20,9 @@ every scheduler flag, and passes on those that differ from their defaults; a fla
 worker and the gateway or scheduler read (`--max-model-len`, `--block-size`) goes to both.
 `up` sets these itself: the gateway's `--host`, `--port` and `--model-dir` (its own flags of
 those names), each worker's `--role`, `--worker-id` and `--model-dir`, and every service's
-`--nats`, `--namespace`, `--otlp-endpoint` and `--metrics-port`.
+`--nats`, `--namespace`, `--otlp-endpoint` and `--metrics-port`. Its own nats-server gets
+fresh credentials at every start and admits only them; each child connects as its role
+(shared/nats_auth.py). With `--nats URL`, the `--nats-*` flags go to every child.
 
 Observability: `--otlp-endpoint URL` goes to every service; the scheduler and each worker
 get a `--metrics-port` (from `--metrics-port BASE` upwards, or free ports when 0), listed
