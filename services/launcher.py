@@ -20,7 +20,9 @@ every scheduler flag, and passes on those that differ from their defaults; a fla
 worker and the gateway or scheduler read (`--max-model-len`, `--block-size`) goes to both.
 `up` sets these itself: the gateway's `--host`, `--port` and `--model-dir` (its own flags of
 those names), each worker's `--role`, `--worker-id` and `--model-dir`, and every service's
-`--nats`, `--namespace`, `--otlp-endpoint` and `--metrics-port`.
+`--nats`, `--namespace`, `--otlp-endpoint` and `--metrics-port`. Its own nats-server gets
+fresh credentials at every start and admits only them; each child connects as its role
+(shared/nats_auth.py). With `--nats URL`, the `--nats-*` flags go to every child.
 
 Several models: `up --config FILE.yaml` (services/mesh_config.py, docs/mesh-config.md) starts
 each mesh model's own pools instead of `--model`/`--prefill`/`--decode`: worker ids
@@ -57,8 +59,10 @@ from services.worker.config import WorkerConfig
 from shared.config import env
 from shared.engine.engine_config import EngineConfig
 from shared.flags import add_flags, changed_argv, flag_names
-from shared.nats_server import free_port, start_nats_server
-from shared.subjects import DEFAULT_NAMESPACE
+from shared.nats_auth import service_role, start_mesh_nats
+from shared.nats_options import NatsAuth
+from shared.nats_server import free_port
+from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,7 @@ class LauncherConfig:
     port: int = 8000
     nats_url: str = ""  # "" → start our own nats-server
     nats_port: int = 0  # 0 → a free port
+    nats_args: tuple[str, ...] = ()  # with nats_url: the --nats-* flags (credentials, TLS)
     namespace: str = DEFAULT_NAMESPACE
     model: str = DEFAULT_MODEL
     model_dir: Path | None = None  # set: used as is; unset: `model` is pulled
@@ -112,7 +117,7 @@ class ChildSpec:
 def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
     """The command table, in start order."""
     service = (sys.executable, "-m", "services.cli")
-    common = ("--nats", nats_url, "--namespace", config.namespace)
+    common = ("--nats", nats_url, "--namespace", config.namespace, *config.nats_args)
     if config.otlp_endpoint:
         common += ("--otlp-endpoint", config.otlp_endpoint)
     ports = iter(range(config.metrics_port, config.metrics_port + 1_000))
@@ -291,10 +296,15 @@ def run_mesh(
     nats = None
     nats_url = config.nats_url
     if not nats_url:
-        nats = start_nats_server(config.home / "nats", config.nats_port or None)
+        port, subjects = config.nats_port or None, Subjects(config.namespace)
+        nats, credentials = start_mesh_nats(config.home / "nats", port, subjects)
         nats_url = nats.url
         log.info("started nats-server (pid %d) at %s", nats.process.pid, nats_url)
+        log.info("NATS credentials per role (no anonymous access): %s", credentials.directory)
     specs = children(nats_url)
+    if nats is not None:  # each child connects as its role
+        role_argv = credentials.argv
+        specs = [replace(s, argv=s.argv + role_argv(service_role(s.role, s.argv))) for s in specs]
     for spec in specs:
         if "--metrics-port" in spec.argv:
             port = spec.argv[spec.argv.index("--metrics-port") + 1]
@@ -347,6 +357,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
     parser.add_argument("--nats", default="", help="use this NATS URL instead of starting one")
     parser.add_argument("--nats-port", type=int, default=0, help="embedded server port")
+    add_flags(parser.add_argument_group("NATS credentials and TLS (with --nats URL)"), NatsAuth)
     parser.add_argument("--namespace", default=env("namespace", DEFAULT_NAMESPACE))
     parser.add_argument(
         "--config", type=Path, help="a mesh config: several models, routes, fallbacks (YAML)"
@@ -382,6 +393,7 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
         port=args.port,
         nats_url=args.nats,
         nats_port=args.nats_port,
+        nats_args=changed_argv(NatsAuth, args) if args.nats else (),
         namespace=args.namespace,
         model=args.model,
         model_dir=args.model_dir,

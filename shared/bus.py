@@ -1,10 +1,12 @@
 """The NATS connection every service uses: typed publish / request / subscribe / serve.
 
-- Connects with endless reconnects and a short wait between tries; `on_disconnect` and
-  `on_reconnect` callbacks let a service react (the scheduler counts a worker's
-  disconnect as a lost heartbeat).
-- Messages are `shared.protocol` dataclasses; a frame that does not decode is logged and
-  dropped (or answered with an error for request/reply), never a crash of the service.
+- Connects to one URL or a cluster's (comma-separated: it fails over between them) with the
+  role's credentials and TLS (`NatsAuth`, shared/nats_options.py), with endless reconnects
+  and a short wait between tries; `on_disconnect` and `on_reconnect` callbacks let a
+  service react (the scheduler counts a worker's disconnect as a lost heartbeat).
+- Messages are `shared.protocol` dataclasses; a frame that does not decode or breaks a
+  bound (shared/wire_checks.py) is counted and logged (`rejections`) and dropped, or
+  answered with an error for request/reply, never a crash of the service.
 - Headers carry the W3C `traceparent`: callers pass `headers=`; handlers receive them.
 - `close()` drains: in-flight handlers finish, then the connection closes.
 """
@@ -22,7 +24,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.wire_codec import WireError, decode, decode_one_of, encode
+from shared.nats_options import NatsAuth, connect_options
+from shared.wire_checks import decode_checked, decode_checked_one_of
+from shared.wire_codec import WireError, encode
+from shared.wire_rejections import WireRejections
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,6 +38,7 @@ Headers = dict[str, str]
 class Bus:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
+        self.rejections = WireRejections()
 
     @classmethod
     async def connect(
@@ -42,7 +48,13 @@ class Bus:
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
         on_reconnect: Callable[[], Awaitable[None]] | None = None,
         connect_timeout: float = 10.0,
+        auth: NatsAuth | None = None,
     ) -> Bus:
+        """Connect to `url` (one or several, comma-separated) as `auth`'s user (None:
+        anonymous); every failure, refused credentials included, is retried until
+        `connect_timeout`, then raises ConnectionError."""
+        options = connect_options(url, auth or NatsAuth())
+
         async def disconnected() -> None:
             log.warning("%s: disconnected from NATS", name)
             if on_disconnect:
@@ -54,28 +66,32 @@ class Bus:
                 await on_reconnect()
 
         async def error(exc: Exception) -> None:
-            log.debug("%s: NATS error: %s", name, exc)
+            denied = "permissions violation" in str(exc).lower()  # a subject outside the role's
+            log.log(logging.WARNING if denied else logging.DEBUG, "%s: NATS error: %s", name, exc)
 
-        deadline = asyncio.get_running_loop().time() + connect_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + connect_timeout
         while True:  # the first connection too is retried, so start order does not matter
-            try:
-                nc = await nats.connect(
-                    url,
-                    name=name,
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    connect_timeout=2,
-                    ping_interval=5,
-                    max_outstanding_pings=2,
-                    disconnected_cb=disconnected,
-                    reconnected_cb=reconnected,
-                    error_cb=error,
-                )
+            connecting = nats.connect(
+                **options,
+                name=name,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                connect_timeout=2,
+                ping_interval=5,
+                max_outstanding_pings=2,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
+                error_cb=error,
+            )
+            try:  # nats-py itself retries a refused first connection for ever: bounded here
+                nc = await asyncio.wait_for(connecting, max(0.1, deadline - loop.time()))
                 return cls(nc)
             except Exception as exc:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise ConnectionError(f"{name}: cannot reach NATS at {url}: {exc}") from exc
+                if loop.time() >= deadline:
+                    why = f"{exc}" or type(exc).__name__
+                    raise ConnectionError(f"{name}: cannot reach NATS at {url}: {why}") from exc
                 await asyncio.sleep(0.5)
 
     @property
@@ -96,7 +112,11 @@ class Bus:
         """Send and wait for one typed reply; raises TimeoutError, NoRespondersError,
         or WireError when the reply does not decode."""
         reply = await self.nc.request(subject, encode(message), timeout=timeout, headers=headers)
-        return decode(reply.data, reply_type)
+        try:
+            return decode_checked(reply.data, reply_type)
+        except WireError as exc:
+            self.rejections.reject(subject, exc)
+            raise
 
     async def subscribe(
         self,
@@ -111,11 +131,11 @@ class Bus:
         async def on_message(msg: Msg) -> None:
             try:
                 if isinstance(message_type, tuple):
-                    message = decode_one_of(msg.data, *message_type)
+                    message = decode_checked_one_of(msg.data, *message_type)
                 else:
-                    message = decode(msg.data, message_type)
+                    message = decode_checked(msg.data, message_type)
             except WireError as exc:
-                log.warning("dropped a bad frame on %s: %s", msg.subject, exc)
+                self.rejections.reject(msg.subject, exc)
                 return
             try:
                 await handler(message, msg.headers or {})
@@ -140,9 +160,9 @@ class Bus:
 
         async def answer(msg: Msg) -> None:
             try:
-                message = decode(msg.data, request_type)
+                message = decode_checked(msg.data, request_type)
             except WireError as exc:
-                log.warning("bad request on %s: %s", msg.subject, exc)
+                self.rejections.reject(msg.subject, exc)
                 reply = on_bad_request(str(exc))
             else:
                 try:

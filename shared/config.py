@@ -10,9 +10,12 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from shared.subjects import DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:
+    from shared.nats_options import NatsAuth
 
 T = TypeVar("T")
 
@@ -29,9 +32,15 @@ def env(name: str, default: T, parse: Callable[[str], T] = str) -> T:
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
+    from shared.flags import add_flags  # shared.flags imports this module: not at the top
+    from shared.nats_options import NatsAuth
+
     parser.add_argument(
-        "--nats", default=env("nats", "nats://127.0.0.1:4222"), help="NATS server URL"
+        "--nats",
+        default=env("nats", "nats://127.0.0.1:4222"),
+        help="NATS server URL, or a cluster's URLs comma-separated (failover between them)",
     )
+    add_flags(parser, NatsAuth)
     parser.add_argument(
         "--namespace", default=env("namespace", DEFAULT_NAMESPACE), help="subject prefix"
     )
@@ -59,7 +68,12 @@ class CommonConfig:
     namespace: str
     log_level: str
     otlp_endpoint: str = ""  # "": traces are not exported
+    nats_auth: NatsAuth | None = None  # None: anonymous, no TLS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CommonConfig:
-        return cls(args.nats, args.namespace, args.log_level, args.otlp_endpoint)
+        from shared.flags import build
+        from shared.nats_options import NatsAuth
+
+        auth = build(NatsAuth, args)
+        return cls(args.nats, args.namespace, args.log_level, args.otlp_endpoint, auth)

@@ -3,7 +3,8 @@
 A frame is the msgpack array `[schema_version, type_name, {field: value}]`. Decoding checks
 the version, the expected type, that every field is present and of its annotated type
 (nested dataclasses, lists, dicts, optionals, int enums), and that no unknown field appears — and
-raises `WireError` with the field's name rather than crashing the receiving service.
+raises `WireError` with the field's name rather than crashing the receiving service. No
+list may hold more than `MAX_LIST_ITEMS`: a huge array is refused before it is walked.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import msgpack
 # (SamplingParams.prompt_logprobs, TokenChunk.prompt_logprobs)
 SCHEMA_VERSION = 3
 MAX_FRAME_BYTES = 64 * 2**20  # no message, KV chunks included, may exceed this
+MAX_LIST_ITEMS = 1 << 20  # no list in a message is longer: refused before it is walked
 
 T = TypeVar("T")
 
@@ -96,6 +98,8 @@ def _from_plain(value: Any, hint: Any, where: str) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise WireError(f"{where}: expected a list")
+        if len(value) > MAX_LIST_ITEMS:
+            raise WireError(f"{where}: {len(value)} items (at most {MAX_LIST_ITEMS})")
         args = typing.get_args(hint)
         if origin is tuple and args and args[-1] is not Ellipsis:  # fixed shape: tuple[int, float]
             if len(value) != len(args):

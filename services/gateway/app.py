@@ -24,6 +24,7 @@ from services.gateway.cors import cors_headers, cors_preflight
 from services.gateway.errors import ApiError
 from services.gateway.generation import Mesh
 from services.gateway.keys import CONFIG, MESH
+from services.gateway.limits import setup_limits
 from services.gateway.pages import setup_pages
 from services.gateway.prompting import ModelText
 from services.gateway.responses_api import create_response
@@ -45,7 +46,9 @@ _KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
 
 
 def init_app(config: GatewayConfig) -> web.Application:
-    app = web.Application(middlewares=[cors_preflight, _trace, _errors, _auth])
+    middlewares = [cors_preflight, _trace, _errors, _auth]
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
+    setup_limits(app, config)  # after _auth: body size, per-key concurrency and rate
     app.on_response_prepare.append(cors_headers)
     app[CONFIG] = config
     app[TRACING] = tracing = setup_tracing("gateway", config.common.otlp_endpoint)
@@ -53,7 +56,9 @@ def init_app(config: GatewayConfig) -> web.Application:
     text = ModelText.load(config.model_dir)
 
     async def mesh_connection(app: web.Application) -> AsyncIterator[None]:
-        bus = await Bus.connect(config.common.nats_url, f"gateway-{config.gateway_id}")
+        name, auth = f"gateway-{config.gateway_id}", config.common.nats_auth
+        bus = await Bus.connect(config.common.nats_url, name, auth=auth)
+        metrics.registry.register(bus.rejections.counter)
         streams = TokenStreams(bus, Subjects(config.common.namespace), config.gateway_id)
         await streams.start()
         app[MESH] = Mesh(config, bus, streams, text, metrics)

@@ -31,6 +31,16 @@ class GatewayConfig:
     api_keys: tuple[str, ...] = flag(
         (), name="--api-key", help="repeatable or comma-separated; none: no auth"
     )
+    # Read into api_keys by from_args (services/gateway/limits.py: keys are never logged).
+    api_key_file: Path | None = flag(None, help="more API keys, one a line (a mounted Secret)")
+    max_body_bytes: int = flag(8 * 2**20, help="largest request body; beyond: 413")
+    key_concurrency: int = flag(
+        0, help="requests in flight per API key (all callers, without keys); beyond: 429; 0: any"
+    )
+    key_rate: float = flag(
+        0.0, help="requests a second per API key; beyond: 429 with Retry-After; 0: any"
+    )
+    key_burst: int = flag(10, help="requests a key may start at once within --key-rate")
     request_timeout: float = flag(600.0, help="seconds from arrival to the last token")
     stall_timeout: float = flag(
         60.0, help="seconds without a token before the request migrates (or fails)"
@@ -66,6 +76,8 @@ class GatewayConfig:
             raise ValueError("max_pending must be >= 1")
         if self.migration_limit < 0:
             raise ValueError("migration_limit must be >= 0")
+        if self.max_body_bytes < 1 or min(self.key_concurrency, self.key_rate, self.key_burst) < 0:
+            raise ValueError("max_body_bytes must be >= 1, key limits >= 0")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
@@ -77,7 +89,19 @@ class GatewayConfig:
             served_model_name=args.served_model_name or model_dir.name,
             gateway_id=args.gateway_id or f"gw-{uuid.uuid4().hex[:8]}",
             max_model_len=args.max_model_len or model_max_len(model_dir),
+            api_keys=(*args.api_keys, *read_key_file(args.api_key_file)),
         )
+
+
+def read_key_file(path: Path | None) -> tuple[str, ...]:
+    """API keys from `path`, one a line ('#' comments and blank lines skipped)."""
+    if path is None:
+        return ()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise SystemExit(f"--api-key-file {path}: {exc.strerror}") from None
+    return tuple(s for line in lines if (s := line.strip()) and not s.startswith("#"))
 
 
 def model_max_len(model_dir: Path) -> int:

@@ -38,8 +38,11 @@ class SchedulerProcess:
 
     async def start(self) -> None:
         config = self.config
-        self.bus = await Bus.connect(config.nats_url, "scheduler", on_reconnect=self._reconnected)
+        self.bus = await Bus.connect(
+            config.nats_url, "scheduler", on_reconnect=self._reconnected, auth=config.nats_auth
+        )
         self.service = SchedulerService(config, self.bus)
+        self.service.metrics.registry.register(self.bus.rejections.counter)
         port = serve_metrics(self.service.metrics.registry, config.metrics_port)
         print(f"scheduler metrics on port {port}", flush=True)
         await self.service.start()

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 
 from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
 from shared.flags import add_flags, build, flag
+from shared.nats_options import NatsAuth
 from shared.subjects import DEFAULT_NAMESPACE
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = "nats://127.0.0.1:4222"  # or a cluster's URLs, comma-separated
+    nats_auth: NatsAuth | None = None  # the scheduler role's credentials and TLS; None: none
     namespace: str = DEFAULT_NAMESPACE
     log_level: str = "INFO"
     max_queue: int = flag(
@@ -69,6 +71,7 @@ class SchedulerConfig:
             cls,
             args,
             nats_url=common.nats_url,
+            nats_auth=common.nats_auth,
             namespace=common.namespace,
             log_level=common.log_level,
             otlp_endpoint=common.otlp_endpoint,

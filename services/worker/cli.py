@@ -58,6 +58,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         model_name=model_name,
         engine=build(EngineConfig, args),
         nats_url=common.nats_url,
+        nats_auth=common.nats_auth,
         namespace=common.namespace,
         otlp_endpoint=common.otlp_endpoint,
         metrics_port=args.metrics_port,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from shared.engine.engine_config import EngineConfig
 from shared.flags import flag
+from shared.nats_options import NatsAuth
 from shared.protocol import ROLES
 
 KV_TRANSPORTS = ("auto", "nixl", "nats")
@@ -29,7 +30,8 @@ class WorkerConfig:
         "worker's cache), nats (chunks in messages), auto (nixl where it loads, else nats)",
     )
     engine: EngineConfig  # the model and every engine setting
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = "nats://127.0.0.1:4222"  # or a cluster's URLs, comma-separated
+    nats_auth: NatsAuth | None = None  # the worker role's credentials and TLS; None: none
     namespace: str = "ss"
     heartbeat_interval: float = 1.0  # seconds between heartbeats (and KV event checks)
     transfer_timeout: float = 30.0  # seconds one KV transfer may take at most

@@ -88,7 +88,8 @@ class Worker:
             layout,
             config.kv_transport,
         )
-        bus = await Bus.connect(config.nats_url, f"worker-{wid}")
+        bus = await Bus.connect(config.nats_url, f"worker-{wid}", auth=config.nats_auth)
+        self.telemetry.metrics.registry.register(bus.rejections.counter)
         subjects = Subjects(config.namespace)
         self.ctx = ctx = WorkerContext(
             config,

@@ -28,9 +28,9 @@ from shared.protocol import (
     Outcome,
     TaskAck,
     WireError,
-    decode_one_of,
     encode,
 )
+from shared.wire_checks import decode_checked_one_of
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ async def serve_kv(bus: Bus, subject: str, handlers: KVHandlers) -> Subscription
     async def answer(msg: Msg) -> None:
         request_id = ""
         try:
-            message = decode_one_of(msg.data, KVChunk, KVDone, KVReady)
+            message = decode_checked_one_of(msg.data, KVChunk, KVDone, KVReady)
             request_id = message.request_id
             headers = msg.headers or {}
             if isinstance(message, KVChunk):
@@ -126,7 +126,10 @@ async def serve_kv(bus: Bus, subject: str, handlers: KVHandlers) -> Subscription
             else:
                 await handlers.on_ready(message, headers)
             ack = TaskAck(request_id, Outcome.OK)
-        except (WireError, BadChunk, EngineError) as exc:
+        except WireError as exc:
+            bus.rejections.reject(msg.subject, exc)
+            ack = TaskAck(request_id, Outcome.INVALID, str(exc))
+        except (BadChunk, EngineError) as exc:
             log.warning("refused KV on %s: %s", msg.subject, exc)
             unknown = isinstance(exc, UnknownRequest)
             ack = TaskAck(request_id, Outcome.UNAVAILABLE if unknown else Outcome.INVALID, str(exc))

@@ -28,6 +28,7 @@ from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams
+from shared.nats_auth import MeshCredentials
 from shared.nats_server import free_port
 from shared.protocol import Heartbeat, MeshStatus, StatusQuery
 from shared.subjects import Subjects
@@ -64,6 +65,7 @@ class Mesh:
         self.port = free_port()
         self.nats_port = free_port()
         self.log_path = home / "up.log"
+        self.credentials = MeshCredentials(home / "nats" / "auth")  # up's own nats-server's
         env = {**os.environ, "SPLITSERVE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
             [
@@ -114,7 +116,9 @@ class Mesh:
         """The scheduler's view of the workers, from their latest heartbeats."""
 
         async def ask() -> MeshStatus:
-            bus = await Bus.connect(f"nats://127.0.0.1:{self.nats_port}", "test")
+            own = self.credentials.directory.exists()
+            auth = self.credentials.auth("observer") if own else None
+            bus = await Bus.connect(f"nats://127.0.0.1:{self.nats_port}", "test", auth=auth)
             try:
                 return await bus.request(Subjects().status, StatusQuery(), MeshStatus, 5)
             finally:

@@ -8,6 +8,7 @@ nats-server with max_payload raised."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -19,7 +20,10 @@ import jsonschema
 import pytest
 import yaml
 
+from shared.nats_auth import authorization_block, password_variable
+from shared.nats_permissions import ROLES
 from shared.nats_server import DEFAULT_MAX_PAYLOAD, find_binary, free_port
+from shared.subjects import Subjects
 from tests.unit.test_deploy_cli import invocation_problems, unreachable_engine_settings
 from tests.unit.test_deploy_images import dockerfile_env
 
@@ -238,13 +242,25 @@ def test_bind_mounts_exist() -> None:
         pytest.skip(f"observability files not in the tree yet: {[str(p) for p in pending]}")
 
 
+# The passwords nats.conf reads from the environment (its Secrets in compose and k8s).
+NATS_PASSWORDS = {password_variable(r)[1:]: f"pw-{r}" for r in ROLES}
+
+
 def test_nats_config_is_valid_and_the_same_for_kubernetes() -> None:
     text = NATS_CONF.read_text()
     assert (COMPOSE / "k8s" / "base" / "nats.conf").read_text() == text
     result = subprocess.run(
-        [find_binary(), "-c", str(NATS_CONF), "-t"], capture_output=True, text=True, timeout=30
+        [find_binary(), "-c", str(NATS_CONF), "-t"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=os.environ | NATS_PASSWORDS,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_nats_config_grants_each_role_exactly_its_permissions() -> None:
+    assert authorization_block(Subjects("ss"), password_variable) in NATS_CONF.read_text()
 
 
 def test_nats_server_runs_the_config_with_jetstream_and_raised_max_payload(
@@ -269,6 +285,7 @@ def test_nats_server_runs_the_config_with_jetstream_and_raised_max_payload(
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=os.environ | NATS_PASSWORDS,
     )
     try:
         info = _server_info(port)
@@ -277,6 +294,7 @@ def test_nats_server_runs_the_config_with_jetstream_and_raised_max_payload(
         server.wait(10)
     assert info["max_payload"] == DEFAULT_MAX_PAYLOAD == 8 * 2**20
     assert info["jetstream"] is True
+    assert info["auth_required"] is True  # no anonymous client
 
 
 def _server_info(port: int, attempts: int = 100) -> dict[str, Any]:

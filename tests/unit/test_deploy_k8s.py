@@ -25,7 +25,7 @@ from services.worker.config import WorkerConfig
 from tests.unit.test_deploy_cli import invocation_problems, unreachable_engine_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "tls")
 POOLS = ("prefill", "decode")
 KUBERNETES_VERSION = "1.30"
 KUBECTL = shutil.which("kubectl")

@@ -1,0 +1,193 @@
+"""Bounds every decoded message must keep before a service acts on it.
+
+`shared/wire_codec.py` checks a frame's shape (version, type, field names and types); this
+checks the values a sender could still get wrong or forge: ids that must be NATS subject
+tokens, counts that cannot be negative, token ids and block hashes in range, lists no
+longer than any real request's. `decode_checked` / `decode_checked_one_of` decode and check
+in one call, raising `WireError` naming the field. A KV offer or chunk that fits its
+transfer badly (block ids outside the sender's cache, a shape that disagrees with the
+block and layer ranges) is the decode worker's to refuse (shared/kvtransfer/chunks.py,
+shared/engine/kv_handoff.py), since that refusal also ends the transfer; so is a token
+id beyond the model's vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from shared.protocol import (
+    ROLES,
+    Cancel,
+    DecodeTask,
+    Heartbeat,
+    KVChunk,
+    KVDone,
+    KVEvents,
+    KVReady,
+    PrefillTask,
+    RequestFailed,
+    Reserve,
+    SubmitRequest,
+    TokenChunk,
+    WorkerLost,
+)
+from shared.wire_codec import WireError, decode, decode_one_of
+
+T = TypeVar("T")
+MAX_ID_CHARS = 256  # request ids (the gateway's are 32 hex digits plus "~<attempt>")
+MAX_TOKENS = 1 << 20  # token ids in one request: prompt + output of any model we serve
+TOKEN_ID_LIMIT = 1 << 31  # token ids are below every vocabulary's int32 bound
+HASH_LIMIT = 1 << 63  # block hashes are 63-bit (shared/engine/block_hash.py)
+MAX_ITEMS = 1 << 20  # hashes in one KVEvents, request ids in one WorkerLost, blocks per chunk
+KV_DTYPES = ("float32", "bfloat16", "float16")
+_SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # as shared/subjects.py builds them
+
+
+def decode_checked(data: bytes, cls: type[T]) -> T:
+    message = decode(data, cls)
+    check(message)
+    return message
+
+
+def decode_checked_one_of(data: bytes, *classes: type) -> Any:
+    message = decode_one_of(data, *classes)
+    check(message)
+    return message
+
+
+def check(message: object) -> None:
+    """Raise WireError when `message` breaks a bound; messages without bounds pass."""
+    checker = _CHECKS.get(type(message))
+    if checker is not None:
+        checker(message)
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise WireError(what)
+
+
+def _count(value: int, where: str, limit: int = 1 << 62) -> None:
+    _require(0 <= value < limit, f"{where}: {value} out of range [0, {limit})")
+
+
+def _request_id(value: str, where: str) -> None:
+    _require(0 < len(value) <= MAX_ID_CHARS, f"{where}: must be 1..{MAX_ID_CHARS} characters")
+
+
+def _subject_token(value: str, where: str) -> None:
+    _require(bool(_SUBJECT_TOKEN.match(value)), f"{where}: {value[:40]!r} is no subject token")
+
+
+def _all_below(values: Iterable[int], limit: int, where: str) -> None:
+    _require(all(0 <= v < limit for v in values), f"{where}: a value out of [0, {limit})")
+
+
+def _items(values: list, where: str, limit: int = MAX_ITEMS) -> None:
+    _require(len(values) <= limit, f"{where}: {len(values)} items (at most {limit})")
+
+
+def _submit(m: SubmitRequest, where: str = "SubmitRequest") -> None:
+    _request_id(m.request_id, f"{where}.request_id")
+    _subject_token(m.gateway_id, f"{where}.gateway_id")
+    _items(m.prompt_token_ids + m.delivered_token_ids, f"{where}: tokens", MAX_TOKENS)
+    _all_below(m.prompt_token_ids, TOKEN_ID_LIMIT, f"{where}.prompt_token_ids")
+    _all_below(m.delivered_token_ids, TOKEN_ID_LIMIT, f"{where}.delivered_token_ids")
+    _require(math.isfinite(m.deadline), f"{where}.deadline: not a finite time")
+    _count(m.attempt, f"{where}.attempt", 1 << 16)
+
+
+def _heartbeat(m: Heartbeat) -> None:
+    _subject_token(m.worker_id, "Heartbeat.worker_id")
+    _require(m.role in ROLES, f"Heartbeat.role: {m.role[:20]!r} is none of {ROLES}")
+    for field in dataclasses.fields(m):  # every number in a heartbeat is a count
+        value = getattr(m, field.name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            _count(value, f"Heartbeat.{field.name}")
+    _require(m.free_blocks <= m.total_blocks, "Heartbeat.free_blocks: more than total_blocks")
+    _require(0 < m.block_size <= 4096, "Heartbeat.block_size: out of (0, 4096]")
+    _count(m.metrics_port, "Heartbeat.metrics_port", 1 << 16)
+    _items(m.kv_peers, "Heartbeat.kv_peers", 4096)
+
+
+def _kv_events(m: KVEvents) -> None:
+    _subject_token(m.worker_id, "KVEvents.worker_id")
+    _count(m.seq_no, "KVEvents.seq_no")
+    _items(m.stored + m.removed, "KVEvents: hashes")
+    _all_below(m.stored, HASH_LIMIT, "KVEvents.stored")
+    _all_below(m.removed, HASH_LIMIT, "KVEvents.removed")
+
+
+def _prefill_task(m: PrefillTask) -> None:
+    _submit(m.request, "PrefillTask.request")
+    _subject_token(m.decode_worker, "PrefillTask.decode_worker")
+    _count(m.skip_blocks, "PrefillTask.skip_blocks", MAX_TOKENS)
+
+
+def _hashes(values: list[int | None], where: str) -> None:
+    _all_below((h for h in values if h is not None), HASH_LIMIT, where)
+
+
+def _kv_chunk(m: KVChunk) -> None:
+    _request_id(m.request_id, "KVChunk.request_id")
+    _count(m.chunk_index, "KVChunk.chunk_index", MAX_ITEMS)
+    _require(0 <= m.layer_start < m.layer_end <= 4096, "KVChunk: layer range out of order")
+    _count(m.first_block, "KVChunk.first_block", MAX_TOKENS)
+    _require(m.dtype in KV_DTYPES, f"KVChunk.dtype: one of {KV_DTYPES}")
+    _require(len(m.shape) == 6 and all(0 < d < 1 << 20 for d in m.shape), "KVChunk.shape")
+    _hashes(m.block_hashes, "KVChunk.block_hashes")
+
+
+def _kv_done(m: KVDone) -> None:
+    _request_id(m.request_id, "KVDone.request_id")
+    _count(m.num_chunks, "KVDone.num_chunks", MAX_ITEMS)
+    _count(m.first_token_id, "KVDone.first_token_id", TOKEN_ID_LIMIT)
+
+
+def _kv_ready(m: KVReady) -> None:
+    _request_id(m.request_id, "KVReady.request_id")
+    _count(m.num_cache_blocks, "KVReady.num_cache_blocks", MAX_ITEMS)
+    _items(m.block_ids, "KVReady.block_ids")
+    _all_below(m.block_ids, HASH_LIMIT, "KVReady.block_ids")
+    _hashes(m.block_hashes, "KVReady.block_hashes")
+    _require(m.dtype in KV_DTYPES, f"KVReady.dtype: one of {KV_DTYPES}")
+    _require(len(m.layout) == 5 and all(0 < d < 1 << 20 for d in m.layout), "KVReady.layout")
+    _count(m.first_block, "KVReady.first_block", MAX_TOKENS)
+    _count(m.first_token_id, "KVReady.first_token_id", TOKEN_ID_LIMIT)
+    _require(math.isfinite(m.read_by), "KVReady.read_by: not a finite time")
+
+
+def _token_chunk(m: TokenChunk) -> None:
+    _request_id(m.request_id, "TokenChunk.request_id")
+    _count(m.index, "TokenChunk.index", MAX_TOKENS)
+    _items(m.token_ids, "TokenChunk.token_ids", MAX_TOKENS)
+    _all_below(m.token_ids, TOKEN_ID_LIMIT, "TokenChunk.token_ids")
+    _require(len(m.logprobs) in (0, len(m.token_ids)), "TokenChunk.logprobs: one per token")
+    _count(m.num_prompt_tokens, "TokenChunk.num_prompt_tokens", MAX_TOKENS)
+    _count(m.num_cached_tokens, "TokenChunk.num_cached_tokens", MAX_TOKENS)
+
+
+def _worker_lost(m: WorkerLost) -> None:
+    _subject_token(m.worker_id, "WorkerLost.worker_id")
+    _items(m.request_ids, "WorkerLost.request_ids")
+
+
+_CHECKS: dict[type, Callable[[Any], None]] = {
+    SubmitRequest: _submit,
+    Heartbeat: _heartbeat,
+    KVEvents: _kv_events,
+    Reserve: lambda m: _submit(m.request, "Reserve.request"),
+    PrefillTask: _prefill_task,
+    DecodeTask: lambda m: _submit(m.request, "DecodeTask.request"),
+    KVChunk: _kv_chunk,
+    KVDone: _kv_done,
+    KVReady: _kv_ready,
+    TokenChunk: _token_chunk,
+    Cancel: lambda m: _request_id(m.request_id, "Cancel.request_id"),
+    WorkerLost: _worker_lost,
+    RequestFailed: lambda m: _request_id(m.request_id, "RequestFailed.request_id"),
+}
