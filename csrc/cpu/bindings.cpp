@@ -11,6 +11,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear_weight", &pack_linear_weight,
         "lay an [N, K] weight out as linear reads it: [ceil(N / 64), K, 64]",
         py::call_guard<py::gil_scoped_release>());
+  m.def("int8_dot_product_kernel", &int8_dot_product_kernel,
+        "whether this build has the AVX512-VNNI W8A8 kernel");
+  m.def("pack_int8_quads", &pack_int8_quads,
+        "lay an [N, K] int8 weight out for linear_int8; returns (packed, column sums)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_int8", &linear_int8, "batch-invariant W8A8: x quantized per row, int32 sums",
+        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("colsums"),
+        py::arg("out_features"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("bf16_dot_product_kernel", &bf16_dot_product_kernel,
+        "whether this build has the AVX512-BF16 dot-product kernel");
+  m.def("cpu_features", &cpu_features, "instruction sets the kernels were built with");
   m.def("linear", &linear, "batch-invariant x @ w.T (+ bias) over a packed weight",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());

@@ -9,10 +9,10 @@
 //
 // w is packed once at load (pack_linear_weight) into panels of 64 columns, [P, K, 64]: one
 // k step of a tile reads contiguous columns, a thread's panels are one contiguous stream,
-// and no horizontal reduction is needed. A tile is up to 6 rows x 4 vectors of 16 columns
-// with its accumulators in registers; k runs in blocks whose slice of the panel stays in L1
-// while every row tile passes over it (partial sums wait in y, in fp32, between blocks).
-#include <ATen/Parallel.h>
+// and no horizontal reduction is needed; the blocking is linear_tiles.h's.
+//
+// bf16 weights on a CPU with AVX512-BF16 take linear_bf16.cpp's dot-product kernel instead
+// (packed [P, ceil(K / 2), 128]); `linear` tells the two layouts apart by their last axis.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
@@ -20,21 +20,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "linear_tiles.h"
 #include "ops.h"
 
 namespace {
 
-constexpr int64_t kLanes = 16;                  // columns per vector
-constexpr int64_t kPanel = 64;                  // columns per panel of packed w
-constexpr int64_t kPanelVectors = kPanel / kLanes;
-constexpr int kMaxRows = 6;                     // rows per tile: 6 x 4 accumulators
-constexpr int64_t kBlockK = 96;                 // k per block: 96 x 64 fp32 = 24 KiB of w
-constexpr int64_t kRowBlockBytes = 512 * 1024;  // x rows kept in L2 across the panels
-
-struct Step {
-  int64_t kc, ldx, ldy;  // k of this block; row strides of x and y
-  bool first;            // the block starts at k = 0: accumulators start from zero
-};
+using linear_tiles::kLanes;
+using linear_tiles::kPanel;
+using linear_tiles::Step;
 
 #ifdef __AVX512F__
 
@@ -53,7 +46,7 @@ inline __m512 load16(const c10::Half* p, __mmask16 mask) {
 // One k block of a tile: rows x[0..MR) against NV vectors of one panel (row stride kPanel);
 // the last vector holds `last` columns. Partial sums come from and go back to y.
 template <typename W, int MR, int NV>
-void tile(const float* x, const W* w, float* y, const Step& s, int64_t last) {
+void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last) {
   const __mmask16 tail = static_cast<__mmask16>((1u << last) - 1u);
   const int64_t kc = s.kc, ldx = s.ldx, ldy = s.ldy;
   __m512 acc[MR][NV];
@@ -93,7 +86,7 @@ inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 inline float to_float(c10::Half v) { return static_cast<float>(v); }
 
 template <typename W, int MR, int NV>
-void tile(const float* x, const W* w, float* y, const Step& s, int64_t last) {
+void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last) {
   constexpr int64_t kCols = NV * kLanes;
   const int64_t cols = (NV - 1) * kLanes + last;
   float acc[MR][kCols];
@@ -115,47 +108,22 @@ void tile(const float* x, const W* w, float* y, const Step& s, int64_t last) {
 
 #endif
 
-template <typename W>
-using TileFn = void (*)(const float*, const W*, float*, const Step&, int64_t);
+// The fp32 FMA chain as a linear_tiles kernel: one k per step, x widened to fp32 once.
+template <typename Weight>
+struct Fma {
+  using X = float;
+  using W = Weight;
+  using Acc = float;
+  static constexpr int64_t kPack = 1;
+  template <int MR, int NV>
+  static void tile(const float* x, const W* w, float* y, const Step& s, int64_t last) {
+    fma_tile<W, MR, NV>(x, w, y, s, last);
+  }
+};
 
-template <typename W, int MR>
-constexpr TileFn<W> kRowTiles[kPanelVectors] = {&tile<W, MR, 1>, &tile<W, MR, 2>,
-                                                &tile<W, MR, 3>, &tile<W, MR, 4>};
-
-template <typename W>
-constexpr const TileFn<W>* kTiles[kMaxRows] = {kRowTiles<W, 1>, kRowTiles<W, 2>,
-                                               kRowTiles<W, 3>, kRowTiles<W, 4>,
-                                               kRowTiles<W, 5>, kRowTiles<W, 6>};
-
-// y[M, N] (fp32, row stride N) = x[M, K] (fp32, row stride ldx) @ w.T, w packed [P, K, 64].
 template <typename W>
 void run(const float* x, int64_t ldx, const W* w, float* y, int64_t M, int64_t N, int64_t K) {
-  const int64_t vectors = (N + kLanes - 1) / kLanes;
-  const int64_t row_block =
-      std::max<int64_t>(kMaxRows, kRowBlockBytes / (K * 4) / kMaxRows * kMaxRows);
-  // Enough multiply-adds per task (~256K) that a thread is worth waking.
-  const int64_t grain = std::max<int64_t>(1, (1 << 18) / (std::min(M, row_block) * K * kLanes));
-  // Threads split the vectors (16 columns), so a thread may start or end inside a panel.
-  at::parallel_for(0, vectors, grain, [&](int64_t v0, int64_t v1) {
-    for (int64_t m0 = 0; m0 < M; m0 += row_block) {
-      const int64_t m1 = std::min(M, m0 + row_block);
-      for (int64_t v = v0; v < v1;) {
-        const int64_t nv = std::min(v1, (v / kPanelVectors + 1) * kPanelVectors) - v;
-        const int64_t n0 = v * kLanes;
-        const int64_t last = std::min(N - n0 - (nv - 1) * kLanes, kLanes);
-        const W* panel = w + (v / kPanelVectors) * K * kPanel + (v % kPanelVectors) * kLanes;
-        for (int64_t k0 = 0; k0 < K; k0 += kBlockK) {
-          const Step s{std::min(kBlockK, K - k0), ldx, N, k0 == 0};
-          for (int64_t m = m0; m < m1; m += kMaxRows) {
-            const int64_t mr = std::min<int64_t>(kMaxRows, m1 - m);
-            kTiles<W>[mr - 1][nv - 1](x + m * ldx + k0, panel + k0 * kPanel, y + m * N + n0, s,
-                                      last);
-          }
-        }
-        v += nv;
-      }
-    }
-  });
+  linear_tiles::run<Fma<W>>(x, ldx, w, y, M, N, K);
 }
 
 }  // namespace
@@ -165,6 +133,7 @@ torch::Tensor pack_linear_weight(torch::Tensor w) {
   TORCH_CHECK(w.scalar_type() == torch::kFloat || w.scalar_type() == torch::kBFloat16 ||
                   w.scalar_type() == torch::kHalf,
               "linear supports float32, bfloat16 and float16 weights");
+  if (w.scalar_type() == torch::kBFloat16 && bf16_dot_product_kernel()) return pack_bf16_pairs(w);
   const int64_t N = w.size(0), K = w.size(1);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   auto padded = torch::zeros({panels * kPanel, K}, w.options());
@@ -175,6 +144,7 @@ torch::Tensor pack_linear_weight(torch::Tensor w) {
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
                      c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, K, 64]");
+  if (packed.size(2) == 2 * kPanel) return linear_bf16_pairs(x, packed, out_features, bias);
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   TORCH_CHECK(packed.is_contiguous() && packed.size(1) == K && packed.size(2) == kPanel &&
                   packed.size(0) == (N + kPanel - 1) / kPanel,

@@ -26,6 +26,26 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
 // bfloat16 matrix out once as the kernel reads it: [ceil(N / 64), K, 64], zero-padded.
 // linear: y [M, N] = x [M, K] @ w.T (+ bias [N]) in x's dtype (w's dtype), each y[m, n] one
 // k-ordered chain of fused multiply-adds in fp32 whatever M, the blocking or the threads.
+// bf16 weights on a CPU with AVX512-BF16 are packed [ceil(N / 64), ceil(K / 2), 128] for the
+// dot-product kernel of linear_bf16.cpp instead; `linear` takes either layout.
 torch::Tensor pack_linear_weight(torch::Tensor w);
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
                      c10::optional<torch::Tensor> bias);
+
+// linear_bf16.cpp: whether this build has the AVX512-BF16 kernel, its packing and its linear.
+bool bf16_dot_product_kernel();
+torch::Tensor pack_bf16_pairs(torch::Tensor w);
+torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
+                                c10::optional<torch::Tensor> bias);
+
+// linear_int8.cpp: W8A8 with AVX512-VNNI. pack_int8_quads(q [N, K] int8) -> (packed
+// [ceil(N / 64), ceil(K / 4), 256], colsums [N] int32); linear_int8 quantizes x per row and
+// returns (x_q @ q.T) * sx * scales (+ bias) in x's dtype.
+bool int8_dot_product_kernel();
+std::vector<torch::Tensor> pack_int8_quads(torch::Tensor q);
+torch::Tensor linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
+                          torch::Tensor colsums, int64_t out_features,
+                          c10::optional<torch::Tensor> bias);
+
+// features.cpp: the instruction sets this build's kernels use (compiled for this host).
+std::vector<std::string> cpu_features();

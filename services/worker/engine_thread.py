@@ -7,6 +7,9 @@ would change nothing: the engine holds no work, or its last step scheduled no to
 waiting request lacks blocks; only a command — a release, an abort, an import — can free
 them). After every step and every batch of commands it snapshots the engine's counters
 (`stats`) and gathers its prefix-cache events, which the loop reads without waiting.
+
+With a `CoreLease` (core_lease.py), each step runs with one torch thread per core it holds:
+its own, and those of the machine's idle workers.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
+
+from services.worker.core_lease import CoreLease
 from shared.engine.engine import LLMEngine
 from shared.engine.outputs import RequestOutput
 from shared.engine.stats import EngineStats, KVCacheEvents, KVEventLog
@@ -47,11 +53,13 @@ class EngineThread:
         build: Callable[[], LLMEngine],
         on_step: Callable[[LLMEngine, StepReport], None],
         on_fatal: Callable[[BaseException], None],
+        lease: CoreLease | None = None,
     ) -> None:
         """`on_step(engine, report)` runs in the engine thread right after a step (to read
         what only the thread may read) and must hand its results to the loop itself;
-        `on_fatal` runs on the loop when the thread dies."""
+        `on_fatal` runs on the loop when the thread dies. `lease` sizes each step's threads."""
         self.build = build
+        self.lease = lease
         self.on_step = on_step
         self.on_fatal = on_fatal
         self.stats: EngineStats | None = None  # None until the engine is built
@@ -136,19 +144,35 @@ class EngineThread:
                 if not engine.has_unfinished_requests():
                     continue
                 report = StepReport(time.time(), [], [])
-                report.outputs = engine.step()
+                report.outputs = self._step(engine)
                 stalled = engine.last_step_num_tokens == 0
                 self.on_step(engine, report)
                 self._observe(engine)
         except Exception as exc:  # an engine bug: fail every caller rather than hang them
             log.exception("engine thread failed")
             self._fail(exc)
+        finally:
+            if self.lease is not None:
+                self.lease.close()
+
+    def _step(self, engine: LLMEngine) -> list[RequestOutput]:
+        if self.lease is None:
+            return engine.step()
+        cores = self.lease.acquire()
+        try:
+            if cores != torch.get_num_threads():
+                torch.set_num_threads(cores)
+            return engine.step()
+        finally:
+            self.lease.release()
 
     def _apply_commands(self, engine: LLMEngine, wait: bool) -> bool:
         """Apply every queued command, first sleeping until one comes when `wait`.
         False when told to stop."""
         if not wait and self._commands.empty():
             return True
+        if wait and self.lease is not None:
+            self.lease.idle()  # nothing to step: the other workers may use this core
         command = self._commands.get()  # blocks only when `wait`: else one is queued
         while command is not None:
             try:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from services.worker.core_lease import CoreLease
 from services.worker.engine_client import EngineEvents, KVReservation
 from services.worker.engine_thread import EngineThread, StepReport
 from shared.engine.block_hash import hash_full_blocks
@@ -49,7 +50,12 @@ class NativeEngineClient:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._events: EngineEvents | None = None
-        self._thread = EngineThread(lambda: LLMEngine(config), self._on_step, self._on_fatal)
+        # No thread count given: share the machine's cores with its other workers.
+        shares_cores = config.num_threads is None and config.torch_device.type == "cpu"
+        lease = CoreLease() if shares_cores else None
+        self._thread = EngineThread(
+            lambda: LLMEngine(config), self._on_step, self._on_fatal, lease
+        )
         self._copier = ThreadPoolExecutor(KV_COPY_THREADS, thread_name_prefix="kv-copy")
         self._pinned: dict[str, _Pinned] = {}
         self._layout: KVLayout | None = None

@@ -13,8 +13,8 @@ whatever the number of rows, the tiling or the thread count. The LM head has a s
 layout for every row count.
 The rest of the forward pass is already per row: RMSNorm, rope, SiLU, the embedding, and
 the `cpu` attention backend (one routine per (row, head), decode and prefill rows alike).
-The `torch` attention backend and int8 / int4 weights (torch's packed kernels) are not
-batch-invariant.
+int8 weights are batch-invariant through the W8A8 AVX512-VNNI kernel (quantization.py); the
+`torch` attention backend, int4 weights and int8 without VNNI (torch's kernels) are not.
 """
 
 from __future__ import annotations
@@ -26,23 +26,27 @@ from shared.engine.attention import resolve_backend
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.linear_weights import PackedLinear
 from shared.engine.model.weights import ModelWeights
+from shared.engine.quantization import int8_dot_product
 
 
 def resolve(config: EngineConfig) -> bool:
     """config.batch_invariant → on or off. None (auto): on when the C++ kernels are built,
-    the weights are float and attention resolves to `cpu` (so never on CUDA). True without
-    the kernels raises (EngineConfig itself refuses True with quantization, another
-    attention backend or a CUDA device)."""
+    the weights are float (or int8 with the VNNI kernel) and attention resolves to `cpu` (so
+    never on CUDA). True without the kernels raises (EngineConfig itself refuses True with
+    int4, another attention backend or a CUDA device)."""
     built = native.load() is not None
+    int8_ok = config.quantization == "int8" and built and int8_dot_product()
     if config.batch_invariant is None:
         backend = resolve_backend(config.attention_backend, config.torch_device)
         cpu_attention = backend == "cpu"  # never on CUDA: auto is triton there
-        return built and config.quantization is None and cpu_attention
+        return built and (config.quantization is None or int8_ok) and cpu_attention
     if config.batch_invariant and not built:
         raise RuntimeError(
             "batch_invariant needs the C++ CPU kernels: run `make install` "
             "(or `python -m shared.engine.native`) with a C++ compiler present"
         )
+    if config.batch_invariant and config.quantization and not int8_ok:
+        raise RuntimeError("batch_invariant int8 needs the AVX512-VNNI kernel (not on this CPU)")
     return config.batch_invariant
 
 

@@ -53,14 +53,18 @@ class EngineConfig:
     )
     # Every matmul batch-invariant (shared/engine/batch_invariant.py), so a row's logits do
     # not depend on the rest of its step. None (auto): on when the C++ kernels are built, the
-    # weights are float and attention is `cpu`; True insists (and fails without them).
+    # weights are float (or int8 on a CPU with VNNI) and attention is `cpu`; True insists.
     batch_invariant: bool | None = flag(
         None,
         help="batch-invariant matmuls, so seeded tokens survive migration "
         "(default: on when the C++ kernels are built and the weights are float)",
     )
     model_id: str = ""  # mixed into block hashes so two models never share cache entries
-    num_threads: int | None = flag(None, help="torch intra-op threads (unset: torch's default)")
+    # Unset: offline, torch's default; in a worker, the cores its machine's workers leave
+    # idle (services/worker/core_lease.py).
+    num_threads: int | None = flag(
+        None, help="torch threads (unset: a worker borrows the cores idle workers leave)"
+    )
     quantization: str | None = flag(
         None, choices=QUANTIZATIONS, help="weight-only, at load: int8 per channel, int4 groups"
     )
@@ -99,8 +103,8 @@ class EngineConfig:
             raise ValueError("num_threads must be positive")
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"quantization must be int8, int4 or None, not {self.quantization!r}")
-        if self.batch_invariant and self.quantization:
-            raise ValueError("batch_invariant needs float weights (int8/int4 matmuls are not)")
+        if self.batch_invariant and self.quantization == "int4":
+            raise ValueError("batch_invariant needs float or int8 weights (int4 matmuls are not)")
         if self.batch_invariant and self.attention_backend not in ("auto", "cpu"):
             raise ValueError("batch_invariant needs the cpu attention backend (or auto)")
         if self.speculative not in (None, *SPECULATIVE_METHODS):

@@ -1,20 +1,28 @@
-"""Weight-only quantization, gpt-fast style: make a quantized weight set, then the model uses it.
+"""Quantization at load: make a quantized weight set, then the model uses it.
 
 `quantize_weights(weights, "int8" | "int4")` replaces each layer's four matrices (fused qkv,
-o_proj, fused gate_up, down) and the LM head by a quantized linear (`Int8Linear` or
-`Int4Linear`, model/linear_weights.py, which also describes the kernels); `LlamaModel` calls
-any of them through `model.llama.linear`. The embedding stays in float (a lookup reads T
-rows). The LM head is int8 in both modes.
+o_proj, fused gate_up, down) and the LM head by a quantized linear (model/linear_weights.py,
+which also describes the kernels); `LlamaModel` calls any of them through
+`model.llama.linear`. The embedding stays in float (a lookup reads T rows). The LM head is
+int8 in both modes.
+
+int8 is W8A8 through the AVX512-VNNI kernel (`Int8DotLinear`, batch-invariant) where the C++
+kernels were built with it, else weight-only through torch's kernel (`Int8Linear`), said once
+in the log. int4 is weight-only (`Int4Linear`, torch's kernel).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
+from functools import cache
 
 import torch
 
+from shared.engine import native
 from shared.engine.model.linear_weights import (
     Int4Linear,
+    Int8DotLinear,
     Int8Linear,
     LinearWeight,
     PackedLinear,
@@ -24,6 +32,28 @@ from shared.engine.model.weights import LayerWeights, ModelWeights
 
 QUANTIZATIONS = ("int8", "int4")
 
+log = logging.getLogger(__name__)
+
+
+@cache
+def int8_dot_product() -> bool:
+    """Whether int8 matrices run the W8A8 AVX512-VNNI kernel (logged once when they cannot)."""
+    kernels = native.load()
+    if kernels is not None and kernels.int8_dot_product_kernel():
+        return True
+    log.warning(
+        "int8: no AVX512-VNNI kernel here (%s); weight-only int8 through torch's kernel, "
+        "which is not batch-invariant",
+        "C++ kernels not built" if kernels is None else "the CPU lacks AVX512-VNNI",
+    )
+    return False
+
+
+def quantize_int8(w: torch.Tensor) -> Int8DotLinear | Int8Linear:
+    """w [N, K] float -> the int8 matrix this CPU runs best."""
+    on_cpu = w.device.type == "cpu"
+    return Int8DotLinear.quantize(w) if on_cpu and int8_dot_product() else Int8Linear.quantize(w)
+
 
 def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> ModelWeights:
     """A copy of `weights` whose matrices are quantized; the float ones can then be freed."""
@@ -31,7 +61,7 @@ def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> 
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, not {mode!r}")
 
     def q(w: torch.Tensor) -> QuantizedLinear:
-        return Int8Linear.quantize(w) if mode == "int8" else Int4Linear.quantize(w, group_size)
+        return quantize_int8(w) if mode == "int8" else Int4Linear.quantize(w, group_size)
 
     layers = [
         replace(
@@ -43,7 +73,7 @@ def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> 
         )
         for layer in weights.layers
     ]
-    head = Int8Linear.quantize(weights.lm_head)  # [vocab, hidden]; int8 for both modes
+    head = quantize_int8(weights.lm_head)  # [vocab, hidden]; int8 for both modes
     return replace(weights, layers=layers, lm_head=head, lm_head_column_major=head)
 
 
@@ -69,6 +99,8 @@ def _flat(w: LinearWeight) -> list[torch.Tensor]:
         return [w]
     if isinstance(w, PackedLinear):
         return [w.packed]
+    if isinstance(w, Int8DotLinear):
+        return [w.packed, w.colsums, w.scales]
     if isinstance(w, Int8Linear):
         return [w.weight, w.scales]
     return [w.packed, w.scales_and_zeros]

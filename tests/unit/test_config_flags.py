@@ -74,7 +74,7 @@ def test_worker_flags_build_the_worker_config():
     )
     config = worker_cli.config_from_args(args)
     assert (config.worker_id, config.role, config.model_name) == ("d7", "decode", "tiny")
-    assert config.model_dir == Path("/models/tiny") and config.engine.num_threads == 1
+    assert config.model_dir == Path("/models/tiny") and config.engine.num_threads is None
     assert config.engine_config().model_id == "tiny"
 
 

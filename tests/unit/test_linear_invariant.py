@@ -84,15 +84,17 @@ def test_rows_do_not_depend_on_the_thread_count():
             assert torch.equal(a, b)
 
 
-def test_auto_turns_on_only_with_float_weights_and_cpu_attention(tmp_path):
+def test_auto_turns_on_only_with_invariant_weights_and_cpu_attention(tmp_path):
     def resolved(**settings) -> bool:
         return batch_invariant.resolve(EngineConfig(model_dir=tmp_path, **settings))
 
     assert resolved()
     assert not resolved(batch_invariant=False)
-    assert not resolved(quantization="int8")
+    # int8 is batch-invariant through the VNNI kernel only; int4 never is
+    assert resolved(quantization="int8") == native.load().int8_dot_product_kernel()
+    assert not resolved(quantization="int4")
     assert not resolved(attention_backend="torch")
-    with pytest.raises(ValueError, match="float weights"):
+    with pytest.raises(ValueError, match="float or int8 weights"):
         EngineConfig(model_dir=tmp_path, batch_invariant=True, quantization="int4")
     with pytest.raises(ValueError, match="cpu attention"):
         EngineConfig(model_dir=tmp_path, batch_invariant=True, attention_backend="torch")
@@ -115,21 +117,38 @@ def rows_of(recorder: LogitsRecorder, prompt: list[int]) -> dict[int, torch.Tens
     return {pos: row for (p, pos), row in recorder.rows.items() if p == tuple(prompt)}
 
 
+NUMERICS = [
+    pytest.param({}, id="fp32"),
+    pytest.param({"dtype": "bfloat16"}, id="bf16"),
+    pytest.param(
+        {"quantization": "int8"},
+        id="int8",
+        marks=pytest.mark.skipif(
+            native.load() is None or not native.load().int8_dot_product_kernel(),
+            reason="int8 is batch-invariant through the AVX512-VNNI kernel only",
+        ),
+    ),
+]
+
+
 @pytest.mark.slow
-def test_logits_and_seeded_tokens_do_not_depend_on_batch_chunking_or_resume(tiny_model_dir):
+@pytest.mark.parametrize("numerics", NUMERICS)
+def test_logits_and_seeded_tokens_do_not_depend_on_batch_chunking_or_resume(
+    tiny_model_dir, numerics
+):
     # Alone: a prefill, then one decode row per step.
-    engine, recorder = recorded_engine(tiny_model_dir)
+    engine, recorder = recorded_engine(tiny_model_dir, **numerics)
     engine.add_request("r", PROMPT, SEEDED)
     reference = run_to_completion(engine)["r"]
     reference_rows = rows_of(recorder, PROMPT)
-    full = PROMPT + reference
-    hf = hf_logits(tiny_model_dir, full)
-    for pos, row in reference_rows.items():
-        assert torch.allclose(row, hf[pos - 1], atol=1e-4), pos
+    if not numerics:  # fp32: the logits are transformers' too
+        hf = hf_logits(tiny_model_dir, PROMPT + reference)
+        for pos, row in reference_rows.items():
+            assert torch.allclose(row, hf[pos - 1], atol=1e-4), pos
 
     # Batched with four others, prefills chunked by 16 tokens: decode rows share steps with
     # prefill chunks and a varying number of other decodes.
-    engine, recorder = recorded_engine(tiny_model_dir, max_num_batched_tokens=16)
+    engine, recorder = recorded_engine(tiny_model_dir, max_num_batched_tokens=16, **numerics)
     for j, other in enumerate(OTHERS):
         engine.add_request(f"other{j}", other, SEEDED)
     engine.add_request("r", PROMPT, SEEDED)
@@ -142,7 +161,7 @@ def test_logits_and_seeded_tokens_do_not_depend_on_batch_chunking_or_resume(tiny
     # Resumed on a fresh engine after k delivered tokens, as after a migration: the prefill
     # recomputes the delivered tokens in one pass of len(PROMPT) + k rows.
     for k in range(1, len(reference)):
-        engine, recorder = recorded_engine(tiny_model_dir)
+        engine, recorder = recorded_engine(tiny_model_dir, **numerics)
         engine.add_request("r", PROMPT, SEEDED, output_token_ids=reference[:k])
         assert reference[:k] + run_to_completion(engine)["r"] == reference, k
         for pos, row in rows_of(recorder, PROMPT).items():

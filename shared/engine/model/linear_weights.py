@@ -1,13 +1,17 @@
 """The matrix types a layer's weight may take besides a float tensor.
 
-`PackedLinear` runs the batch-invariant C++ kernel (see batch_invariant.py); `Int8Linear` and
-`Int4Linear` are weight-only quantized matrices (see quantization.py). Every one is called
+`PackedLinear` runs the batch-invariant C++ kernel (see batch_invariant.py): an FMA chain in
+fp32, or for bf16 weights on a CPU with AVX512-BF16 bf16 dot products (csrc/cpu/linear_bf16.cpp).
+`Int8DotLinear` is W8A8 through AVX512-VNNI (csrc/cpu/linear_int8.cpp: activations quantized
+per row, int32 sums), batch-invariant too; `Int8Linear` and `Int4Linear` are weight-only
+quantized matrices through torch's kernels (see quantization.py). Every one is called
 as `w(x)`: x [T, K] -> [T, N]. They live here, apart from the code that makes them, so the
 weight layout (model/weights.py) can name them without importing that code.
 
 Quantized kernels:
 - int8: symmetric per output channel, w ≈ q * scale, q in [-127, 127].
-  Matmul: `aten._weight_int8pack_mm(x bf16 [T, K], q int8 [N, K], scale bf16 [N])`.
+  With AVX512-VNNI: `Int8DotLinear`, x quantized per row (symmetric, 8 bits) in the kernel.
+  Without: `aten._weight_int8pack_mm(x bf16 [T, K], q int8 [N, K], scale bf16 [N])`.
 - int4: asymmetric per group of G input columns (32 or 64), w ≈ (q - 8) * scale + zero with
   q in [0, 15] (zero = min + 8 * scale, gpt-fast's convention).
   Matmul: `aten._weight_int4pack_mm_for_cpu(x bf16, packed, G, scales_and_zeros bf16)`
@@ -53,6 +57,43 @@ def _kernels() -> ModuleType:
 
 
 @dataclass(slots=True, frozen=True)
+class Int8DotLinear:
+    """W8A8: int8 weights per output channel, activations quantized per row by the kernel."""
+
+    packed: torch.Tensor  # [ceil(N / 64), ceil(K / 4), 256] int8
+    colsums: torch.Tensor  # [N] int32: sum over k of the int8 weights
+    scales: torch.Tensor  # [N] float32
+    in_features: int
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> Int8DotLinear:
+        """w: [N, K] float (any layout)."""
+        q, scales = _int8_per_channel(w)
+        packed, colsums = _kernels().pack_int8_quads(q)
+        return cls(packed, colsums, scales, w.shape[1])
+
+    @property
+    def out_features(self) -> int:
+        return self.scales.shape[0]
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] float32, unpacked
+        panels, quads, _ = self.packed.shape
+        q = self.packed.view(panels, quads, 64, 4).permute(0, 2, 1, 3).reshape(panels * 64, -1)
+        return q[: self.out_features, : self.in_features].float() * self.scales[:, None]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, K] -> [T, N] in x's dtype."""
+        return _kernels().linear_int8(x, self.packed, self.scales, self.colsums, self.out_features)
+
+
+def _int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (q [N, K] int8 in [-127, 127], scales [N] float32), w ≈ q * scale."""
+    w = w.float().contiguous()
+    scales = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # [N]
+    return torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8), scales
+
+
+@dataclass(slots=True, frozen=True)
 class Int8Linear:
     weight: torch.Tensor  # [N, K] int8, row-major
     scales: torch.Tensor  # [N] bf16
@@ -60,9 +101,7 @@ class Int8Linear:
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Int8Linear:
         """w: [N, K] float (any layout)."""
-        w = w.float().contiguous()
-        scales = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # [N]
-        q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        q, scales = _int8_per_channel(w)
         return cls(q, scales.to(_ACT))
 
     @property
@@ -128,5 +167,5 @@ class Int4Linear:
         return y.to(x.dtype)
 
 
-QuantizedLinear = Int8Linear | Int4Linear
+QuantizedLinear = Int8DotLinear | Int8Linear | Int4Linear
 LinearWeight = torch.Tensor | PackedLinear | QuantizedLinear  # what a layer's matrix may be

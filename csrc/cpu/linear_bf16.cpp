@@ -1,0 +1,128 @@
+// Batch-invariant bf16 linear with AVX512-BF16 dot products: y = x @ w.T (+ bias), x and w
+// bf16, fp32 sums, y rounded to bf16 once.
+//
+// Every output element is one chain over the k pairs in order:
+//   acc = 0; for j: acc = dpbf16(acc, (x[m, 2j], x[m, 2j + 1]), (w[n, 2j], w[n, 2j + 1]))
+// (vdpbf16ps: the two products are exact in fp32 and summed into acc, round to nearest even,
+// denormals flushed). The blocking is linear_tiles.h's, so the chain does not depend on M,
+// the tiling or the thread count: a row's result is bitwise the same in any batch.
+//
+// w is packed once at load into panels of 64 columns, [P, ceil(K / 2), 128]: per k pair, the
+// 64 columns' (w[n, 2j], w[n, 2j + 1]), so one 512-bit load feeds 16 columns' dot products.
+// A CPU without AVX512-BF16 never packs this layout (bf16_dot_product_kernel() is false):
+// its bf16 weights take linear.cpp's FMA chain.
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "linear_tiles.h"
+#include "ops.h"
+
+using linear_tiles::kLanes;
+using linear_tiles::kPanel;
+using linear_tiles::Step;
+
+bool bf16_dot_product_kernel() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef __AVX512BF16__
+
+namespace {
+
+struct Bf16Pairs {
+  using X = c10::BFloat16;
+  using W = c10::BFloat16;
+  using Acc = float;
+  static constexpr int64_t kPack = 2;
+
+  template <int MR, int NV>
+  static void tile(const X* x, const W* w, float* y, const Step& s, int64_t last) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << last) - 1u);
+    __m512 acc[MR][NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        const __mmask16 mask = v == NV - 1 ? tail : 0xFFFF;
+        acc[r][v] =
+            s.first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + r * s.ldy + v * kLanes);
+      }
+    }
+    for (int64_t k = 0; k < s.kc; ++k) {
+      const W* wk = w + k * kPanel * kPack;
+      __m512bh wv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        wv[v] = (__m512bh)_mm512_loadu_si512(wk + v * kLanes * kPack);  // padded panel
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        int32_t pair;  // (x[r, 2k], x[r, 2k + 1]) as one 32-bit lane
+        std::memcpy(&pair, x + r * s.ldx + k * kPack, sizeof(pair));
+        const __m512bh xr = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xr, wv[v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        _mm512_mask_storeu_ps(y + r * s.ldy + v * kLanes, v == NV - 1 ? tail : 0xFFFF, acc[r][v]);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+#endif
+
+torch::Tensor pack_bf16_pairs(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kBFloat16, "w: [N, K] bfloat16");
+  TORCH_CHECK(bf16_dot_product_kernel(), "this build has no AVX512-BF16 kernel");
+  const int64_t N = w.size(0), K = w.size(1), pairs = (K + 1) / 2;
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  auto padded = torch::zeros({panels * kPanel, pairs * 2}, w.options());
+  padded.narrow(0, 0, N).narrow(1, 0, K).copy_(w);
+  // [P, 64, pairs, 2] -> [P, pairs, 64, 2]
+  return padded.view({panels, kPanel, pairs, 2})
+      .permute({0, 2, 1, 3})
+      .contiguous()
+      .view({panels, pairs, kPanel * 2});
+}
+
+torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
+                                c10::optional<torch::Tensor> bias) {
+  const int64_t M = x.size(0), K = x.size(1), N = out_features, pairs = packed.size(1);
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "x must be bfloat16 for bfloat16 weights");
+  TORCH_CHECK(packed.is_contiguous() && pairs == (K + 1) / 2 &&
+                  packed.size(0) == (N + kPanel - 1) / kPanel,
+              "packed must come from pack_linear_weight of an [", N, ", ", K, "] matrix");
+  if (K % 2 || x.stride(1) != 1 || x.stride(0) < K) {
+    x = torch::constant_pad_nd(x, {0, pairs * 2 - K}).contiguous();  // a zero k closes the pair
+  }
+  auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
+#ifdef __AVX512BF16__
+  if (M > 0 && N > 0 && K > 0) {
+    linear_tiles::run<Bf16Pairs>(x.data_ptr<c10::BFloat16>(), x.stride(0),
+                                 packed.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), M, N,
+                                 pairs);
+  } else {
+    y.zero_();
+  }
+#else
+  TORCH_CHECK(false, "this build has no AVX512-BF16 kernel");
+#endif
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N, "bias: [N]");
+    y.add_(bias->to(torch::kFloat));  // one rounding per element, after the whole chain
+  }
+  return y.to(torch::kBFloat16);
+}

@@ -1,0 +1,88 @@
+// The blocking shared by the batch-invariant linear kernels (linear.cpp, linear_bf16.cpp,
+// linear_int8.cpp): y[M, N] = x[M, K] @ w.T with w packed once into panels of 64 columns.
+//
+// A kernel consumes k in steps of kPack elements (1: fp32 FMAs, 2: bf16 pair dot products,
+// 4: int8 quad dot products); a panel holds, per k step, 64 columns x kPack values, so the
+// packed weight is [P, steps, 64 * kPack] with steps = ceil(K / kPack). A tile is up to 6 rows
+// x 4 vectors of 16 columns with its accumulators in registers; steps run in blocks whose
+// slice of the panel stays in L1 while every row tile passes over it, the partial sums
+// waiting in y (fp32 or int32, exact) between blocks.
+//
+// Every y[m, n] is one chain of dot-product steps over k in order, whatever M, the row or
+// column blocking, vector tails or the thread count (threads split the columns): row m of
+// the result is bitwise the same whatever other rows share the call.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace linear_tiles {
+
+constexpr int64_t kLanes = 16;  // columns per vector
+constexpr int64_t kPanel = 64;  // columns per panel
+constexpr int64_t kPanelVectors = kPanel / kLanes;
+constexpr int kMaxRows = 6;                     // rows per tile: 6 x 4 accumulators
+constexpr int64_t kBlockBytes = 24 * 1024;      // one k block of a panel: fits L1
+constexpr int64_t kRowBlockBytes = 512 * 1024;  // x rows kept in L2 across the panels
+
+struct Step {
+  int64_t kc, ldx, ldy;  // k steps of this block; row strides of x and y (in elements)
+  bool first;            // the block starts at k = 0: accumulators start from zero
+};
+
+// Kernel: X, W, Acc types; kPack; tile<MR, NV>(x, w, y, step, last) computing one k block of
+// MR rows against NV vectors of a panel (the last vector holding `last` columns).
+template <typename K>
+using TileFn = void (*)(const typename K::X*, const typename K::W*, typename K::Acc*,
+                        const Step&, int64_t);
+
+template <typename K, int MR>
+constexpr TileFn<K> kRowTiles[kPanelVectors] = {&K::template tile<MR, 1>, &K::template tile<MR, 2>,
+                                                &K::template tile<MR, 3>,
+                                                &K::template tile<MR, 4>};
+
+template <typename K>
+constexpr const TileFn<K>* kTiles[kMaxRows] = {kRowTiles<K, 1>, kRowTiles<K, 2>, kRowTiles<K, 3>,
+                                               kRowTiles<K, 4>, kRowTiles<K, 5>, kRowTiles<K, 6>};
+
+// y [M, N] (row stride N) over x [M, steps * kPack] (row stride ldx) and w packed
+// [ceil(N / 64), steps, 64 * kPack].
+template <typename K>
+void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K::Acc* y,
+         int64_t M, int64_t N, int64_t steps) {
+  constexpr int64_t pack = K::kPack;
+  constexpr int64_t step_bytes = kPanel * pack * sizeof(typename K::W);
+  constexpr int64_t block = std::max<int64_t>(1, kBlockBytes / step_bytes);
+  const int64_t vectors = (N + kLanes - 1) / kLanes;
+  const int64_t row_bytes = steps * pack * static_cast<int64_t>(sizeof(typename K::X));
+  const int64_t row_block =
+      std::max<int64_t>(kMaxRows, kRowBlockBytes / row_bytes / kMaxRows * kMaxRows);
+  // Enough multiply-adds per task (~256K) that a thread is worth waking.
+  const int64_t grain =
+      std::max<int64_t>(1, (1 << 18) / (std::min(M, row_block) * steps * pack * kLanes));
+  at::parallel_for(0, vectors, grain, [&](int64_t v0, int64_t v1) {
+    for (int64_t m0 = 0; m0 < M; m0 += row_block) {
+      const int64_t m1 = std::min(M, m0 + row_block);
+      for (int64_t v = v0; v < v1;) {
+        const int64_t nv = std::min(v1, (v / kPanelVectors + 1) * kPanelVectors) - v;
+        const int64_t n0 = v * kLanes;
+        const int64_t last = std::min(N - n0 - (nv - 1) * kLanes, kLanes);
+        const typename K::W* panel =
+            w + ((v / kPanelVectors) * steps * kPanel + (v % kPanelVectors) * kLanes) * pack;
+        for (int64_t k0 = 0; k0 < steps; k0 += block) {
+          const Step s{std::min(block, steps - k0), ldx, N, k0 == 0};
+          for (int64_t m = m0; m < m1; m += kMaxRows) {
+            const int64_t mr = std::min<int64_t>(kMaxRows, m1 - m);
+            kTiles<K>[mr - 1][nv - 1](x + m * ldx + k0 * pack, panel + k0 * kPanel * pack,
+                                      y + m * N + n0, s, last);
+          }
+        }
+        v += nv;
+      }
+    }
+  });
+}
+
+}  // namespace linear_tiles

@@ -1,0 +1,111 @@
+"""Cores shared by the workers of one machine: a worker steps on its own core and borrows the
+cores of workers that are idle.
+
+`splitserve up` puts a prefill and a decode worker on one machine. With one thread each, the
+decode worker leaves a core idle whenever prefill has nothing to do; with all cores each,
+they fight over the cores whenever both are busy (OpenMP threads that wait on a preempted
+peer lose far more than they gain). The lease gives each step the cores nobody else is
+stepping on:
+
+- Each worker claims a home core at start (a `claim-N` lock held for its lifetime; when
+  every core is claimed, workers share homes, and so take turns).
+- A worker with work raises its home's `active-N` flag (a shared lock) until it has none
+  again (`idle()`); a borrower leaves the cores of active workers alone.
+- A step holds its home core's `core-N` lock, and borrows `core-M` of every other core whose
+  owner is not active; it runs with one torch thread per core held, and lets every lock go
+  after the step. An owner that wakes up raises its flag first, then waits for its core:
+  a borrower finishes its current step and borrows that core no more.
+
+Locks are `flock`s on files in a per-user directory, so they vanish with the process that
+held them: a worker killed mid-step never strands a core.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+
+
+def default_dir() -> Path:
+    """Where the lock files of this machine's workers live (shared memory when there is)."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return base / f"splitserve-cores-{os.getuid()}"
+
+
+def machine_cores() -> int:
+    """Cores this process may run on (its affinity mask, as a container sets it)."""
+    return len(os.sched_getaffinity(0))
+
+
+class CoreLease:
+    def __init__(self, cores: int | None = None, directory: Path | None = None) -> None:
+        self.cores = cores or machine_cores()
+        self.directory = directory or default_dir()
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._files = [self._open(f"core-{i}") for i in range(self.cores)]
+        self._actives = [self._open(f"active-{i}") for i in range(self.cores)]
+        self._claim, self.home = self._claim_home()
+        self._held: list[int] = []
+        self._active = False
+
+    def acquire(self) -> int:
+        """Raise the active flag, take the home core (waiting for a borrower's step at most)
+        and borrow the idle workers' cores; returns how many cores this step holds (>= 1)."""
+        if not self._active:
+            fcntl.flock(self._actives[self.home], fcntl.LOCK_SH)
+            self._active = True
+        fcntl.flock(self._files[self.home], fcntl.LOCK_EX)
+        self._held = [self.home]
+        for core in range(self.cores):
+            if core != self.home and self._idle(core) and _try_lock(self._files[core]):
+                self._held.append(core)
+        return len(self._held)
+
+    def release(self) -> None:
+        """After a step: every core goes back (the active flag stays up)."""
+        for core in self._held:
+            fcntl.flock(self._files[core], fcntl.LOCK_UN)
+        self._held = []
+
+    def idle(self) -> None:
+        """No work until further notice: others may borrow the home core."""
+        if self._active:
+            fcntl.flock(self._actives[self.home], fcntl.LOCK_UN)
+            self._active = False
+
+    def close(self) -> None:
+        self.release()
+        for f in (*self._files, *self._actives, self._claim):
+            os.close(f)
+
+    def _claim_home(self) -> tuple[int, int]:
+        """(the claim file held for life, the home core): the first unclaimed core, else one
+        shared by pid."""
+        for core in range(self.cores):
+            claim = self._open(f"claim-{core}")
+            if _try_lock(claim):
+                return claim, core
+            os.close(claim)
+        core = os.getpid() % self.cores
+        return self._open(f"claim-{core}"), core
+
+    def _idle(self, core: int) -> bool:
+        """Whether no worker whose home is `core` has work (none holds its active flag)."""
+        flag = self._actives[core]
+        if not _try_lock(flag):
+            return False
+        fcntl.flock(flag, fcntl.LOCK_UN)
+        return True
+
+    def _open(self, name: str) -> int:
+        return os.open(self.directory / name, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

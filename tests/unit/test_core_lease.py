@@ -1,0 +1,98 @@
+"""The core lease of co-located workers: homes, borrowing idle workers' cores, giving them
+back to an owner that wakes, sharing homes when workers outnumber cores, and locks that die
+with their process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from services.worker.core_lease import CoreLease
+
+
+def _waiting_acquire(lease: CoreLease) -> tuple[threading.Thread, list[int]]:
+    got: list[int] = []
+    thread = threading.Thread(target=lambda: got.append(lease.acquire()), daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    return thread, got
+
+
+def test_each_worker_claims_its_own_home_core(tmp_path):
+    a, b = CoreLease(2, tmp_path / "locks"), CoreLease(2, tmp_path / "locks")
+    assert {a.home, b.home} == {0, 1}
+    assert (tmp_path / "locks").stat().st_mode & 0o777 == 0o700
+    a.close(), b.close()
+
+
+def test_a_step_borrows_the_cores_of_idle_workers_only(tmp_path):
+    a, b = CoreLease(2, tmp_path), CoreLease(2, tmp_path)
+    assert a.acquire() == 2  # b has no work: its core too
+    a.release(), a.idle()
+    assert b.acquire() == 2
+    b.release()  # b still has work (its flag stays up) between its steps
+    assert a.acquire() == 1  # so a keeps to its own core
+    a.release()
+    b.idle()
+    assert a.acquire() == 2
+    a.release()
+    a.close(), b.close()
+
+
+def test_an_owner_that_wakes_gets_its_core_after_the_borrowers_step(tmp_path):
+    a, b = CoreLease(2, tmp_path), CoreLease(2, tmp_path)
+    assert a.acquire() == 2
+    waiter, got = _waiting_acquire(b)
+    assert not got, "b waits while a's step runs on b's core"
+    a.release()
+    waiter.join(timeout=5)
+    assert got == [1]  # a is active: b does not borrow its core either
+    assert a.acquire() == 1  # and a borrows b's no more
+    a.release(), b.release()
+    a.close(), b.close()
+
+
+def test_workers_beyond_the_cores_share_homes_and_take_turns(tmp_path):
+    leases = [CoreLease(2, tmp_path) for _ in range(3)]
+    homes = [lease.home for lease in leases]
+    assert sorted(homes[:2]) == [0, 1] and homes[2] in (0, 1)
+    sharer = next(lease for lease in leases[:2] if lease.home == homes[2])
+    assert sharer.acquire() == 2
+    waiter, got = _waiting_acquire(leases[2])
+    assert not got, "a shared home is one step at a time"
+    sharer.release()
+    waiter.join(timeout=5)
+    assert got == [2]  # the home is shared; the other worker is idle, so its core is free
+    leases[2].release()
+    for lease in leases:
+        lease.close()
+
+
+def test_a_killed_worker_strands_no_core(tmp_path):
+    script = (
+        "import sys, time; from pathlib import Path;"
+        "from services.worker.core_lease import CoreLease;"
+        "lease = CoreLease(2, Path(sys.argv[1])); print(lease.acquire(), flush=True);"
+        "time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "2"
+        mine = CoreLease(2, tmp_path)
+        waiter, got = _waiting_acquire(mine)
+        assert not got  # the holder steps on both cores
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=10)
+        waiter.join(timeout=5)
+        mine.release()
+        assert mine.acquire() == 2  # the dead worker's flag and core are gone
+        mine.release()
+        mine.close()
+    finally:
+        holder.kill()
