@@ -27,12 +27,14 @@ ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 @dataclass(slots=True, frozen=True)
 class EngineConfig:
     model_dir: Path = flag(help="HF-layout model directory")
-    # Weights and KV cache. float32 is exact but slow on a GPU: there, pass bfloat16.
-    # auto: the checkpoint's own dtype on a GPU, float32 on a CPU (model_config.auto_dtype)
+    # Weights and KV cache. auto: the checkpoint's own dtype on a GPU; on a CPU bfloat16
+    # where the kernels have bf16 dot products, else float32 (model_config.auto_dtype).
+    # Workers default to auto; the library keeps float32, exact against transformers.
     dtype: str = flag(
         "float32",
         choices=("auto", *DTYPE_NAMES),
-        help="weights and KV cache (on a GPU, bfloat16); auto: the checkpoint's on a GPU",
+        help="weights and KV cache; auto: the checkpoint's on a GPU, bf16 on a CPU with "
+        "AVX512-BF16, else float32",
     )
     # Where weights, KV cache and step tensors live: auto (cuda when torch sees a CUDA
     # device, else cpu) | cpu | cuda | cuda:N. On CUDA, attention auto resolves to triton.
