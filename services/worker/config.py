@@ -37,10 +37,17 @@ class WorkerConfig:
         "vLLM's NIXL connector; see docs/vllm.md)",
     )
     vllm_side_channel_host: str = flag(
-        "127.0.0.1", help="--engine vllm: where peers reach this worker's NIXL side channel"
+        "",
+        help="--engine vllm: where peers reach this worker's NIXL side channel "
+        "(default: this host's name resolved, a container's or pod's own address)",
     )
     vllm_side_channel_port: int = flag(
         0, help="--engine vllm: the port of this worker's NIXL side channel (0: a free one)"
+    )
+    vllm_compile: bool = flag(
+        True,
+        help="--engine vllm: torch.compile the model (minutes at the first start, cached in "
+        "~/.cache/vllm); --no-vllm-compile runs it eagerly and starts in seconds",
     )
     engine: EngineConfig  # the model and every engine setting
     nats_url: str = "nats://127.0.0.1:4222"

@@ -264,6 +264,7 @@ class VllmEngineClient:
             enable_prefix_caching=engine.enable_prefix_caching,
             kv_cache_memory_bytes=int(engine.kv_cache_gib * GIB),
             kv_transfer_config=connector,
+            enforce_eager=not self.config.vllm_compile,
             disable_log_stats=False,
             seed=0,
         )
@@ -273,7 +274,8 @@ class VllmEngineClient:
         if self.engine_config.num_threads is not None:
             os.environ["OMP_NUM_THREADS"] = str(self.engine_config.num_threads)
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        host, port = self.config.vllm_side_channel_host, self.config.vllm_side_channel_port
+        host = self.config.vllm_side_channel_host or socket.gethostbyname(socket.gethostname())
+        port = self.config.vllm_side_channel_port
         os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port or _free_port(host))
 
