@@ -252,6 +252,11 @@ class VllmEngineClient:
             kv_connector="NixlConnector",
             kv_role="kv_both",
             kv_buffer_device="cuda" if engine.device.startswith("cuda") else "cpu",
+            # Held blocks no decode engine READs (it died, the request was cancelled) are
+            # freed after this lease, which the reading engine extends while it READs.
+            kv_connector_extra_config={
+                "kv_lease_duration": max(1, round(self.config.transfer_timeout))
+            },
         )
         return AsyncEngineArgs(
             model=str(engine.model_dir),
