@@ -85,6 +85,14 @@ class Worker:
     async def start(self) -> None:
         """Load the model, connect, subscribe, start heartbeats."""
         config, wid = self.config, self.config.worker_id
+        if config.metrics_port is not None:  # first: a port given at launch stays this one's
+            self.metrics_port = serve_metrics(
+                self.telemetry.metrics.registry,
+                config.metrics_port,
+                # /ready: 503 while the model loads, and once SIGTERM starts the drain
+                ready=lambda: self.ctx is not None and not self.ctx.draining,
+            )
+            print(f"worker {wid} metrics on port {self.metrics_port}", flush=True)
         layout = await self.engine.start(self)
         transport = await asyncio.to_thread(
             self.transport_factory,
@@ -106,13 +114,6 @@ class Worker:
             asyncio.Queue(),
             transport,
         )
-        if config.metrics_port is not None:
-            self.metrics_port = serve_metrics(
-                self.telemetry.metrics.registry,
-                config.metrics_port,
-                ready=lambda: not ctx.draining,  # /ready: 503 once SIGTERM starts the drain
-            )
-            print(f"worker {wid} metrics on port {self.metrics_port}", flush=True)
         if config.prefills:
             self.prefill = prefill = PrefillSide(ctx)
             await _serve(bus, subjects.prefill(wid), PrefillTask, prefill.on_task, _refuse)
