@@ -206,16 +206,22 @@ class VllmEngineClient:
         self._held.pop(request_id, None)  # the decode engine READ them: vLLM frees them
 
     def stats(self) -> EngineStats:
+        """vLLM's latest counters. vLLM reports them after its steps only, so they are stale
+        once it has nothing to step (the last request aborted, say): with no request of
+        this worker in it, it runs nothing and its blocks count as free (those a lease
+        still pins for a peer's READ are freed within `transfer_timeout`)."""
         c = self.counters
+        idle = not self._tasks and not self._held
+        usage = 0.0 if idle else c.usage
         return EngineStats(
-            num_running=c.num_running,
-            num_waiting=c.num_waiting,
+            num_running=min(c.num_running, len(self._tasks)),
+            num_waiting=min(c.num_waiting, len(self._tasks)),
             num_held=len(self._held),
             num_reserved=len(self._reserved),
-            free_blocks=round(self._num_blocks * (1.0 - c.usage)),
+            free_blocks=round(self._num_blocks * (1.0 - usage)),
             total_blocks=self._num_blocks,
             block_size=self.block_size,
-            usage=c.usage,
+            usage=usage,
             prefix_queries=c.prompt_tokens,
             prefix_hits=c.prompt_tokens_not_computed,
             num_preemptions=c.num_preemptions,
