@@ -26,15 +26,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import torch
-from vllm.config import KVTransferConfig
-from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput as VllmOutput
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
@@ -42,6 +38,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from services.worker.config import WorkerConfig
 from services.worker.engine_client import EngineEvents, KVReservation
+from services.worker.vllm_engine_args import engine_args, set_environment
+from services.worker.vllm_outputs import flat_block_ids, request_output
 from services.worker.vllm_sampling import to_vllm
 from services.worker.vllm_stats import CounterLogger, VllmCounters
 from services.worker.vllm_transport import VllmNixlTransport
@@ -49,7 +47,6 @@ from shared.engine.block_hash import hash_full_blocks
 from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.kv_handoff import KVBlocks, check_offered
 from shared.engine.outputs import RequestOutput
-from shared.engine.sampler import TokenLogprobs
 from shared.engine.sequence import FinishReason
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.stats import EngineStats, KVCacheEvents
@@ -57,8 +54,6 @@ from shared.kvtransfer import KVLayout
 from shared.protocol import SubmitRequest
 
 log = logging.getLogger(__name__)
-GIB = 1 << 30
-FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 NOT_NIXL = "a vLLM worker moves KV only through vLLM's NIXL connector (transport vllm-nixl)"
 
 
@@ -88,9 +83,9 @@ class VllmEngineClient:
 
     async def start(self, events: EngineEvents) -> KVLayout:
         self._events = events
-        self._set_environment()
+        set_environment(self.config)
         self._llm = llm = AsyncLLM.from_engine_args(
-            self._engine_args(), stat_loggers=[CounterLogger.factory(self.counters)]
+            engine_args(self.config), stat_loggers=[CounterLogger.factory(self.counters)]
         )
         vllm_config = llm.vllm_config
         model = vllm_config.model_config
@@ -252,44 +247,6 @@ class VllmEngineClient:
             await asyncio.to_thread(llm.shutdown)
 
     # -- internals --------------------------------------------------------------------------
-    def _engine_args(self) -> AsyncEngineArgs:
-        engine = self.engine_config
-        connector = KVTransferConfig(
-            kv_connector="NixlConnector",
-            kv_role="kv_both",
-            kv_buffer_device="cuda" if engine.device.startswith("cuda") else "cpu",
-            # Held blocks no decode engine READs (it died, the request was cancelled) are
-            # freed after this lease, which the reading engine extends while it READs.
-            kv_connector_extra_config={
-                "kv_lease_duration": max(1, round(self.config.transfer_timeout))
-            },
-        )
-        return AsyncEngineArgs(
-            model=str(engine.model_dir),
-            served_model_name=[self.config.model_name],
-            dtype=engine.dtype,
-            max_model_len=engine.max_model_len,
-            block_size=engine.block_size,
-            max_num_seqs=engine.max_num_seqs,
-            max_num_batched_tokens=engine.max_num_batched_tokens,
-            enable_prefix_caching=engine.enable_prefix_caching,
-            kv_cache_memory_bytes=int(engine.kv_cache_gib * GIB),
-            kv_transfer_config=connector,
-            enforce_eager=not self.config.vllm_compile,
-            disable_log_stats=False,
-            seed=0,
-        )
-
-    def _set_environment(self) -> None:
-        """What vLLM reads from the environment, for the engine core process it starts."""
-        if self.engine_config.num_threads is not None:
-            os.environ["OMP_NUM_THREADS"] = str(self.engine_config.num_threads)
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        host = self.config.vllm_side_channel_host or socket.gethostbyname(socket.gethostname())
-        port = self.config.vllm_side_channel_port
-        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
-        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port or _free_port(host))
-
     def _sampling(
         self,
         request: SubmitRequest,
@@ -344,7 +301,7 @@ class VllmEngineClient:
                 if not started:
                     started = True
                     events.on_started([request_id], now)
-                output = self._output(request, out, sampling)
+                output = request_output(request, out, sampling.logprobs)
                 if drop_first is not None and output.new_token_ids:
                     self._drop_first(output, drop_first)
                     drop_first = None
@@ -356,23 +313,6 @@ class VllmEngineClient:
             raise
         except Exception as exc:
             events.on_request_failed(request_id, exc)
-
-    def _output(
-        self, request: SubmitRequest, out: VllmOutput, sampling: VllmSamplingParams
-    ) -> RequestOutput:
-        completion = out.outputs[0]
-        token_ids = list(completion.token_ids)
-        finish = FINISH_REASONS.get(completion.finish_reason or "") if out.finished else None
-        if out.finished and finish is None:
-            finish = FinishReason.ABORT
-        return RequestOutput(
-            request_id=request.request_id,
-            new_token_ids=token_ids,
-            new_logprobs=_logprobs(token_ids, completion.logprobs, sampling.logprobs),
-            finish_reason=finish,
-            num_prompt_tokens=len(request.prompt_token_ids),
-            num_cached_tokens=out.num_cached_tokens or 0,
-        )
 
     def _hold(self, request: SubmitRequest, out: VllmOutput, output: RequestOutput) -> None:
         """A prefill's one token is out: keep its blocks for the decode engine unless the
@@ -388,7 +328,7 @@ class VllmEngineClient:
         hashes: list[int | None] = list(
             hash_full_blocks(tokens, self.block_size, self.engine_config.model_id)
         )
-        block_ids = _flat_block_ids(params["remote_block_ids"])
+        block_ids = flat_block_ids(params["remote_block_ids"])
         hashes += [None] * (len(block_ids) - len(hashes))
         self._held[request.request_id] = _Blocks(request, block_ids, hashes, dict(params))
         output.finish_reason = None
@@ -410,31 +350,3 @@ class VllmEngineClient:
     def _fail(self, request_id: str, error: BaseException) -> None:
         if self._events is not None:
             asyncio.get_running_loop().call_soon(self._events.on_request_failed, request_id, error)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def _flat_block_ids(remote_block_ids: object) -> list[int]:
-    """vLLM's block ids: one list per KV cache group (one group for these models)."""
-    assert isinstance(remote_block_ids, list | tuple)
-    if remote_block_ids and isinstance(remote_block_ids[0], list | tuple):
-        if len(remote_block_ids) != 1:
-            raise RuntimeError(f"{len(remote_block_ids)} KV cache groups: one is supported")
-        return [int(b) for b in remote_block_ids[0]]
-    return [int(b) for b in remote_block_ids]
-
-
-def _logprobs(token_ids: list[int], logprobs: object, k: int | None) -> list[TokenLogprobs]:
-    """vLLM's per-token {token id: Logprob} maps as ours: the chosen token's and the top k."""
-    if k is None or not logprobs:
-        return []
-    result = []
-    for token_id, candidates in zip(token_ids, logprobs, strict=True):
-        ranked = sorted(candidates.items(), key=lambda item: item[1].rank or 0)
-        top = [(tid, lp.logprob) for tid, lp in ranked if lp.rank is not None and lp.rank <= k]
-        result.append(TokenLogprobs(token_id, candidates[token_id].logprob, top[:k]))
-    return result

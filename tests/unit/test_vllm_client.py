@@ -13,7 +13,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make install ENG
 from vllm.logprobs import Logprob
 
 from services.worker.config import WorkerConfig
-from services.worker.vllm_client import VllmEngineClient, _logprobs
+from services.worker.vllm_client import VllmEngineClient
+from services.worker.vllm_outputs import logprobs, request_output
 from services.worker.vllm_sampling import to_vllm
 from shared.engine.engine_config import EngineConfig
 from shared.engine.errors import UnknownRequest
@@ -47,7 +48,7 @@ def vllm_output(token: int, finish: str, params: dict | None = None) -> SimpleNa
 
 def run_prefill(engine: VllmEngineClient, req: SubmitRequest, token: int, finish: str):
     out = vllm_output(token, finish, PARAMS)
-    output = engine._output(req, out, to_vllm("r", req.sampling, 0, max_tokens=1))
+    output = request_output(req, out, to_vllm("r", req.sampling, 0, max_tokens=1).logprobs)
     engine._hold(req, out, output)
     return output
 
@@ -93,6 +94,6 @@ def test_logprobs_are_the_chosen_tokens_and_the_top_k_best_first():
         1: Logprob(-0.5, rank=1),
         2: Logprob(-1.0, rank=2),
     }
-    (lp,) = _logprobs([3], [candidates], 2)
+    (lp,) = logprobs([3], [candidates], 2)
     assert (lp.token_id, lp.logprob, lp.top) == (3, -2.0, [(1, -0.5), (2, -1.0)])
-    assert _logprobs([3], [candidates], None) == []
+    assert logprobs([3], [candidates], None) == []
