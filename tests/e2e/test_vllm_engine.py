@@ -50,8 +50,9 @@ PROMPTS = [
 MAX_TOKENS = 24
 BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32
 # Small, single-threaded and eager (no minutes of torch.compile): the CI box has 2 cores for
-# every engine of the mesh.
-ENGINE_FLAGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--kv-cache-gib", "0.25"]
+# every engine of the mesh. float32: a decode engine recomputes the last prompt token on
+# its own (vLLM's P/D), and in bfloat16 that rounding alone flips greedy near-ties.
+ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "2048", "--kv-cache-gib", "0.25"]
 VLLM_FLAGS = [
     *("--engine", "vllm", "--no-vllm-compile", "--block-size", str(BLOCK_SIZE)),
     *ENGINE_FLAGS,
@@ -64,7 +65,7 @@ import json, sys
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 prompts, max_tokens, model = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-llm = LLM(model=model, dtype="bfloat16", max_model_len=2048, block_size=32,
+llm = LLM(model=model, dtype="float32", max_model_len=2048, block_size=32,
           kv_cache_memory_bytes=1 << 28, seed=0, enforce_eager=True,
           max_num_batched_tokens=256, max_num_seqs=64)
 params = SamplingParams(temperature=0, max_tokens=max_tokens, detokenize=False)
