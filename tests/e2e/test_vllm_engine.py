@@ -156,7 +156,8 @@ def test_disaggregated_over_nixl_moves_kv_without_recompute(disaggregated, expec
     assert sum(b.kv_blocks_sent for b in prefill) >= blocks  # more if one was migrated
     # vLLM's decode engines computed no prompt token (its stats count the last one, which
     # it recomputes, as transferred too): every one came over NIXL.
-    assert sum(b.prefix_queries for b in decode) == sum(len(p) for p in prompts)
+    # (more than the prompts when one was migrated: it comes back with its delivered tokens)
+    assert sum(b.prefix_queries for b in decode) >= sum(len(p) for p in prompts)
     assert sum(b.prefix_queries - b.prefix_hits for b in decode) == 0, decode
     assert sum(b.kv_blocks_received for b in decode) == sum(b.kv_blocks_sent for b in prefill)
 
