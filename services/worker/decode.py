@@ -137,7 +137,7 @@ class DecodeSide:
         ctx.kv_blocks_received += len(local_blocks)
         entry.deadline = loop_deadline(entry.request.deadline)
         ctx.table.move(entry, S.RUNNING, time.time())
-        ctx.engine.start_decode(request_id, ready.first_token_id)
+        ctx.engine.start_decode(request_id, ready.first_token_id, ready.engine_params)
 
     def _check_ready(self, entry: WorkerRequest, ready: KVReady) -> list[int]:
         """The reserved block ids the offered blocks go to, after every check (InvalidRequest

@@ -90,14 +90,20 @@ class EngineClient(Protocol):
     def kv_cache_layers(self) -> list[torch.Tensor]:
         """The paged KV cache a transport registers: one tensor per layer, never moved."""
 
-    def start_decode(self, request_id: str, first_token_id: int) -> None:
-        """Every block is in: append the first token, join the running batch."""
+    def start_decode(
+        self, request_id: str, first_token_id: int, engine_params: bytes = b""
+    ) -> None:
+        """Every block is in: append the first token, join the running batch. `engine_params`:
+        the prefill engine's `hand_off_params` (vLLM's engine READs the blocks with them)."""
 
     async def export_kv(self, request_id: str, first_block: int) -> KVBlocks:
         """A held request's blocks from `first_block` on, every layer, in one copy."""
 
     def held_blocks(self, request_id: str) -> tuple[list[int], list[int | None]]:
         """A held request's blocks: (ids, hash per block; None for a partly filled one)."""
+
+    def hand_off_params(self, request_id: str) -> bytes:
+        """What the decode engine needs besides the held request's blocks (b"": nothing)."""
 
     def release(self, request_id: str) -> None:
         """The held request's KV is shipped: free its blocks."""

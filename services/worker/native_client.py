@@ -151,7 +151,9 @@ class NativeEngineClient:
         assert engine is not None, "start() first"
         return engine.kv_cache_layers()
 
-    def start_decode(self, request_id: str, first_token_id: int) -> None:
+    def start_decode(
+        self, request_id: str, first_token_id: int, engine_params: bytes = b""
+    ) -> None:
         def start(engine: LLMEngine) -> None:
             output = engine.start_decode(request_id, first_token_id)
             if output.finish_reason is not None:  # the first token ended it: say so
@@ -177,6 +179,9 @@ class NativeEngineClient:
             block_hashes=pinned.block_hashes[first_block:],
             data=data,
         )
+
+    def hand_off_params(self, request_id: str) -> bytes:
+        return b""  # the blocks are all a native decode engine needs
 
     def release(self, request_id: str) -> None:
         def release(engine: LLMEngine) -> None:

@@ -197,6 +197,7 @@ class PrefillSide:
             block_hashes=block_hashes[first:],
             first_token_id=first_token,
             read_by=time.time() + read_for,
+            engine_params=ctx.engine.hand_off_params(entry.request_id),
         )
         with transport.serving():
             await sender.finish(ready)

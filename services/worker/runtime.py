@@ -22,7 +22,7 @@ from services.worker.config import WorkerConfig
 from services.worker.context import WorkerContext
 from services.worker.decode import DecodeSide
 from services.worker.engine_client import EngineClient
-from services.worker.native_client import NativeEngineClient
+from services.worker.engines import make_engine
 from services.worker.prefill import PrefillSide
 from services.worker.requests import RequestState, RequestTable, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
@@ -60,13 +60,18 @@ class Worker:
         self,
         config: WorkerConfig,
         engine: EngineClient | None = None,
-        transport_factory: TransportFactory = make_transport,
+        transport_factory: TransportFactory | None = None,
     ) -> None:
         """`transport_factory(name, cache layers, layout, wanted)` makes the one-sided KV
-        transport (None: nats only); tests pass one of fake transports."""
+        transport (None: nats only); tests pass one of fake transports. Both default to
+        those of the engine `config.engine_kind` names (engines.py)."""
         self.config = config
-        self.engine = engine or NativeEngineClient(config.engine_config())
-        self.transport_factory = transport_factory
+        if engine is None:
+            engine, default_factory = make_engine(config)
+        else:
+            default_factory = make_transport
+        self.engine = engine
+        self.transport_factory = transport_factory or default_factory
         self.telemetry = WorkerTelemetry(config)
         self.table = RequestTable(self.telemetry)
         self.failed = asyncio.Event()  # the engine died: the process should exit non-zero
@@ -80,6 +85,14 @@ class Worker:
     async def start(self) -> None:
         """Load the model, connect, subscribe, start heartbeats."""
         config, wid = self.config, self.config.worker_id
+        if config.metrics_port is not None:  # first: a port given at launch stays this one's
+            self.metrics_port = serve_metrics(
+                self.telemetry.metrics.registry,
+                config.metrics_port,
+                # /ready: 503 while the model loads, and once SIGTERM starts the drain
+                ready=lambda: self.ctx is not None and not self.ctx.draining,
+            )
+            print(f"worker {wid} metrics on port {self.metrics_port}", flush=True)
         layout = await self.engine.start(self)
         transport = await asyncio.to_thread(
             self.transport_factory,
@@ -102,13 +115,6 @@ class Worker:
             asyncio.Queue(),
             transport,
         )
-        if config.metrics_port is not None:
-            self.metrics_port = serve_metrics(
-                self.telemetry.metrics.registry,
-                config.metrics_port,
-                ready=lambda: not ctx.draining,  # /ready: 503 once SIGTERM starts the drain
-            )
-            print(f"worker {wid} metrics on port {self.metrics_port}", flush=True)
         if config.prefills:
             self.prefill = prefill = PrefillSide(ctx)
             await _serve(bus, subjects.prefill(wid), PrefillTask, prefill.on_task, _refuse)
@@ -265,6 +271,7 @@ class Worker:
             worker_id=config.worker_id,
             role=config.role,
             model=config.model_name,
+            engine=config.engine_kind,
             num_running=stats.num_running,
             num_waiting=stats.num_waiting,
             free_blocks=stats.free_blocks,

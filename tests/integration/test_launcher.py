@@ -203,3 +203,34 @@ def test_up_sets_the_gateway_address_itself():
     children = up_children(["--host", "0.0.0.0", "--port", "9000"])
     gateway = children["gateway"]
     assert (gateway.host, gateway.port, gateway.model_dir) == ("0.0.0.0", 9000, Path("/m"))
+
+
+# A child that leaves a process of its own running when it dies (as a SIGKILLed vLLM
+# worker leaves its engine core): the grandchild's pid goes to a file.
+ORPHANING = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(0.2)
+sys.exit(9)
+"""
+
+
+def test_a_dead_childs_leftover_processes_are_killed_before_its_restart(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    spec = ChildSpec("worker w", "worker", (sys.executable, "-c", ORPHANING, str(pid_file)))
+    supervisor = launcher.Supervisor([spec], restart_backoff=60, max_restarts_per_minute=5, grace=1)
+    supervisor.start_all()
+    child = supervisor.children[0]
+    wait_for(lambda: child.process.poll() is not None and pid_file.exists())
+    grandchild = int(pid_file.read_text())
+    assert Path(f"/proc/{grandchild}").exists()
+    supervisor.poll()  # notices the death, schedules the restart
+    wait_for(lambda: not Path(f"/proc/{grandchild}").exists() or _zombie(grandchild))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True

@@ -79,3 +79,16 @@ def test_a_heartbeat_says_when_a_worker_may_have_new_room():
     draining = Heartbeat("w1", "decode", "m", 0, 0, 50, 200, 16, draining=True)
     assert not registry.on_heartbeat(draining, now=5.0)  # takes nothing new, however empty
     assert registry.on_heartbeat(beat(free=50), now=6.0)  # back from draining
+
+
+def test_a_worker_of_another_engine_for_the_same_model_is_refused():
+    registry = Registry()
+    native = beat("n1")
+    vllm = Heartbeat("v1", "decode", "m", 0, 0, 100, 200, 16, engine="vllm")
+    other_model = Heartbeat("v2", "decode", "other", 0, 0, 100, 200, 16, engine="vllm")
+    assert registry.on_heartbeat(native, now=0.0)
+    assert not registry.on_heartbeat(vllm, now=0.0)
+    assert not registry.on_heartbeat(vllm, now=1.0)  # every beat: still refused
+    assert registry.on_heartbeat(other_model, now=0.0)
+    assert "v1" not in registry and "n1" in registry and "v2" in registry
+    assert registry.refused == {"v1": "engine vllm: m runs on {'native'}"}

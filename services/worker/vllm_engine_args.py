@@ -1,0 +1,61 @@
+"""A vLLM worker's settings as vLLM's engine arguments and environment.
+
+Every vLLM worker runs vLLM's NixlConnector (`kv_both`: it may send and receive KV), with
+its KV buffer where the model runs, and vLLM's own stats on (heartbeats read them).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from vllm.config import KVTransferConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+
+from services.worker.config import WorkerConfig
+
+GIB = 1 << 30
+
+
+def engine_args(config: WorkerConfig) -> AsyncEngineArgs:
+    engine = config.engine_config()
+    connector = KVTransferConfig(
+        kv_connector="NixlConnector",
+        kv_role="kv_both",
+        kv_buffer_device="cuda" if engine.device.startswith("cuda") else "cpu",
+        # Held blocks no decode engine READs (it died, the request was cancelled) are freed
+        # after this lease, which the reading engine extends while it READs.
+        kv_connector_extra_config={"kv_lease_duration": max(1, round(config.transfer_timeout))},
+    )
+    return AsyncEngineArgs(
+        model=str(engine.model_dir),
+        served_model_name=[config.model_name],
+        dtype=engine.dtype,
+        max_model_len=engine.max_model_len,
+        block_size=engine.block_size,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        kv_cache_memory_bytes=int(engine.kv_cache_gib * GIB),
+        kv_transfer_config=connector,
+        enforce_eager=not config.vllm_compile,
+        disable_log_stats=False,
+        seed=0,
+    )
+
+
+def set_environment(config: WorkerConfig) -> None:
+    """What vLLM reads from the environment, for the engine core process it starts."""
+    if config.engine.num_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(config.engine.num_threads)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    host = config.vllm_side_channel_host or socket.gethostbyname(socket.gethostname())
+    os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
+    port = config.vllm_side_channel_port or _free_port(host)
+    os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
