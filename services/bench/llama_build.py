@@ -1,0 +1,106 @@
+"""llama.cpp's `llama-server`, built from the source inside the `llama-cpp-python` sdist.
+
+PyPI is the one registry our machines reach, and the sdist of `llama-cpp-python` vendors
+llama.cpp's whole tree, server included. It is downloaded, unpacked and built (CMake,
+native CPU flags, no web UI, no network features) under the peers' venv, with a deadline
+over all steps. The outcome is cached with a digest of what was built: a binary is reused,
+and a failure is reported again without retrying until that directory is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaServerBuild:
+    binary: Path | None  # None: not built, `reason` says why
+    reason: str = ""
+
+
+def build_digest() -> str:
+    return hashlib.sha256("\n".join([LLAMA_CPP_PYTHON, *CMAKE_FLAGS]).encode()).hexdigest()
+
+
+def ensure_llama_server(root: Path, timeout_s: float) -> LlamaServerBuild:
+    """The cached build under `root`, or a new one within `timeout_s` seconds."""
+    binary, stamp, failed = root / "build/bin/llama-server", root / ".stamp", root / ".failed"
+    digest = build_digest()
+    if binary.exists() and _reads(stamp) == digest:
+        return LlamaServerBuild(binary)
+    if _reads(failed).startswith(digest):
+        reason = _reads(failed).partition("\n")[2]
+        return LlamaServerBuild(None, f"{reason} (an earlier try; remove {root} to try again)")
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        return LlamaServerBuild(None, f"{' and '.join(missing)} not found")
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    print(f"building llama-server from the {LLAMA_CPP_PYTHON} sdist (at most {timeout_s:.0f} s)")
+    try:
+        _build(root, time.monotonic() + timeout_s)
+    except BuildFailed as exc:
+        failed.write_text(f"{digest}\n{exc}")
+        return LlamaServerBuild(None, str(exc))
+    stamp.write_text(digest)
+    return LlamaServerBuild(binary)
+
+
+class BuildFailed(RuntimeError):
+    pass
+
+
+def _build(root: Path, deadline: float) -> None:
+    log = root / "build.log"
+    download = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        LLAMA_CPP_PYTHON, "-d", str(root / "sdist"),
+    ]  # fmt: skip
+    _run("download the sdist", download, log, deadline)
+    (archive,) = (root / "sdist").glob("*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(root / "src", filter="data")
+    (source,) = (root / "src").glob("*/vendor/llama.cpp")
+    configure = ["cmake", "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS]
+    _run("configure", configure, log, deadline)
+    jobs = str(len(os.sched_getaffinity(0)))
+    build = ["cmake", "--build", str(root / "build"), "--target", "llama-server", "-j", jobs]
+    _run("compile", build, log, deadline)
+
+
+def _run(what: str, command: list[str], log: Path, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise BuildFailed(f"out of time before the step '{what}'")
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(command)}\n")
+        out.flush()
+        try:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=left)
+        except subprocess.TimeoutExpired as exc:
+            raise BuildFailed(f"'{what}' ran past the deadline; see {log}") from exc
+    if done.returncode != 0:
+        raise BuildFailed(f"'{what}' failed (exit {done.returncode}); see {log}")
+
+
+def _reads(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
