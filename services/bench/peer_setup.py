@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from services.bench.peer_figures import OURS
 from services.bench.peer_servers import (
     PeerProcess,
     cpu_ranges,
@@ -55,7 +56,7 @@ class Peers:
         from shared.nats_server import free_port
 
         log = self.cfg.out / f"{turn.server}-r{turn.round}.log"
-        if turn.server == "splitserve":
+        if turn.server == OURS:
             return MeshProcess(model_dir, list(self.cfg.up_args), log)
         port = free_port()
         if turn.server == "vllm":

@@ -18,7 +18,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from services.bench.peer_figures import (
     OURS,
@@ -32,6 +32,9 @@ from services.bench.peer_figures import (
     ratios,
 )
 from services.bench.peer_offline import OfflineConfig
+
+if TYPE_CHECKING:
+    from loadtest.request import BenchRequest
 
 SERVER_START_TIMEOUT_S = 600.0  # vLLM's first start compiles its kernels (~2.5 min here)
 
@@ -72,8 +75,9 @@ class Server(Protocol):
     def stop(self) -> None: ...
 
 
-def word_requests(num: int, words: int, output_len: int, seed: int) -> list:
-    """`num` prompts of `words` random words each (the chat scenarios' word list)."""
+def word_requests(num: int, words: int, output_len: int, seed: int) -> list[BenchRequest]:
+    """`num` prompts of `words` random words each (the chat scenarios' word list); their
+    token count is estimated at 1.28 a word, and the servers' usage reports the real one."""
     from loadtest.request import BenchRequest
     from loadtest.scenarios import words as random_words
 
@@ -109,7 +113,7 @@ def _run_turn(cfg: PeersConfig, turn: Turn, server: Server) -> list[RunFigures]:
     return figures
 
 
-def run_peers_bench(cfg: PeersConfig) -> dict:
+def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
     from services.bench.peer_setup import prepare_peers
 
     model_dir = cfg.model_dir
