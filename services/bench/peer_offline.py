@@ -90,11 +90,13 @@ def vllm_offline(
             try:
                 code = child.wait(cfg.timeout_s)
             except subprocess.TimeoutExpired as exc:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
                 raise RuntimeError(
                     f"vLLM offline: no result in {cfg.timeout_s:.0f} s; see {log_path}"
                 ) from exc
+            finally:
+                if child.poll() is None:  # timed out, or we are stopping: it goes too
+                    os.killpg(child.pid, signal.SIGKILL)
+                    child.wait()
         if code != 0 or not out.exists():
             raise RuntimeError(f"vLLM offline failed (exit {code}); see {log_path}")
         return float(json.loads(out.read_text())["output_tok_s"])

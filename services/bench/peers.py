@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -113,8 +114,15 @@ def _run_turn(cfg: PeersConfig, turn: Turn, server: Server) -> list[RunFigures]:
     return figures
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
     from services.bench.peer_setup import prepare_peers
+
+    # SIGTERM (a timeout, a CI stop) unwinds like Ctrl-C, so every server started is stopped.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
     model_dir = cfg.model_dir
     if model_dir is None:
@@ -127,6 +135,8 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
     cpus = peers.cpus
     print(f"{len(cpus)} CPUs ({peers.cpu_list}); load average {load_before:.2f}; "
           f"servers {', '.join(servers)}; {cfg.rounds} round(s)")  # fmt: skip
+    for name, reason in peers.skipped.items():
+        print(f"{name} skipped: {reason}")
     runs: list[RunFigures] = []
     for turn in plan_turns(servers, cfg.rounds):
         server = peers.start(turn, model_dir)
@@ -146,6 +156,7 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
         print(offline.line())
     for name, reason in peers.skipped.items():
         print(f"{name} skipped: {reason}")
+    print(f"load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
     result = {
         "config": asdict(cfg),
         "machine": {"cpus": cpus, "load_before": load_before, "load_after": os.getloadavg()[0]},
