@@ -18,8 +18,21 @@ from services.bench.peer_figures import (
     plan_turns,
     ratios,
 )
-from services.bench.peer_offline import VLLM_OFFLINE_SCRIPT, OfflineResult, vllm_offline_command
-from services.bench.peer_servers import cpu_ranges, llama_server_command, vllm_command, vllm_env
+from services.bench.peer_offline import (
+    VLLM_OFFLINE_SCRIPT,
+    OfflineConfig,
+    OfflineResult,
+    vllm_offline,
+    vllm_offline_command,
+)
+from services.bench.peer_servers import (
+    PeerProcess,
+    ServerCommand,
+    cpu_ranges,
+    llama_server_command,
+    vllm_command,
+    vllm_env,
+)
 from services.bench.peers import PeersConfig, word_requests
 from services.cli import build_parser
 
@@ -185,3 +198,36 @@ def test_bad_cli_input_exits_with_the_reason():
     args = build_parser().parse_args(["bench", "peers", "--servers", "splitserve,tgi"])
     with pytest.raises(SystemExit, match="unknown server 'tgi'"):
         args.func(args)
+
+
+def _executable(path: Path, body: str) -> Path:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_peer_that_exits_is_reported_with_its_log(tmp_path):
+    command = ServerCommand([str(_executable(tmp_path / "srv", "echo boom; exit 3"))], {}, "/h")
+    server = PeerProcess("vllm", command, 1, tmp_path / "vllm.log")
+    with pytest.raises(RuntimeError, match=r"vllm exited \(3\); see .*vllm.log"):
+        server.wait_ready(30.0)
+    assert "boom" in (tmp_path / "vllm.log").read_text()
+
+
+def test_a_peer_never_ready_times_out_and_is_stopped(tmp_path):
+    command = ServerCommand([str(_executable(tmp_path / "srv", "exec sleep 60"))], {}, "/h")
+    server = PeerProcess("llama.cpp", command, 1, tmp_path / "llama.log")
+    with pytest.raises(TimeoutError, match=r"llama\.cpp not ready in 1 s"):
+        server.wait_ready(1.0)
+    server.stop()
+    assert server.process.poll() is not None
+
+
+def test_vllm_offline_failures_and_deadline(tmp_path):
+    prompts, cfg = [[101, 102]], OfflineConfig(timeout_s=1.0)
+    failing = _executable(tmp_path / "python-fails", "exit 2")
+    with pytest.raises(RuntimeError, match=r"vLLM offline failed \(exit 2\)"):
+        vllm_offline(failing, tmp_path, prompts, cfg, {}, tmp_path / "a.log")
+    slow = _executable(tmp_path / "python-slow", "exec sleep 60")
+    with pytest.raises(RuntimeError, match="vLLM offline: no result in 1 s"):
+        vllm_offline(slow, tmp_path, prompts, cfg, {}, tmp_path / "b.log")
