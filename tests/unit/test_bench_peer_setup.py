@@ -23,16 +23,18 @@ from services.bench.peer_venv import (
 
 
 class Recorder:
-    """Stands in for subprocess.run: records each command, fails the ones named."""
+    """Stands in for run_to_log: records each command, fails (or times out) the ones named."""
 
-    def __init__(self, fail_on: str = "") -> None:
+    def __init__(self, fail_on: str = "", time_out_on: str = "") -> None:
         self.commands: list[list[str]] = []
-        self.fail_on = fail_on
+        self.fail_on, self.time_out_on = fail_on, time_out_on
 
-    def __call__(self, command, **_):
+    def __call__(self, command, log, timeout_s, env=None):
         self.commands.append([str(c) for c in command])
-        failed = bool(self.fail_on) and self.fail_on in " ".join(map(str, command))
-        return subprocess.CompletedProcess(command, 1 if failed else 0)
+        line = " ".join(map(str, command))
+        if self.time_out_on and self.time_out_on in line:
+            raise subprocess.TimeoutExpired(command, timeout_s)
+        return 1 if self.fail_on and self.fail_on in line else 0
 
 
 def _venv_with_python(tmp_path: Path) -> PeerVenv:
@@ -53,7 +55,7 @@ def test_a_current_venv_is_reused_without_running_anything(tmp_path, monkeypatch
     venv = _venv_with_python(tmp_path)
     venv.stamp.write_text(requirements_digest(VLLM_REQUIREMENTS, REMOVED_AFTER_INSTALL) + "\n")
     recorder = Recorder()
-    monkeypatch.setattr(peer_venv.subprocess, "run", recorder)
+    monkeypatch.setattr(peer_venv, "run_to_log", recorder)
     assert ensure_vllm(venv) == venv.python
     assert recorder.commands == []
 
@@ -62,7 +64,7 @@ def test_a_stale_venv_is_installed_then_stamped(tmp_path, monkeypatch):
     venv = _venv_with_python(tmp_path)
     venv.stamp.write_text("an older digest\n")
     recorder = Recorder()
-    monkeypatch.setattr(peer_venv.subprocess, "run", recorder)
+    monkeypatch.setattr(peer_venv, "run_to_log", recorder)
     ensure_vllm(venv)
     python = str(venv.python)
     assert recorder.commands == [
@@ -76,7 +78,7 @@ def test_a_stale_venv_is_installed_then_stamped(tmp_path, monkeypatch):
 def test_a_missing_venv_is_created_first(tmp_path, monkeypatch):
     venv = PeerVenv(tmp_path / "peers")
     recorder = Recorder()
-    monkeypatch.setattr(peer_venv.subprocess, "run", recorder)
+    monkeypatch.setattr(peer_venv, "run_to_log", recorder)
     ensure_vllm(venv)
     assert recorder.commands[0][1:] == ["-m", "venv", str(venv.path)]
     assert "install" in recorder.commands[1]
@@ -84,7 +86,7 @@ def test_a_missing_venv_is_created_first(tmp_path, monkeypatch):
 
 def test_a_failed_step_names_itself_and_leaves_no_stamp(tmp_path, monkeypatch):
     venv = _venv_with_python(tmp_path)
-    monkeypatch.setattr(peer_venv.subprocess, "run", Recorder(fail_on="import vllm"))
+    monkeypatch.setattr(peer_venv, "run_to_log", Recorder(fail_on="import vllm"))
     with pytest.raises(PeerSetupError, match="import vllm and transformers: exit 1"):
         ensure_vllm(venv)
     assert not venv.stamp.exists()
@@ -93,10 +95,7 @@ def test_a_failed_step_names_itself_and_leaves_no_stamp(tmp_path, monkeypatch):
 def test_a_step_past_its_deadline_is_an_error(tmp_path, monkeypatch):
     venv = _venv_with_python(tmp_path)
 
-    def too_slow(command, **kwargs):
-        raise subprocess.TimeoutExpired(command, kwargs["timeout"])
-
-    monkeypatch.setattr(peer_venv.subprocess, "run", too_slow)
+    monkeypatch.setattr(peer_venv, "run_to_log", Recorder(time_out_on="install"))
     with pytest.raises(PeerSetupError, match="install vLLM: no result in 1800 s"):
         ensure_vllm(venv)
 
@@ -106,14 +105,14 @@ def test_a_built_llama_server_is_reused(tmp_path, monkeypatch):
     binary.parent.mkdir(parents=True)
     binary.touch()
     (tmp_path / ".stamp").write_text(build_digest())
-    monkeypatch.setattr(llama_build.subprocess, "run", Recorder(fail_on=" "))
+    monkeypatch.setattr(llama_build, "run_to_log", Recorder(fail_on=" "))
     assert ensure_llama_server(tmp_path, 10.0).binary == binary
 
 
 def test_an_earlier_failure_is_reported_without_retrying(tmp_path, monkeypatch):
     (tmp_path / ".failed").write_text(f"{build_digest()}\n'compile' failed (exit 2)")
     recorder = Recorder()
-    monkeypatch.setattr(llama_build.subprocess, "run", recorder)
+    monkeypatch.setattr(llama_build, "run_to_log", recorder)
     build = ensure_llama_server(tmp_path, 10.0)
     assert build.binary is None
     assert build.reason.startswith("'compile' failed (exit 2) (an earlier try; remove")
@@ -122,11 +121,26 @@ def test_an_earlier_failure_is_reported_without_retrying(tmp_path, monkeypatch):
 
 def test_a_failed_download_is_recorded_and_skips_llama(tmp_path, monkeypatch):
     root = tmp_path / "llama.cpp"
-    monkeypatch.setattr(llama_build.subprocess, "run", Recorder(fail_on="pip download"))
+    monkeypatch.setattr(llama_build, "run_to_log", Recorder(fail_on="pip download"))
     build = ensure_llama_server(root, 60.0)
     assert build.binary is None
     assert "'download the sdist' failed (exit 1)" in build.reason
     assert (root / ".failed").read_text().startswith(build_digest())
+
+
+def test_a_build_out_of_time_is_not_recorded_and_resumes(tmp_path, monkeypatch):
+    root = tmp_path / "llama.cpp"
+    (root / "src/llama_cpp_python-0.3.36/vendor/llama.cpp").mkdir(parents=True)
+    (root / ".source").write_text(build_digest())  # unpacked by the earlier run
+    recorder = Recorder(time_out_on="--build")
+    monkeypatch.setattr(llama_build, "run_to_log", recorder)
+    build = ensure_llama_server(root, 60.0)
+    assert build.binary is None and "the next run resumes it" in build.reason
+    assert not (root / ".failed").exists()
+    assert [c[0] for c in recorder.commands] == ["cmake", "cmake"]  # no download again
+    recorder.time_out_on = ""
+    ensure_llama_server(root, 60.0)
+    assert (root / ".stamp").read_text() == build_digest()
 
 
 def test_no_compiler_no_build(tmp_path, monkeypatch):
