@@ -38,7 +38,7 @@ def write_peers_png(
         ax.grid(axis="y", alpha=0.3)
     ax = axes[-1]
     if offline:
-        engines = ["splitserve engine", "vLLM LLM.generate"]
+        engines = ["splitserve\nengine", "vLLM\nLLM.generate"]
         ax.bar(engines, [offline.ours_tok_s, offline.vllm_tok_s], alpha=0.6, color=["C0", "C1"])
         ax.set(title=f"offline output tok/s (ratio {offline.ratio:.2f}x)")
     else:
