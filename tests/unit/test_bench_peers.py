@@ -1,0 +1,233 @@
+"""`splitserve bench peers` without any server: the turn plan, figures, ratios, commands."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from loadtest.metrics import summarize
+from loadtest.request import RequestRecord
+from services.bench.peer_figures import (
+    RunFigures,
+    Turn,
+    format_summary,
+    headlines,
+    medians,
+    plan_turns,
+    ratios,
+)
+from services.bench.peer_offline import (
+    VLLM_OFFLINE_SCRIPT,
+    OfflineConfig,
+    OfflineResult,
+    vllm_offline,
+    vllm_offline_command,
+)
+from services.bench.peer_servers import (
+    PeerProcess,
+    ServerCommand,
+    cpu_ranges,
+    llama_server_command,
+    vllm_command,
+    vllm_env,
+)
+from services.bench.peers import PeersConfig, word_requests
+from services.cli import build_parser
+
+
+def test_turns_alternate_servers_round_after_round():
+    turns = plan_turns(("splitserve", "vllm"), 2)
+    assert turns == [
+        Turn(1, "splitserve"), Turn(1, "vllm"), Turn(2, "splitserve"), Turn(2, "vllm")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("servers", "rounds", "message"),
+    [
+        (("splitserve", "sglang"), 1, "unknown server 'sglang'"),
+        (("vllm", "vllm"), 1, "named twice"),
+        ((), 1, "no server"),
+        (("vllm",), 0, "rounds"),
+    ],
+)
+def test_bad_plans_are_refused(servers, rounds, message):
+    with pytest.raises(ValueError, match=message):
+        plan_turns(servers, rounds)
+
+
+def test_config_checks_its_plan_and_sizes_runs():
+    with pytest.raises(ValueError, match="unknown server"):
+        PeersConfig(servers=("splitserve", "tgi"))
+    with pytest.raises(ValueError, match="concurrencies"):
+        PeersConfig(concurrencies=(0, 16))
+    cfg = PeersConfig()
+    assert (cfg.prompts_at(1), cfg.prompts_at(16)) == (8, 64)
+    assert PeersConfig(num_prompts=3).prompts_at(16) == 3
+
+
+def _figures(server, rnd, conc, tok_s, ttft_p99, tpot, ttft, completed=8):
+    return RunFigures(server, rnd, conc, completed, 0, tok_s, ttft, ttft_p99, tpot)
+
+
+def test_medians_over_rounds_and_ratios_ours_over_theirs():
+    runs = [
+        _figures("splitserve", 1, 16, 100.0, 900.0, 0.0, 0.0),
+        _figures("splitserve", 2, 16, 120.0, 1100.0, 0.0, 0.0),
+        _figures("splitserve", 3, 16, 300.0, 5000.0, 0.0, 0.0),  # median of three: 120
+        _figures("splitserve", 1, 1, 0.0, 0.0, 20.0, 150.0),
+        _figures("vllm", 1, 16, 200.0, 1000.0, 0.0, 0.0),
+        _figures("vllm", 1, 1, 0.0, 0.0, 40.0, 100.0),
+        _figures("vllm", 2, 1, 0.0, 0.0, 60.0, 100.0, completed=0),  # all failed: left out
+    ]
+    marks = headlines((1, 16))
+    assert [m.name for m in marks] == [
+        "c=16 output tok/s", "c=16 TTFT p99 ms", "c=1 TPOT p50 ms", "c=1 TTFT p50 ms"
+    ]  # fmt: skip
+    by_server = medians(runs, marks)
+    assert by_server["splitserve"] == {
+        "c=16 output tok/s": 120.0,
+        "c=16 TTFT p99 ms": 1100.0,
+        "c=1 TPOT p50 ms": 20.0,
+        "c=1 TTFT p50 ms": 150.0,
+    }
+    assert by_server["vllm"]["c=1 TPOT p50 ms"] == 40.0
+    assert ratios(by_server) == {
+        "vllm": {
+            "c=16 output tok/s": pytest.approx(0.6),
+            "c=16 TTFT p99 ms": pytest.approx(1.1),
+            "c=1 TPOT p50 ms": pytest.approx(0.5),
+            "c=1 TTFT p50 ms": pytest.approx(1.5),
+        }
+    }
+    table = format_summary(by_server, ratios(by_server), marks)
+    assert "| c=1 TPOT p50 ms | 20.0 | 40.0 | 0.50x |" in table
+
+
+def test_a_figure_missing_on_either_side_has_no_ratio():
+    by_server = {"splitserve": {"a": 2.0}, "vllm": {"a": 0.0, "b": 1.0}, "llama.cpp": {}}
+    assert ratios(by_server) == {"vllm": {}, "llama.cpp": {}}
+
+
+def test_headlines_follow_the_concurrencies_given():
+    assert {m.concurrency for m in headlines((4,))} == {4}
+    assert [m.concurrency for m in headlines((2, 8, 32))] == [32, 32, 2, 2]
+
+
+def test_run_figures_come_from_the_harness_summary():
+    send = 10.0
+    records = [
+        RequestRecord("w", send, [send + 0.1 + 0.02 * i for i in range(11)], 128, 11,
+                      usage_reported=True, end=send + 0.4),
+    ]  # fmt: skip
+    figures = RunFigures.of(Turn(2, "vllm"), 1, summarize(records, 0.5))
+    assert (figures.server, figures.round, figures.concurrency) == ("vllm", 2, 1)
+    assert figures.output_tok_s == pytest.approx(22.0)
+    assert figures.ttft_p50_ms == pytest.approx(100.0)
+    assert figures.tpot_p50_ms == pytest.approx(20.0)
+    assert "round 2 vllm" in figures.line()
+
+
+def test_cpu_ranges_compress_runs():
+    assert cpu_ranges([0, 1]) == "0-1"
+    assert cpu_ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    with pytest.raises(ValueError):
+        cpu_ranges([])
+
+
+def test_vllm_command_line_and_environment():
+    env = vllm_env([0, 1, 2, 3], kv_cache_gib=2)
+    assert env == {
+        "OMP_NUM_THREADS": "4",
+        "VLLM_CPU_OMP_THREADS_BIND": "0-3",
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+    }
+    command = vllm_command(Path("/v/bin/python"), Path("/m"), "smol", 8123, env)
+    argv = command.argv
+    assert argv[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == "/m"
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    assert argv[argv.index("--port") + 1] == "8123"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert command.env is env and command.ready_path == "/health"
+
+
+def test_llama_server_command_gives_a_slot_per_concurrent_request():
+    argv = llama_server_command(Path("/b/llama-server"), Path("/m.gguf"), "smol", 9, 2, 16).argv
+    assert argv[0] == "/b/llama-server"
+    assert argv[argv.index("--model") + 1] == "/m.gguf"
+    assert argv[argv.index("--threads") + 1] == "2"
+    assert argv[argv.index("--parallel") + 1] == "16"
+    assert int(argv[argv.index("--ctx-size") + 1]) >= 16 * 256  # 128 in + 128 out per slot
+
+
+def test_vllm_offline_runs_a_standalone_script():
+    command = vllm_offline_command(Path("/v/python"), Path("/m"), Path("/p.json"), 128, Path("/o"))
+    assert command[:2] == ["/v/python", str(VLLM_OFFLINE_SCRIPT)]
+    assert command[command.index("--output-len") + 1] == "128"
+    tree = ast.parse(VLLM_OFFLINE_SCRIPT.read_text())
+    imported = {
+        (node.module or "").split(".")[0] if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not imported & {"services", "shared", "loadtest"}  # none of ours in vLLM's venv
+    assert OfflineResult(300.0, 200.0).ratio == 1.5
+
+
+def test_word_prompts_are_fixed_by_the_seed():
+    first = word_requests(4, 100, 128, seed=1)
+    assert first == word_requests(4, 100, 128, seed=1)
+    assert first != word_requests(4, 100, 128, seed=2)
+    assert all(len(r.prompt.split()) == 100 and r.output_len == 128 for r in first)
+    assert len({r.prompt for r in first}) == 4
+
+
+def test_cli_passes_up_flags_after_the_double_dash():
+    argv = ["bench", "peers", "--rounds", "1", "--servers", "splitserve,vllm", "--concurrency",
+            "1,4", "--", "--dtype", "bfloat16"]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    assert args.up_args == ["--dtype", "bfloat16"]
+    assert (args.rounds, args.servers, args.concurrency) == (1, "splitserve,vllm", "1,4")
+
+
+def test_bad_cli_input_exits_with_the_reason():
+    args = build_parser().parse_args(["bench", "peers", "--servers", "splitserve,tgi"])
+    with pytest.raises(SystemExit, match="unknown server 'tgi'"):
+        args.func(args)
+
+
+def _executable(path: Path, body: str) -> Path:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_peer_that_exits_is_reported_with_its_log(tmp_path):
+    command = ServerCommand([str(_executable(tmp_path / "srv", "echo boom; exit 3"))], {}, "/h")
+    server = PeerProcess("vllm", command, 1, tmp_path / "vllm.log")
+    with pytest.raises(RuntimeError, match=r"vllm exited \(3\); see .*vllm.log"):
+        server.wait_ready(30.0)
+    assert "boom" in (tmp_path / "vllm.log").read_text()
+
+
+def test_a_peer_never_ready_times_out_and_is_stopped(tmp_path):
+    command = ServerCommand([str(_executable(tmp_path / "srv", "exec sleep 60"))], {}, "/h")
+    server = PeerProcess("llama.cpp", command, 1, tmp_path / "llama.log")
+    with pytest.raises(TimeoutError, match=r"llama\.cpp not ready in 1 s"):
+        server.wait_ready(1.0)
+    server.stop()
+    assert server.process.poll() is not None
+
+
+def test_vllm_offline_failures_and_deadline(tmp_path):
+    prompts, cfg = [[101, 102]], OfflineConfig(timeout_s=1.0)
+    failing = _executable(tmp_path / "python-fails", "exit 2")
+    with pytest.raises(RuntimeError, match=r"vLLM offline failed \(exit 2\)"):
+        vllm_offline(failing, tmp_path, prompts, cfg, {}, tmp_path / "a.log")
+    slow = _executable(tmp_path / "python-slow", "exec sleep 60")
+    with pytest.raises(RuntimeError, match="vLLM offline: no result in 1 s"):
+        vllm_offline(slow, tmp_path, prompts, cfg, {}, tmp_path / "b.log")
