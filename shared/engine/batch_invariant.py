@@ -66,3 +66,28 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
     head = PackedLinear.pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows
     weights.lm_head = weights.lm_head_column_major = head
     return weights
+
+
+def describe_matmuls(config: EngineConfig, packed: bool) -> str:
+    """What this engine's CPU matmuls run on, for the start-up log (no silent fallback)."""
+    kernels = native.load()
+    if kernels is None:
+        return "torch's matmuls (the C++ kernels are not built)"
+    features = ", ".join(kernels.cpu_features()) or "no AVX2"
+    if config.quantization == "int8":
+        path = (
+            "int8 W8A8 dot products (AVX512-VNNI)"
+            if int8_dot_product()
+            else "int8 weight-only through torch (this CPU has no AVX512-VNNI)"
+        )
+    elif config.quantization:
+        path = f"{config.quantization} weight-only through torch"
+    elif not packed:
+        path = "torch's matmuls (batch_invariant off)"
+    elif config.dtype == "bfloat16" and kernels.bf16_dot_product_kernel():
+        path = "bf16 dot products (AVX512-BF16)"
+    elif config.dtype == "bfloat16":
+        path = "bf16 weights through the fp32 FMA chain (this CPU has no AVX512-BF16)"
+    else:
+        path = f"{config.dtype} through the fp32 FMA chain"
+    return f"{path}; kernels built for {features} (AMX tiles are not used)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -21,6 +22,8 @@ from shared.engine.quantization import quantize_weights
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.spec_decode.verify import verify_drafts
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -54,10 +57,13 @@ class ModelRunner:
             )
         weights = load_weights(model_dir, model_config, config.torch_dtype, device)
         vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
+        packed = not config.quantization and batch_invariant.resolve(config)
         if config.quantization:
             weights = quantize_weights(weights, config.quantization)
-        elif batch_invariant.resolve(config):
+        elif packed:
             weights = batch_invariant.pack_weights(weights)
+        if device.type == "cpu":
+            log.info("CPU matmuls: %s", batch_invariant.describe_matmuls(config, packed))
         attention = get_backend(config.attention_backend, device)
         self.model = model_class(model_config)(model_config, weights, attention, max_len)
         self.kv_cache = KVCache(

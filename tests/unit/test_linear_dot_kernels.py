@@ -107,3 +107,21 @@ def test_rows_do_not_depend_on_the_thread_count(kind):
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             assert torch.equal(a, b)
+
+
+def test_the_start_up_log_names_the_path_each_setting_takes(tmp_path):
+    from shared.engine import batch_invariant
+    from shared.engine.engine_config import EngineConfig
+
+    def path(**settings) -> str:
+        config = EngineConfig(model_dir=tmp_path, **settings)
+        packed = not config.quantization and batch_invariant.resolve(config)
+        return batch_invariant.describe_matmuls(config, packed)
+
+    bf16 = "bf16 dot products" if kernels.bf16_dot_product_kernel() else "no AVX512-BF16"
+    int8 = "W8A8 dot products" if kernels.int8_dot_product_kernel() else "no AVX512-VNNI"
+    assert bf16 in path(dtype="bfloat16")
+    assert int8 in path(quantization="int8")
+    assert "fp32 FMA chain" in path()
+    assert "batch_invariant off" in path(batch_invariant=False)
+    assert "AMX tiles are not used" in path()
