@@ -85,7 +85,7 @@ def _bench_gpu(args: argparse.Namespace) -> None:
 def _bench_linear(args: argparse.Namespace) -> None:
     from services.bench.linear import LinearBenchConfig, run_linear_bench
 
-    run_linear_bench(LinearBenchConfig(rows=tuple(args.rows)))
+    run_linear_bench(LinearBenchConfig(rows=tuple(args.rows), numerics=args.numerics))
 
 
 def _bench_idle(args: argparse.Namespace) -> None:
@@ -236,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.set_defaults(func=_bench_gpu)
     linear = targets.add_parser("linear", help="matmul ms per forward step: torch vs invariant")
     linear.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 256])
+    linear.add_argument(
+        "--numerics", choices=("fp32", "bf16", "int8"), default="fp32", help="see its module"
+    )
     linear.set_defaults(func=_bench_linear)
     idle = targets.add_parser("idle", help="CPU time of an idle `splitserve up` mesh")
     idle.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")

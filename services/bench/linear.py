@@ -1,5 +1,8 @@
 """`splitserve bench linear`: matmul time per forward step, torch against the batch-invariant
-C++ kernel (csrc/cpu/linear.cpp), on SmolLM2-135M's shapes (fp32).
+C++ kernels, on SmolLM2-135M's shapes. `--numerics`: fp32 (torch's fp32 matmul vs the FMA
+chain of csrc/cpu/linear.cpp), bf16 (torch's bf16 matmul vs the AVX512-BF16 dot products of
+linear_bf16.cpp, where built) or int8 (torch's weight-only int8 kernel vs the W8A8 VNNI dot
+products of linear_int8.cpp).
 
 One step of T rows: 30 layers of fused qkv [960, 576], o_proj [576, 576], fused gate_up
 [3072, 576] and down [576, 1536], then the LM head [49152, 576]. torch gets the engine's
@@ -18,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.engine.batch_invariant import PackedLinear
+from shared.engine.model.linear_weights import Int8DotLinear, Int8Linear
 from shared.engine.model.weights import column_major
 
 MATRICES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
@@ -29,38 +33,57 @@ class LinearBenchConfig:
     rows: tuple[int, ...] = (1, 32, 64, 256)
     layers: int = 30
     trials: int = 7
+    numerics: str = "fp32"
 
 
-def time_matrix(shape: tuple[int, int], rows: int, trials: int, head: bool) -> list[float]:
+def clock() -> float:
+    """Seconds: this thread's CPU time with one torch thread (other load on the machine does
+    not count), else wall time."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
+
+
+def time_matrix(
+    shape: tuple[int, int], rows: int, trials: int, head: bool, numerics: str = "fp32"
+) -> list[float]:
     """[torch, kernel] µs per [rows, K] @ [N, K].T: the best of `trials` runs of repeated
     calls (a few ms each), the two interleaved."""
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(*shape, generator=gen)
-    x = torch.randn(rows, shape[1], generator=gen)
-    torch_w = column_major(w) if not head or rows <= 2 else w
-    packed = PackedLinear.pack(w)
-    calls: list[Callable[[], torch.Tensor]] = [lambda: F.linear(x, torch_w), lambda: packed(x)]
+    dtype = torch.bfloat16 if numerics == "bf16" else torch.float32
+    w = torch.randn(*shape, generator=gen).to(dtype)
+    x = torch.randn(rows, shape[1], generator=gen).to(dtype)
+    calls: list[Callable[[], torch.Tensor]]
+    if numerics == "int8":
+        weight_only, w8a8 = Int8Linear.quantize(w), Int8DotLinear.quantize(w)
+        calls = [lambda: weight_only(x), lambda: w8a8(x)]
+    else:
+        torch_w = column_major(w) if not head or rows <= 2 else w
+        packed = PackedLinear.pack(w)
+        calls = [lambda: F.linear(x, torch_w), lambda: packed(x)]
     for call in calls:  # warm-up
         call()
     repeats = max(1, 2 * 10**8 // (rows * shape[0] * shape[1]))  # ~2e8 multiply-adds a run
     best = [float("inf")] * len(calls)
     for _ in range(trials):
         for i, call in enumerate(calls):
-            start = time.perf_counter()
+            start = clock()
             for _ in range(repeats):
                 call()
-            best[i] = min(best[i], (time.perf_counter() - start) / repeats)
+            best[i] = min(best[i], (clock() - start) / repeats)
     return [t * 1e6 for t in best]
 
 
 def run_linear_bench(cfg: LinearBenchConfig) -> None:
-    print(f"torch threads: {torch.get_num_threads()}; ms of matmuls per forward step (fp32)")
+    print(
+        f"torch threads: {torch.get_num_threads()}; ms of matmuls per forward step "
+        f"({cfg.numerics}; {'thread CPU time' if torch.get_num_threads() == 1 else 'wall'})"
+    )
     print(f"{'rows':>5} {'matrix':>8} {'torch':>9} {'kernel':>9} {'ratio':>6}")
     for rows in cfg.rows:
         total = [0.0, 0.0]
         for name, shape in [*MATRICES.items(), ("lm_head", HEAD)]:
             count = 1 if name == "lm_head" else cfg.layers
-            ms = [t * count / 1e3 for t in time_matrix(shape, rows, cfg.trials, count == 1)]
+            times = time_matrix(shape, rows, cfg.trials, count == 1, cfg.numerics)
+            ms = [t * count / 1e3 for t in times]
             total = [a + b for a, b in zip(total, ms, strict=True)]
             print_row(rows, name, ms)
         print_row(rows, "step", total)
