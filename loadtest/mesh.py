@@ -1,4 +1,7 @@
-"""Start `splitserve up` as a process group on loopback ports, wait for `/ready`, stop it."""
+"""Start `splitserve up` as a process group on loopback ports, wait for `/ready`, stop it.
+
+`wait_http_ready` and `stop_group` serve any server started as its own process group (the
+peers of `splitserve bench peers` too)."""
 
 from __future__ import annotations
 
@@ -33,24 +36,42 @@ class MeshProcess:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"splitserve up exited; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"mesh not ready in {timeout_s:.0f} s; see {self.log_path}")
+        wait_http_ready(self.process, f"{self.url}/ready", timeout_s, "the mesh", self.log_path)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_group(self.process)
+
+
+def wait_http_ready(
+    process: subprocess.Popen,
+    url: str,
+    timeout_s: float,
+    name: str,
+    log_path: Path,
+    poll_s: float = 0.5,
+) -> None:
+    """Until `url` answers 200: RuntimeError when the process exits first, TimeoutError after
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited ({process.returncode}); see {log_path}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(poll_s)
+    raise TimeoutError(f"{name} not ready in {timeout_s:.0f} s; see {log_path}")
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM the process's group, SIGKILL after 60 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -13,13 +13,11 @@ and `stop`.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from loadtest.mesh import stop_group, wait_http_ready
 
 SLOT_TOKENS = 512  # llama-server context per slot: a 128-token prompt + 128 out, with room
 
@@ -95,25 +93,8 @@ class PeerProcess:
         )
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                code = self.process.returncode
-                raise RuntimeError(f"{self.name} exited ({code}); see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + self.command.ready_path, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"{self.name} not ready in {timeout_s:.0f} s; see {self.log_path}")
+        url = self.url + self.command.ready_path
+        wait_http_ready(self.process, url, timeout_s, self.name, self.log_path, poll_s=1.0)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_group(self.process)

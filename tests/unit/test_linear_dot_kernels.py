@@ -1,4 +1,4 @@
-"""The dot-product linear kernels: bf16 pairs (csrc/cpu/linear_bf16.cpp, AVX512-BF16) and
+"""The dot-product linear kernels (and, for thread counts, the fp32 FMA chain too): bf16 pairs (csrc/cpu/linear_bf16.cpp, AVX512-BF16) and
 W8A8 int8 quads (csrc/cpu/linear_int8.cpp, AVX512-VNNI). Accuracy against float64 on shapes
 with tails, and bitwise row invariance across batch sizes, offsets and thread counts — the
 property seeded migration rests on. Each kernel's tests skip on a CPU without its
@@ -27,6 +27,8 @@ SHAPES = [(64, 64), (67, 33), (576, 960), (1536, 576), (5, 1), (1, 17)]  # (K, N
 def _layer_and_rows(kind: str, k: int, n: int, m: int, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     w, x = torch.randn(n, k, generator=gen) * 0.1, torch.randn(m, k, generator=gen)
+    if kind == "fp32":
+        return PackedLinear.pack(w), x
     if kind == "bf16":
         return PackedLinear.pack(w.bfloat16()), x.bfloat16()
     return Int8DotLinear.quantize(w), x
@@ -92,7 +94,8 @@ def test_a_row_is_bitwise_the_same_for_every_batch_size(kind):
 
 
 @pytest.mark.parametrize(
-    "kind", [pytest.param("bf16", marks=needs_bf16), pytest.param("int8", marks=needs_vnni)]
+    "kind",
+    ["fp32", pytest.param("bf16", marks=needs_bf16), pytest.param("int8", marks=needs_vnni)],
 )
 def test_rows_do_not_depend_on_the_thread_count(kind):
     layer, x = _layer_and_rows(kind, 576, 4099, 40, seed=2)

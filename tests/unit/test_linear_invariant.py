@@ -67,23 +67,6 @@ def test_a_row_is_bitwise_the_same_for_every_batch_size(shape):
         assert torch.equal(layer(x[start : start + 5]), full[start : start + 5]), start
 
 
-def test_rows_do_not_depend_on_the_thread_count():
-    gen = torch.Generator().manual_seed(2)
-    layer = batch_invariant.PackedLinear.pack(torch.randn(4099, 576, generator=gen))
-    x = torch.randn(40, 576, generator=gen)
-    threads = torch.get_num_threads()
-    try:
-        results = []
-        for count in (1, 2, 3):
-            torch.set_num_threads(count)
-            results.append([layer(x[:m]) for m in (1, 2, 7, 40)])
-    finally:
-        torch.set_num_threads(threads)
-    for other in results[1:]:
-        for a, b in zip(results[0], other, strict=True):
-            assert torch.equal(a, b)
-
-
 def test_auto_turns_on_only_with_invariant_weights_and_cpu_attention(tmp_path):
     def resolved(**settings) -> bool:
         return batch_invariant.resolve(EngineConfig(model_dir=tmp_path, **settings))
