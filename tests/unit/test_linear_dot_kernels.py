@@ -1,8 +1,9 @@
-"""The dot-product linear kernels (and, for thread counts, the fp32 FMA chain too): bf16 pairs (csrc/cpu/linear_bf16.cpp, AVX512-BF16) and
+"""The dot-product linear kernels: bf16 pairs (csrc/cpu/linear_bf16.cpp, AVX512-BF16) and
 W8A8 int8 quads (csrc/cpu/linear_int8.cpp, AVX512-VNNI). Accuracy against float64 on shapes
-with tails, and bitwise row invariance across batch sizes, offsets and thread counts — the
-property seeded migration rests on. Each kernel's tests skip on a CPU without its
-instructions (the engine then takes the FMA chain or torch's kernel and says so)."""
+with tails, and bitwise row invariance across batch sizes, offsets and thread counts (the
+fp32 FMA chain's thread counts too) — the property seeded migration rests on. Each kernel's
+tests skip on a CPU without its instructions (the engine then takes the FMA chain or
+torch's kernel and says so in the log)."""
 
 from __future__ import annotations
 
