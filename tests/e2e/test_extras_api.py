@@ -45,7 +45,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def mesh(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    yield from start_mesh(real_model_dir, tmp_path_factory.mktemp("home"), [])
+    # fp32: beam search is checked against transformers' own (fp32) logits
+    flags = ["--dtype", "float32"]
+    yield from start_mesh(real_model_dir, tmp_path_factory.mktemp("home"), flags)
 
 
 @pytest.fixture(scope="module")
