@@ -1,13 +1,21 @@
-"""Fixtures shared by every test: a tiny random-weight Llama written to a temporary dir."""
+"""Fixtures shared by every test: a tiny random-weight Llama written to a temporary dir.
+
+Without a GPU, Triton kernels run in its interpreter. TRITON_INTERPRET is set here, before
+any test module imports triton (vLLM's import does, in the vLLM tests), since a kernel
+defined before it was set cannot be interpreted."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],

@@ -13,8 +13,8 @@ whatever the number of rows, the tiling or the thread count. The LM head has a s
 layout for every row count.
 The rest of the forward pass is already per row: RMSNorm, rope, SiLU, the embedding, and
 the `cpu` attention backend (one routine per (row, head), decode and prefill rows alike).
-int8 weights are batch-invariant through the W8A8 AVX512-VNNI kernel (quantization.py); the
-`torch` attention backend, int4 weights and int8 without VNNI (torch's kernels) are not.
+w8a8 weights are batch-invariant too (the AVX512-VNNI kernel, quantization.py); the `torch`
+attention backend and int8 / int4 weight-only (torch's kernels) are not.
 """
 
 from __future__ import annotations
@@ -31,22 +31,22 @@ from shared.engine.quantization import int8_dot_product
 
 def resolve(config: EngineConfig) -> bool:
     """config.batch_invariant → on or off. None (auto): on when the C++ kernels are built,
-    the weights are float (or int8 with the VNNI kernel) and attention resolves to `cpu` (so
+    the weights are float or w8a8 (the VNNI kernel) and attention resolves to `cpu` (so
     never on CUDA). True without the kernels raises (EngineConfig itself refuses True with
     int4, another attention backend or a CUDA device)."""
     built = native.load() is not None
-    int8_ok = config.quantization == "int8" and built and int8_dot_product()
+    w8a8 = config.quantization == "w8a8" and built and int8_dot_product()
     if config.batch_invariant is None:
         backend = resolve_backend(config.attention_backend, config.torch_device)
         cpu_attention = backend == "cpu"  # never on CUDA: auto is triton there
-        return built and (config.quantization is None or int8_ok) and cpu_attention
+        return built and (config.quantization is None or w8a8) and cpu_attention
     if config.batch_invariant and not built:
         raise RuntimeError(
             "batch_invariant needs the C++ CPU kernels: run `make install` "
             "(or `python -m shared.engine.native`) with a C++ compiler present"
         )
-    if config.batch_invariant and config.quantization and not int8_ok:
-        raise RuntimeError("batch_invariant int8 needs the AVX512-VNNI kernel (not on this CPU)")
+    if config.batch_invariant and config.quantization == "w8a8" and not w8a8:
+        raise RuntimeError("w8a8 needs the AVX512-VNNI kernel (not on this CPU)")
     return config.batch_invariant
 
 
@@ -74,12 +74,8 @@ def describe_matmuls(config: EngineConfig, packed: bool) -> str:
     if kernels is None:
         return "torch's matmuls (the C++ kernels are not built)"
     features = ", ".join(kernels.cpu_features()) or "no AVX2"
-    if config.quantization == "int8":
-        path = (
-            "int8 W8A8 dot products (AVX512-VNNI)"
-            if int8_dot_product()
-            else "int8 weight-only through torch (this CPU has no AVX512-VNNI)"
-        )
+    if config.quantization == "w8a8":
+        path = "W8A8 int8 dot products (AVX512-VNNI)"
     elif config.quantization:
         path = f"{config.quantization} weight-only through torch"
     elif not packed:

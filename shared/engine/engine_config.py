@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-QUANTIZATIONS = ("int8", "int4")
+QUANTIZATIONS = ("int8", "int4", "w8a8")
 SPECULATIVE_METHODS = ("ngram", "draft")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 
@@ -55,7 +55,7 @@ class EngineConfig:
     )
     # Every matmul batch-invariant (shared/engine/batch_invariant.py), so a row's logits do
     # not depend on the rest of its step. None (auto): on when the C++ kernels are built, the
-    # weights are float (or int8 on a CPU with VNNI) and attention is `cpu`; True insists.
+    # weights are float (or w8a8) and attention is `cpu`; True insists.
     batch_invariant: bool | None = flag(
         None,
         help="batch-invariant matmuls, so seeded tokens survive migration "
@@ -68,7 +68,10 @@ class EngineConfig:
         None, help="torch threads (unset: a worker borrows the cores idle workers leave)"
     )
     quantization: str | None = flag(
-        None, choices=QUANTIZATIONS, help="weight-only, at load: int8 per channel, int4 groups"
+        None,
+        choices=QUANTIZATIONS,
+        help="at load: int8 per channel or int4 groups (weight-only), w8a8 (int8 weights and "
+        "activations, AVX512-VNNI, batch-invariant)",
     )
     # None | ngram (prompt lookup) | draft (a draft model); greedy-identical, lossless
     speculative: str | None = flag(
@@ -104,9 +107,13 @@ class EngineConfig:
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("num_threads must be positive")
         if self.quantization not in (None, *QUANTIZATIONS):
-            raise ValueError(f"quantization must be int8, int4 or None, not {self.quantization!r}")
-        if self.batch_invariant and self.quantization == "int4":
-            raise ValueError("batch_invariant needs float or int8 weights (int4 matmuls are not)")
+            raise ValueError(
+                f"quantization must be int8, int4, w8a8 or None, not {self.quantization!r}"
+            )
+        if self.batch_invariant and self.quantization in ("int8", "int4"):
+            raise ValueError(
+                "batch_invariant needs float or w8a8 weights (int8/int4 weight-only are not)"
+            )
         if self.batch_invariant and self.attention_backend not in ("auto", "cpu"):
             raise ValueError("batch_invariant needs the cpu attention backend (or auto)")
         if self.speculative not in (None, *SPECULATIVE_METHODS):

@@ -1,14 +1,15 @@
 """Quantization at load: make a quantized weight set, then the model uses it.
 
-`quantize_weights(weights, "int8" | "int4")` replaces each layer's four matrices (fused qkv,
-o_proj, fused gate_up, down) and the LM head by a quantized linear (model/linear_weights.py,
-which also describes the kernels); `LlamaModel` calls any of them through
+`quantize_weights(weights, "int8" | "int4" | "w8a8")` replaces each layer's four matrices
+(fused qkv, o_proj, fused gate_up, down) and the LM head by a quantized linear
+(model/linear_weights.py, which also describes the kernels); `LlamaModel` calls any of them through
 `model.llama.linear`. The embedding stays in float (a lookup reads T rows). The LM head is
-int8 in both modes.
+int8 in every mode.
 
-int8 is W8A8 through the AVX512-VNNI kernel (`Int8DotLinear`, batch-invariant) where the C++
-kernels were built with it, else weight-only through torch's kernel (`Int8Linear`), said once
-in the log. int4 is weight-only (`Int4Linear`, torch's kernel).
+int8 and int4 are weight-only through torch's kernels (`Int8Linear`, `Int4Linear`). w8a8 is
+int8 weights and per-row int8 activations through the AVX512-VNNI kernel (`Int8DotLinear`,
+batch-invariant), refused where the C++ kernels lack it; it costs more perplexity than int8
+(see the README's benchmarks).
 """
 
 from __future__ import annotations
@@ -30,38 +31,32 @@ from shared.engine.model.linear_weights import (
 )
 from shared.engine.model.weights import LayerWeights, ModelWeights
 
-QUANTIZATIONS = ("int8", "int4")
+QUANTIZATIONS = ("int8", "int4", "w8a8")
 
 log = logging.getLogger(__name__)
 
 
 @cache
 def int8_dot_product() -> bool:
-    """Whether int8 matrices run the W8A8 AVX512-VNNI kernel (logged once when they cannot)."""
+    """Whether the C++ kernels have the W8A8 AVX512-VNNI kernel."""
     kernels = native.load()
-    if kernels is not None and kernels.int8_dot_product_kernel():
-        return True
-    log.warning(
-        "int8: no AVX512-VNNI kernel here (%s); weight-only int8 through torch's kernel, "
-        "which is not batch-invariant",
-        "C++ kernels not built" if kernels is None else "the CPU lacks AVX512-VNNI",
-    )
-    return False
-
-
-def quantize_int8(w: torch.Tensor) -> Int8DotLinear | Int8Linear:
-    """w [N, K] float -> the int8 matrix this CPU runs best."""
-    on_cpu = w.device.type == "cpu"
-    return Int8DotLinear.quantize(w) if on_cpu and int8_dot_product() else Int8Linear.quantize(w)
+    return kernels is not None and kernels.int8_dot_product_kernel()
 
 
 def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> ModelWeights:
     """A copy of `weights` whose matrices are quantized; the float ones can then be freed."""
     if mode not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, not {mode!r}")
+    on_cpu = weights.embed.device.type == "cpu"
+    if mode == "w8a8" and not (on_cpu and int8_dot_product()):
+        raise ValueError(
+            "w8a8 needs the C++ kernels' AVX512-VNNI W8A8 kernel on a CPU; "
+            "this build or device has none (use int8, weight-only)"
+        )
+    int8 = Int8DotLinear.quantize if mode == "w8a8" else Int8Linear.quantize
 
     def q(w: torch.Tensor) -> QuantizedLinear:
-        return quantize_int8(w) if mode == "int8" else Int4Linear.quantize(w, group_size)
+        return Int4Linear.quantize(w, group_size) if mode == "int4" else int8(w)
 
     layers = [
         replace(
@@ -73,7 +68,7 @@ def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> 
         )
         for layer in weights.layers
     ]
-    head = quantize_int8(weights.lm_head)  # [vocab, hidden]; int8 for both modes
+    head = int8(weights.lm_head)  # [vocab, hidden]; int8 in every mode
     return replace(weights, layers=layers, lm_head=head, lm_head_column_major=head)
 
 

@@ -65,7 +65,6 @@ def test_a_missing_shard_is_named(tmp_path):
 @pytest.mark.parametrize(
     ("stored", "device", "bf16_ok", "expected"),
     [
-        ("bfloat16", "cpu", True, "float32"),
         ("bfloat16", "cuda", True, "bfloat16"),
         ("bfloat16", "cuda", False, "float16"),
         ("float16", "cuda", True, "float16"),
@@ -80,9 +79,24 @@ def test_dtype_auto_is_the_checkpoints_where_the_device_runs_it(
     assert auto_dtype(model_dir, device) == expected
 
 
+@pytest.mark.parametrize("bf16_kernels", [True, False])
+def test_dtype_auto_on_a_cpu_is_bf16_where_the_kernels_multiply_it(
+    tmp_path, monkeypatch, bf16_kernels
+):
+    import shared.engine.model_config as model_config
+
+    monkeypatch.setattr(model_config, "cpu_runs_bf16", lambda: bf16_kernels)
+    for stored in ("bfloat16", "float32"):
+        model_dir = write_tiny_model(tmp_path / stored, torch_dtype=stored)
+        assert auto_dtype(model_dir, "cpu") == ("bfloat16" if bf16_kernels else "float32")
+
+
 def test_engine_config_resolves_dtype_auto_once(tmp_path):
+    from shared.engine.model_config import cpu_runs_bf16
+
     model_dir = write_tiny_model(tmp_path / "m", torch_dtype="bfloat16")
-    assert EngineConfig(model_dir=model_dir, dtype="auto", device="cpu").dtype == "float32"
+    expected = "bfloat16" if cpu_runs_bf16() else "float32"
+    assert EngineConfig(model_dir=model_dir, dtype="auto", device="cpu").dtype == expected
 
 
 def test_up_refuses_an_unserved_architecture_before_starting_anything(tmp_path):

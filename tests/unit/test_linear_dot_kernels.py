@@ -123,9 +123,10 @@ def test_the_start_up_log_names_the_path_each_setting_takes(tmp_path):
         return batch_invariant.describe_matmuls(config, packed)
 
     bf16 = "bf16 dot products" if kernels.bf16_dot_product_kernel() else "no AVX512-BF16"
-    int8 = "W8A8 dot products" if kernels.int8_dot_product_kernel() else "no AVX512-VNNI"
     assert bf16 in path(dtype="bfloat16")
-    assert int8 in path(quantization="int8")
+    assert "int8 weight-only through torch" in path(quantization="int8")
+    if kernels.int8_dot_product_kernel():
+        assert "W8A8 int8 dot products" in path(quantization="w8a8")
     assert "fp32 FMA chain" in path()
     assert "batch_invariant off" in path(batch_invariant=False)
     assert "AMX tiles are not used" in path()

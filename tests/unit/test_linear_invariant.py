@@ -73,11 +73,11 @@ def test_auto_turns_on_only_with_invariant_weights_and_cpu_attention(tmp_path):
 
     assert resolved()
     assert not resolved(batch_invariant=False)
-    # int8 is batch-invariant through the VNNI kernel only; int4 never is
-    assert resolved(quantization="int8") == native.load().int8_dot_product_kernel()
-    assert not resolved(quantization="int4")
+    # w8a8 is batch-invariant through the VNNI kernel; int8 and int4 weight-only never are
+    assert resolved(quantization="w8a8") == native.load().int8_dot_product_kernel()
+    assert not resolved(quantization="int8") and not resolved(quantization="int4")
     assert not resolved(attention_backend="torch")
-    with pytest.raises(ValueError, match="float or int8 weights"):
+    with pytest.raises(ValueError, match="float or w8a8 weights"):
         EngineConfig(model_dir=tmp_path, batch_invariant=True, quantization="int4")
     with pytest.raises(ValueError, match="cpu attention"):
         EngineConfig(model_dir=tmp_path, batch_invariant=True, attention_backend="torch")
@@ -104,11 +104,11 @@ NUMERICS = [
     pytest.param({}, id="fp32"),
     pytest.param({"dtype": "bfloat16"}, id="bf16"),
     pytest.param(
-        {"quantization": "int8"},
-        id="int8",
+        {"quantization": "w8a8"},
+        id="w8a8",
         marks=pytest.mark.skipif(
             native.load() is None or not native.load().int8_dot_product_kernel(),
-            reason="int8 is batch-invariant through the AVX512-VNNI kernel only",
+            reason="w8a8 needs the AVX512-VNNI kernel",
         ),
     ),
 ]
