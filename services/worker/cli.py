@@ -11,7 +11,7 @@ import argparse
 import logging
 import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from services.worker.config import WorkerConfig
 from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
@@ -19,8 +19,6 @@ from shared.engine.engine_config import EngineConfig
 from shared.flags import add_flags, build, changed_argv
 from shared.service_loop import run, run_until_signal
 
-# What a served engine defaults to where the library's default is the exact one.
-ENGINE_DEFAULTS: Mapping[str, object] = {"dtype": "auto"}
 NOT_ENGINE_FLAGS = ("model_id",)  # derived: the worker's model name
 
 
@@ -40,12 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_engine_arguments(parser: argparse._ActionsContainer, skip: Sequence[str] = ()) -> None:
     """The engine's flags: the worker's own, and forwarded to every worker by `up`."""
-    add_flags(parser, EngineConfig, (*NOT_ENGINE_FLAGS, *skip), ENGINE_DEFAULTS)
+    add_flags(parser, EngineConfig, (*NOT_ENGINE_FLAGS, *skip))
 
 
 def engine_argv(args: argparse.Namespace, skip: Sequence[str] = ("model_dir",)) -> tuple[str, ...]:
     """The engine flags in `args` that differ from their defaults, as worker arguments."""
-    return changed_argv(EngineConfig, args, (*NOT_ENGINE_FLAGS, *skip), ENGINE_DEFAULTS)
+    return changed_argv(EngineConfig, args, (*NOT_ENGINE_FLAGS, *skip))
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:

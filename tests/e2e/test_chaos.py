@@ -71,8 +71,7 @@ def sampling(job: Job) -> SamplingParams:
 
 def reference(model_dir: Path, jobs: list[Job]) -> list[str]:
     """Each job's text from the engine alone, without any failure."""
-    # what the workers run by default: dtype auto (bf16 where the CPU kernels have it)
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=1024, dtype="auto"))
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=1024))
     for i, job in enumerate(jobs):
         engine.add_request(str(i), job.prompt, sampling(job))
     tokens = run_to_completion(engine)

@@ -160,7 +160,7 @@ def engine_text(model_dir: Path, message: str, max_tokens: int) -> tuple[str, in
     """(text, prompt tokens, completion tokens) of a greedy chat run on the engine alone."""
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     prompt = chat_prompt_ids(model_dir, tokenizer, message)
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=256, dtype="auto"))
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=256))
     engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens))
     tokens = run_to_completion(engine)["r"]
     return tokenizer.decode(tokens, skip_special_tokens=True), len(prompt), len(tokens)
@@ -342,7 +342,7 @@ def test_n_choices_share_the_prompt_blocks(mesh, mesh_model_dir):
     greedy = mesh.client.completions.create(**request, temperature=0)
     assert prefix_hits() - before >= 3 * full_blocks * block_size
     sampled = mesh.client.completions.create(**request, temperature=1.0, seed=11)
-    engine = LLMEngine(EngineConfig(model_dir=mesh_model_dir, num_kv_blocks=256, dtype="auto"))
+    engine = LLMEngine(EngineConfig(model_dir=mesh_model_dir, num_kv_blocks=256))
     engine.add_request("greedy", ids, SamplingParams(temperature=0.0, max_tokens=10))
     for i in range(4):
         engine.add_request(str(i), ids, SamplingParams(temperature=1.0, seed=11 + i, max_tokens=10))

@@ -32,11 +32,7 @@ def flagged_mesh(mesh_model_dir, tmp_path_factory) -> Iterator[Mesh]:  # noqa: F
 
 def engine_tokens(model_dir, prompt: list[int]) -> list[int]:
     config = EngineConfig(
-        model_dir=model_dir,
-        num_kv_blocks=256,
-        quantization="int8",
-        speculative="ngram",
-        dtype="auto",  # the workers' default
+        model_dir=model_dir, num_kv_blocks=256, quantization="int8", speculative="ngram"
     )
     engine = LLMEngine(config)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
