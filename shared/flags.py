@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -90,9 +90,9 @@ class Setting:
 
 
 def settings(
-    cls: type, skip: Sequence[str] = (), defaults: Mapping[str, object] = {}
+    cls: type, skip: Sequence[str] = ()
 ) -> list[Setting]:
-    """The flagged fields of dataclass `cls` but `skip`; `defaults` replaces some defaults."""
+    """The flagged fields of dataclass `cls` but `skip`."""
     hints = typing.get_type_hints(cls)
     found = []
     for field in dataclasses.fields(cls):
@@ -101,7 +101,7 @@ def settings(
             continue
         default = spec.unset if spec.has_unset else field.default
         found.append(
-            Setting(field.name, spec, _kind(hints[field.name]), defaults.get(field.name, default))
+            Setting(field.name, spec, _kind(hints[field.name]), default)
         )
     return found
 
@@ -115,10 +115,9 @@ def add_flags(
     parser: argparse._ActionsContainer,
     cls: type,
     skip: Sequence[str] = (),
-    defaults: Mapping[str, object] = {},
 ) -> None:
     """One flag per flagged field of `cls`, defaulting to its `SPLITSERVE_*` variable."""
-    for setting in settings(cls, skip, defaults):
+    for setting in settings(cls, skip):
         default = env(setting.name, setting.default, setting.parse)
         help_text = f"{setting.spec.help} [{setting.variable}]"
         options: dict[str, Any] = {"dest": setting.name, "help": help_text}
@@ -147,12 +146,11 @@ def changed_argv(
     cls: type,
     args: argparse.Namespace,
     skip: Sequence[str] = (),
-    defaults: Mapping[str, object] = {},
 ) -> tuple[str, ...]:
     """The flags of `cls` in `args` whose values differ from their defaults, as arguments
-    that a parser built by `add_flags(parser, cls, skip, defaults)` reads back."""
+    that a parser built by `add_flags(parser, cls, skip)` reads back."""
     argv: list[str] = []
-    for setting in settings(cls, skip, defaults):
+    for setting in settings(cls, skip):
         if not hasattr(args, setting.name):
             continue
         value = getattr(args, setting.name)
