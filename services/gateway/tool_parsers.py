@@ -73,6 +73,10 @@ def json_array(text: str, final: bool) -> Scan:
 
 def hermes(text: str, final: bool) -> Scan:
     first = text.find(_HERMES_START)
+    if first < 0 and text[skip_whitespace(text, 0) :].startswith("{"):
+        # Small models of this template (Qwen2.5-Coder-0.5B) often leave the tags out and
+        # answer with the bare {"name", "arguments"} object: read it as llama3_json does.
+        return llama3_json(text, final)
     if first < 0:
         return Scan(text if final else _hold_back(text, _HERMES_START), ())
 

@@ -74,6 +74,12 @@ def streamed(stream: ToolCallStream, text: str, step: int) -> tuple[str, list[tu
             "Let me check.\n",
             [("get_weather", '{"city": "Paris", "unit": "c"}'), ("get_time", "{}")],
         ),
+        (  # Qwen2.5-Coder-0.5B-Instruct's greedy reply, recorded: no <tool_call> tags
+            hermes,
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+            "",
+            [("get_weather", '{"city": "Paris"}')],
+        ),
         (llama3_json, LLAMA_CALL, "", [("get_weather", '{"city": "Oslo \\"N\\""}')]),
         (
             mistral,
