@@ -49,9 +49,10 @@ def dockerfile_env(dockerfile: Path) -> dict[str, str]:
 
 
 def _without_outer_make() -> dict[str, str]:
-    """The environment without an outer make's variables (`make test ENGINE=vllm` would
-    hand ENGINE down through MAKEFLAGS)."""
-    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    """The environment without an outer make's variables: `make test ENGINE=vllm` hands
+    ENGINE down, in MAKEFLAGS and as an environment variable."""
+    outer = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ENGINE", "VLLM_WHEEL")
+    return {k: v for k, v in os.environ.items() if k not in outer}
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
