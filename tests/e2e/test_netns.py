@@ -166,9 +166,20 @@ def test_cutting_a_decode_workers_link_mid_stream(spread, mesh_model_dir):  # no
     _, failed, hung = report("netns link cut (decode d0)", outcomes)
     assert (failed, hung) == (0, 0), [o.error for o in outcomes]
     assert_same_texts(jobs, outcomes, expected)
-    prefill = next(
-        w.heartbeat for w in status(spread.nats_url).workers if w.heartbeat.worker_id == "p0"
-    )
-    peers = {peer.worker_id: peer.transport for peer in prefill.kv_peers}
+    peers = prefill_peers(spread.nats_url)
     print("KV from p0 (decode worker: transport):", peers)
     assert peers.keys() == {"d0", "d1"}  # both took streams: the cut hit live ones
+
+
+def prefill_peers(nats_url: str, timeout_s: float = 15.0) -> dict[str, str]:
+    """p0's KV peers (decode worker id: transport) once its heartbeats name both decode
+    workers, or what they named last after `timeout_s` (a loaded machine beats late)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        prefill = next(
+            w.heartbeat for w in status(nats_url).workers if w.heartbeat.worker_id == "p0"
+        )
+        peers = {peer.worker_id: peer.transport for peer in prefill.kv_peers}
+        if peers.keys() >= {"d0", "d1"} or time.monotonic() > deadline:
+            return peers
+        time.sleep(0.5)
