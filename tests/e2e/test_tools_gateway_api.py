@@ -5,11 +5,9 @@ Also the reply shapes of prompt logprobs, built from a delta as the mesh deliver
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,27 +15,23 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from aiohttp import web
 from tokenizers import Tokenizer
 
 from services.gateway.generation import Delta, Finish, Usage
 from services.gateway.prompt_scores import PromptScoring
 from services.gateway.prompting import ModelText
 from services.gateway.responses import ResponseBuilder
-from shared.bus import Bus
 from shared.nats_server import NatsServer
 from shared.protocol import PromptTokenLogprob, TokenLogprob
-from shared.subjects import Subjects
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
 from tests.integration.conftest import nats_server  # noqa: F401  (fixture)
 from tests.integration.test_gateway import (
     MODEL,
-    NAMESPACE,
-    FakeMesh,
     Harness,
     Script,
     gateway_config,
     http,
+    run_gateway,
     start_gateway,
 )
 
@@ -68,22 +62,7 @@ def gw(nats_server: NatsServer, real_model_dir: Path) -> Iterator[Harness]:  # n
     config = dataclasses.replace(
         gateway_config(nats_server, real_model_dir, "gw-tools"), max_model_len=MAX_MODEL_LEN
     )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> tuple[web.AppRunner, FakeMesh]:
-        mesh = FakeMesh(await Bus.connect(nats_server.url, "fake-mesh"), Subjects(NAMESPACE))
-        await mesh.start()
-        return await start_gateway(config), mesh
-
-    runner, mesh = asyncio.run_coroutine_threadsafe(start(), loop).result(20)
-    harness = Harness(f"http://127.0.0.1:{config.port}", mesh, loop, ModelText.load(real_model_dir))
-    yield harness
-    harness.run(runner.cleanup())
-    harness.run(mesh.bus.close())
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    yield from run_gateway(nats_server, config, real_model_dir)
 
 
 @pytest.fixture(scope="module")

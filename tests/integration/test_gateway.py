@@ -170,6 +170,13 @@ async def start_gateway(config: GatewayConfig) -> web.AppRunner:
 @pytest.fixture(scope="module")
 def gw(nats_server: NatsServer, real_model_dir: Path) -> Iterator[Harness]:  # noqa: F811
     config = gateway_config(nats_server, real_model_dir, "gw1")
+    yield from run_gateway(nats_server, config, real_model_dir)
+
+
+def run_gateway(
+    nats_server: NatsServer, config: GatewayConfig, model_dir: Path
+) -> Iterator[Harness]:
+    """A gateway with `config` and a fake mesh on their own loop thread, until closed."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -180,7 +187,7 @@ def gw(nats_server: NatsServer, real_model_dir: Path) -> Iterator[Harness]:  # n
         return await start_gateway(config), mesh
 
     runner, mesh = asyncio.run_coroutine_threadsafe(start(), loop).result(20)
-    harness = Harness(f"http://127.0.0.1:{config.port}", mesh, loop, ModelText.load(real_model_dir))
+    harness = Harness(f"http://127.0.0.1:{config.port}", mesh, loop, ModelText.load(model_dir))
     yield harness
     harness.run(runner.cleanup())
     harness.run(mesh.bus.close())
