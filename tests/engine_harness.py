@@ -37,28 +37,33 @@ class LogitsRecorder:
         return self._sampler(logits, rows)
 
 
-def hf_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
-    """[len(token_ids), vocab] next-token logits from transformers, fp32, one forward pass."""
-    model = _hf_model(model_dir)
+def hf_logits(
+    model_dir: Path, token_ids: list[int], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """[len(token_ids), vocab] next-token logits from transformers (in float32) of the model
+    in `dtype`, one forward pass."""
+    model = _hf_model(model_dir, dtype)
     with torch.inference_mode():
         return model(torch.tensor([token_ids])).logits[0].float()
 
 
-_HF_MODELS: dict[Path, object] = {}
+_HF_MODELS: dict[tuple[Path, torch.dtype], object] = {}
 
 
-def _hf_model(model_dir: Path):
+def _hf_model(model_dir: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    if model_dir not in _HF_MODELS:
-        _HF_MODELS[model_dir] = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="eager"
+    if (model_dir, dtype) not in _HF_MODELS:
+        _HF_MODELS[model_dir, dtype] = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation="eager"
         ).eval()
-    return _HF_MODELS[model_dir]
+    return _HF_MODELS[model_dir, dtype]
 
 
-def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    model = _hf_model(model_dir)
+def hf_greedy(
+    model_dir: Path, prompt: list[int], max_new_tokens: int, dtype: torch.dtype = torch.float32
+) -> list[int]:
+    model = _hf_model(model_dir, dtype)
     ids = torch.tensor([prompt])
     with torch.inference_mode():
         out = model.generate(

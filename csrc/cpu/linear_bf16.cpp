@@ -101,7 +101,12 @@ torch::Tensor pack_bf16_pairs(torch::Tensor w) {
 torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
                                 c10::optional<torch::Tensor> bias) {
   const int64_t M = x.size(0), K = x.size(1), N = out_features, pairs = packed.size(1);
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "x must be bfloat16 for bfloat16 weights");
+  // fp32 activations (the engine's residual stream beside bf16 weights) are rounded to bf16
+  // here, element by element; y comes back in x's dtype, unrounded for fp32.
+  const auto out_dtype = x.scalar_type();
+  TORCH_CHECK(out_dtype == torch::kBFloat16 || out_dtype == torch::kFloat,
+              "x must be bfloat16 or float32 for bfloat16 weights");
+  if (out_dtype == torch::kFloat) x = x.to(torch::kBFloat16);
   TORCH_CHECK(packed.is_contiguous() && pairs == (K + 1) / 2 &&
                   packed.size(0) == (N + kPanel - 1) / kPanel,
               "packed must come from pack_linear_weight of an [", N, ", ", K, "] matrix");
@@ -124,5 +129,5 @@ torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t o
     TORCH_CHECK(bias->numel() == N, "bias: [N]");
     y.add_(bias->to(torch::kFloat));  // one rounding per element, after the whole chain
   }
-  return y.to(torch::kBFloat16);
+  return y.to(out_dtype);
 }

@@ -16,6 +16,13 @@ stepping on:
   after the step. An owner that wakes up raises its flag first, then waits for its core:
   a borrower finishes its current step and borrows that core no more.
 
+First tokens come first. A prefill worker whose step left prompts waiting (a burst of
+arrivals) raises its home's `backlog-N` flag; a decode worker about to step while some
+prefill has a backlog lowers its active flag and waits for that backlog to clear, at most
+`YIELD_LIMIT_S` per step, so the prefill steps on every core (one engine stepping on two
+cores, as vLLM does for a burst, instead of two on one each: the burst's last first token
+comes about twice as soon, and the running streams pause for as long).
+
 Locks are `flock`s on files in a per-user directory, so they vanish with the process that
 held them: a worker killed mid-step never strands a core.
 """
@@ -25,7 +32,12 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
+
+YIELD_LIMIT_S = 1.0  # a decode worker waits for a prefill backlog this long per step at most
+_YIELD_POLL_S = 0.002
+ROLES = ("prefill", "decode", "both")
 
 
 def default_dir() -> Path:
@@ -40,19 +52,31 @@ def machine_cores() -> int:
 
 
 class CoreLease:
-    def __init__(self, cores: int | None = None, directory: Path | None = None) -> None:
+    def __init__(
+        self, cores: int | None = None, directory: Path | None = None, role: str = "both"
+    ) -> None:
+        """`role`: the worker's; a prefill worker raises backlogs, a decode worker yields to
+        them, a worker of both roles does neither (its own scheduler mixes the two)."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        self.role = role
         self.cores = cores or machine_cores()
         self.directory = directory or default_dir()
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._files = [self._open(f"core-{i}") for i in range(self.cores)]
         self._actives = [self._open(f"active-{i}") for i in range(self.cores)]
+        self._backlogs = [self._open(f"backlog-{i}") for i in range(self.cores)]
         self._claim, self.home = self._claim_home()
         self._held: list[int] = []
         self._active = False
+        self._backlog = False
 
     def acquire(self) -> int:
         """Raise the active flag, take the home core (waiting for a borrower's step at most)
-        and borrow the idle workers' cores; returns how many cores this step holds (>= 1)."""
+        and borrow the idle workers' cores; returns how many cores this step holds (>= 1).
+        A decode worker first waits out a prefill backlog (`YIELD_LIMIT_S` at most)."""
+        if self.role == "decode":
+            self._yield_to_backlog()
         if not self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_SH)
             self._active = True
@@ -69,15 +93,31 @@ class CoreLease:
             fcntl.flock(self._files[core], fcntl.LOCK_UN)
         self._held = []
 
+    def set_backlog(self, backlog: bool) -> None:
+        """After a step: whether prompts are still waiting (a prefill worker's only)."""
+        if self.role != "prefill" or backlog == self._backlog:
+            return
+        fcntl.flock(self._backlogs[self.home], fcntl.LOCK_SH if backlog else fcntl.LOCK_UN)
+        self._backlog = backlog
+
     def idle(self) -> None:
         """No work until further notice: others may borrow the home core."""
+        self.set_backlog(False)
         if self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_UN)
             self._active = False
 
+    def _yield_to_backlog(self) -> None:
+        if not self._some_backlog():
+            return
+        self.idle()  # the prefill's next step borrows this core
+        give_up = time.monotonic() + YIELD_LIMIT_S
+        while self._some_backlog() and time.monotonic() < give_up:
+            time.sleep(_YIELD_POLL_S)
+
     def close(self) -> None:
         self.release()
-        for f in (*self._files, *self._actives, self._claim):
+        for f in (*self._files, *self._actives, *self._backlogs, self._claim):
             os.close(f)
 
     def _claim_home(self) -> tuple[int, int]:
@@ -91,13 +131,13 @@ class CoreLease:
         core = os.getpid() % self.cores
         return self._open(f"claim-{core}"), core
 
+    def _some_backlog(self) -> bool:
+        """Whether a prefill worker of this machine has prompts waiting."""
+        return any(not _free(flag) for flag in self._backlogs)
+
     def _idle(self, core: int) -> bool:
         """Whether no worker whose home is `core` has work (none holds its active flag)."""
-        flag = self._actives[core]
-        if not _try_lock(flag):
-            return False
-        fcntl.flock(flag, fcntl.LOCK_UN)
-        return True
+        return _free(self._actives[core])
 
     def _open(self, name: str) -> int:
         return os.open(self.directory / name, os.O_RDWR | os.O_CREAT, 0o600)
@@ -108,4 +148,12 @@ def _try_lock(fd: int) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    return True
+
+
+def _free(flag: int) -> bool:
+    """Whether no process holds `flag` (a shared or exclusive flock)."""
+    if not _try_lock(flag):
+        return False
+    fcntl.flock(flag, fcntl.LOCK_UN)
     return True

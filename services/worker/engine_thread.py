@@ -191,6 +191,8 @@ class EngineThread:
     def _observe(self, engine: LLMEngine) -> None:
         self.stats = engine.stats()
         self._events.add(engine.take_kv_events())
+        if self.lease is not None:
+            self.lease.set_backlog(self.stats.num_waiting > 0)
 
     def _fail(self, exc: BaseException) -> None:
         self.error = exc

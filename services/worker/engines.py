@@ -22,4 +22,4 @@ def make_engine(config: WorkerConfig) -> tuple[EngineClient, TransportFactory]:
             ) from exc
         client = VllmEngineClient(config)
         return client, lambda *_: client.transport()
-    return NativeEngineClient(config.engine_config()), make_transport
+    return NativeEngineClient(config.engine_config(), config.role), make_transport

@@ -47,12 +47,12 @@ class _Pinned:
 
 
 class NativeEngineClient:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, role: str = "both") -> None:
         self.config = config
         self._events: EngineEvents | None = None
         # No thread count given: share the machine's cores with its other workers.
         shares_cores = config.num_threads is None and config.torch_device.type == "cpu"
-        lease = CoreLease() if shares_cores else None
+        lease = CoreLease(role=role) if shares_cores else None
         self._thread = EngineThread(
             lambda: LLMEngine(config), self._on_step, self._on_fatal, lease
         )

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from shared.engine import native
 from shared.engine.attention import resolve_backend
 from shared.engine.engine_config import EngineConfig
@@ -53,19 +55,37 @@ def resolve(config: EngineConfig) -> bool:
 def pack_weights(weights: ModelWeights) -> ModelWeights:
     """Packs the matrices of `weights` in place, one layer at a time (so the float copies go
     as it goes), and returns it. The embedding stays as it is (a lookup); a tied head is
-    packed as a copy of it."""
+    packed as a copy of it.
+
+    The kernels sum in fp32 and take fp32 activations whatever the weights' dtype, so the
+    norms and biases become fp32 too: the model then keeps its residual stream, norms, rope
+    and logits in fp32 (`DecoderModel.act_dtype`), and bf16 weights cost only the rounding of
+    each matmul's input. That halves bf16's logit error against fp32 (transformers' bf16,
+    which rounds the residual stream at every layer, errs more than ours)."""
     for i, layer in enumerate(weights.layers):
         weights.layers[i] = replace(
             layer,
+            input_norm=_fp32(layer.input_norm),
+            post_norm=_fp32(layer.post_norm),
+            q_norm=_fp32(layer.q_norm),
+            k_norm=_fp32(layer.k_norm),
+            attn_out_norm=_fp32(layer.attn_out_norm),
+            mlp_out_norm=_fp32(layer.mlp_out_norm),
+            qkv_bias=_fp32(layer.qkv_bias),
             qkv=PackedLinear.pack(layer.qkv),
             o_proj=PackedLinear.pack(layer.o_proj),
             gate_up=layer.gate_up if layer.gate_up is None else PackedLinear.pack(layer.gate_up),
             down=layer.down if layer.down is None else PackedLinear.pack(layer.down),
             experts=layer.experts and layer.experts.map(PackedLinear.pack),  # MoE layers
         )
+    weights.norm = weights.norm.float()
     head = PackedLinear.pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows
     weights.lm_head = weights.lm_head_column_major = head
     return weights
+
+
+def _fp32(vector: torch.Tensor | None) -> torch.Tensor | None:
+    return None if vector is None else vector.float()
 
 
 def describe_matmuls(config: EngineConfig, packed: bool) -> str:

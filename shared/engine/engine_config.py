@@ -28,14 +28,15 @@ ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 class EngineConfig:
     model_dir: Path = flag(help="HF-layout model directory")
     # Weights and KV cache. auto: the checkpoint's own dtype on a GPU; on a CPU bfloat16
-    # where the kernels have bf16 dot products, else float32 (model_config.auto_dtype).
-    # The default stays float32: exact against transformers, and SmolLM2-135M's greedy
-    # answer to "What is the capital of France?" is a near-tie that bf16 flips.
+    # where the kernels have bf16 dot products and the weights are not quantized, else
+    # float32 (model_config.auto_dtype). On a CPU, bf16 weights keep an fp32 residual stream
+    # (batch_invariant.pack_weights): greedy text agrees with fp32's more often than
+    # transformers' own bf16 does (docs/numerics.md).
     dtype: str = flag(
-        "float32",
+        "auto",
         choices=("auto", *DTYPE_NAMES),
         help="weights and KV cache; auto: the checkpoint's on a GPU, bf16 on a CPU with "
-        "AVX512-BF16, else float32",
+        "AVX512-BF16 (unquantized), else float32",
     )
     # Where weights, KV cache and step tensors live: auto (cuda when torch sees a CUDA
     # device, else cpu) | cpu | cuda | cuda:N. On CUDA, attention auto resolves to triton.
@@ -87,7 +88,8 @@ class EngineConfig:
         if self.dtype == "auto":  # resolved once: workers and KV layouts see a real name
             from shared.engine.model_config import auto_dtype
 
-            object.__setattr__(self, "dtype", auto_dtype(self.model_dir, self.torch_device.type))
+            dtype = auto_dtype(self.model_dir, self.torch_device.type, self.quantization)
+            object.__setattr__(self, "dtype", dtype)
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, not {self.dtype!r}")
         device = self.torch_device  # raises ValueError for a device that is not there

@@ -215,13 +215,14 @@ def _moe_layers(raw: dict, num_layers: int) -> tuple[bool, ...]:
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
 
 
-def auto_dtype(model_dir: Path, device_type: str) -> str:
+def auto_dtype(model_dir: Path, device_type: str, quantization: str | None = None) -> str:
     """`--dtype auto`: the checkpoint's dtype (config.json's `torch_dtype` or `dtype`) on a
     GPU, bfloat16 only where the GPU supports it. On a CPU, bfloat16 where the C++ kernels
     have bf16 dot products (AVX512-BF16: twice the fp32 kernel's speed, half its bytes), else
-    float32 (16-bit weights then run no faster, and less exactly)."""
+    float32 (16-bit weights then run no faster, and less exactly); quantized weights are
+    made from float32 ones and keep float32 activations."""
     if device_type != "cuda":
-        return "bfloat16" if cpu_runs_bf16() else "float32"
+        return "bfloat16" if quantization is None and cpu_runs_bf16() else "float32"
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     name = str(raw.get("torch_dtype") or raw.get("dtype") or "float32").removeprefix("torch.")
     if name == "bfloat16":

@@ -1,4 +1,5 @@
-"""The engine on the real default model (fp32) against transformers, the reference."""
+"""The engine on the real default model in fp32 against transformers, the reference (bf16:
+test_bf16_parity.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def test_logits_match_transformers_through_chunked_prefill_and_paged_decode(
     ids = tokenizer.encode(TEXT * 6, add_special_tokens=False).ids
     prompts = {f"len{n}": ids[:n] for n in (5, 64, 171, 300)}
     engine = LLMEngine(
-        EngineConfig(model_dir=real_model_dir, max_num_batched_tokens=64, kv_cache_gib=0.25)
+        EngineConfig(
+            model_dir=real_model_dir, dtype="float32", max_num_batched_tokens=64, kv_cache_gib=0.25
+        )
     )
     recorder = LogitsRecorder(engine)
     params = SamplingParams(temperature=0.0, max_tokens=33, ignore_eos=True)  # 1 + 32 decodes
@@ -56,7 +59,7 @@ def test_logits_match_transformers_through_chunked_prefill_and_paged_decode(
 
 
 def test_greedy_chat_answers_equal_transformers(real_model_dir, tokenizer):
-    engine = LLMEngine(EngineConfig(model_dir=real_model_dir, kv_cache_gib=0.25))
+    engine = LLMEngine(EngineConfig(model_dir=real_model_dir, dtype="float32", kv_cache_gib=0.25))
     params = SamplingParams(temperature=0.0, max_tokens=64)
     prompts = {
         f"chat{i}": chat_prompt_ids(real_model_dir, tokenizer, m) for i, m in enumerate(CHATS)

@@ -39,7 +39,7 @@ def text_tokens(real_model_dir) -> list[int]:
 
 @pytest.fixture(scope="module")
 def fp32_perplexity(real_model_dir, text_tokens) -> float:
-    return perplexity(_engine(real_model_dir), text_tokens, 512)
+    return perplexity(_engine(real_model_dir, dtype="float32"), text_tokens, 512)
 
 
 VNNI = native.load() is not None and native.load().int8_dot_product_kernel()
@@ -57,7 +57,7 @@ def test_quantized_perplexity_stays_close_and_answers_right(
     # "What is the capital of France?" starts with a near-tie in fp32 ("The" -1.88, "L" -1.96)
     # that int4 flips; the check is that the answer's first-token distribution stays close.
     [prompt] = encode_chat(real_model_dir, ["What is the capital of France?"])
-    fp32_top = _first_top(_engine(real_model_dir), prompt)
+    fp32_top = _first_top(_engine(real_model_dir, dtype="float32"), prompt)
     top = _first_top(engine, prompt)
     assert fp32_top[0][0] in [token for token, _ in top]
     assert abs(dict(top)[fp32_top[0][0]] - fp32_top[0][1]) < 0.5

@@ -32,6 +32,7 @@ def test_logits_match_transformers(tiny_model_dir, backend):
     engine = LLMEngine(
         EngineConfig(
             model_dir=tiny_model_dir,
+            dtype="float32",  # exact against transformers' fp32
             attention_backend=backend,
             num_kv_blocks=64,
             max_num_batched_tokens=16,  # chunked prefill: later chunks see a cached context

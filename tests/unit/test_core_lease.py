@@ -96,3 +96,51 @@ def test_a_killed_worker_strands_no_core(tmp_path):
         mine.close()
     finally:
         holder.kill()
+
+
+def test_a_decode_worker_yields_its_core_to_a_prefill_backlog(tmp_path):
+    prefill = CoreLease(2, tmp_path, role="prefill")
+    decode = CoreLease(2, tmp_path, role="decode")
+    assert decode.acquire() == 2  # no backlog: decode borrows the idle prefill's core
+    decode.release()
+    assert prefill.acquire() == 1  # decode is active between its steps
+    prefill.set_backlog(True)  # the step left prompts waiting
+    prefill.release()
+    waiter, got = _waiting_acquire(decode)
+    assert not got, "decode waits while the prefill has a backlog"
+    assert prefill.acquire() == 2  # and the prefill steps on both cores meanwhile
+    prefill.set_backlog(False)
+    prefill.release()
+    waiter.join(timeout=5)
+    assert got == [1]  # the prefill still has work: its core stays its own
+    decode.release()
+    prefill.close(), decode.close()
+
+
+def test_a_backlog_holds_a_decode_step_back_for_the_yield_limit_at_most(tmp_path, monkeypatch):
+    monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
+    prefill = CoreLease(2, tmp_path, role="prefill")
+    decode = CoreLease(2, tmp_path, role="decode")
+    prefill.acquire()
+    prefill.set_backlog(True)
+    prefill.release()
+    started = time.monotonic()
+    assert decode.acquire() == 1  # waited out the limit, then stepped on its own core
+    assert 0.3 <= time.monotonic() - started < 3
+    decode.release()
+    prefill.idle()  # no work: the backlog goes with it
+    assert decode.acquire() == 2
+    decode.release()
+    prefill.close(), decode.close()
+
+
+def test_workers_of_both_roles_neither_raise_nor_heed_backlogs(tmp_path):
+    a, b = CoreLease(2, tmp_path, role="both"), CoreLease(2, tmp_path, role="both")
+    a.acquire()
+    a.set_backlog(True)
+    a.release()
+    started = time.monotonic()
+    assert b.acquire() == 1
+    assert time.monotonic() - started < 0.5
+    b.release()
+    a.close(), b.close()

@@ -25,6 +25,7 @@ PROMPTS = {
 
 def make_engine(model_dir, **overrides) -> LLMEngine:
     settings = {"num_kv_blocks": 64, "max_num_batched_tokens": 64, "max_num_seqs": 8}
+    settings["dtype"] = "float32"  # exact against transformers' fp32
     return LLMEngine(EngineConfig(model_dir=model_dir, **(settings | overrides)))
 
 

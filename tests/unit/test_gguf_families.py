@@ -143,7 +143,9 @@ def test_converted_gguf_serves_transformers_logits(tmp_path, family):
     converted = tmp_path / "converted"
     convert_gguf(tmp_path / "model.gguf", converted)
     engine = LLMEngine(
-        EngineConfig(model_dir=converted, num_kv_blocks=32, attention_backend="torch")
+        EngineConfig(
+            model_dir=converted, dtype="float32", num_kv_blocks=32, attention_backend="torch"
+        )
     )
     recorder = LogitsRecorder(engine)
     prompt = [(7 * i) % 280 + 3 for i in range(30)]  # past the sliding window of 20

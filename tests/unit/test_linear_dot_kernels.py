@@ -127,6 +127,8 @@ def test_the_start_up_log_names_the_path_each_setting_takes(tmp_path):
     assert "int8 weight-only through torch" in path(quantization="int8")
     if kernels.int8_dot_product_kernel():
         assert "W8A8 int8 dot products" in path(quantization="w8a8")
-    assert "fp32 FMA chain" in path()
+    assert "fp32 FMA chain" in path(dtype="float32")
+    auto = "bf16 dot products" if kernels.bf16_dot_product_kernel() else "float32 through"
+    assert auto in path()  # the default, dtype auto
     assert "batch_invariant off" in path(batch_invariant=False)
     assert "AMX tiles are not used" in path()

@@ -90,6 +90,7 @@ SEEDED = SamplingParams(temperature=1.0, seed=7, max_tokens=24, ignore_eos=True)
 
 def recorded_engine(model_dir, **overrides) -> tuple[LLMEngine, LogitsRecorder]:
     settings = {"num_kv_blocks": 128, "max_num_batched_tokens": 64, "max_num_seqs": 8}
+    settings["dtype"] = "float32"  # the fp32 kernel; test_linear_dot_kernels covers bf16
     engine = LLMEngine(
         EngineConfig(model_dir=model_dir, batch_invariant=True, **(settings | overrides))
     )

@@ -27,6 +27,7 @@ AGAIN = PROMPTS["long"][:48] + [9, 8, 7]
 
 def check_family(model_dir, **engine_overrides) -> None:
     settings = {"num_kv_blocks": 64, "max_num_batched_tokens": 16, "max_num_seqs": 8}
+    settings["dtype"] = "float32"  # exact against transformers' fp32
     engine = LLMEngine(EngineConfig(model_dir=model_dir, **(settings | engine_overrides)))
     recorder = LogitsRecorder(engine)
     for name, prompt in PROMPTS.items():  # one batch: chunked prefills beside decodes

@@ -26,7 +26,7 @@ def outputs_of(engine: LLMEngine) -> dict:
 def test_prompt_tokens_are_scored_as_transformers_scores_them(tiny_model_dir) -> None:
     logprobs = torch.log_softmax(hf_logits(tiny_model_dir, PROMPT), dim=-1)  # [P, V]
     for budget in (64, 16, 5):  # one chunk, several, many
-        config = EngineConfig(model_dir=tiny_model_dir, num_kv_blocks=64,
+        config = EngineConfig(model_dir=tiny_model_dir, dtype="float32", num_kv_blocks=64,
                               max_num_batched_tokens=budget, max_num_seqs=4)  # fmt: skip
         engine = LLMEngine(config)
         engine.add_request("warm", PROMPT, SamplingParams(temperature=0.0, max_tokens=2))
@@ -47,7 +47,7 @@ def test_prompt_tokens_are_scored_as_transformers_scores_them(tiny_model_dir) ->
 
 
 def test_plain_requests_still_hit_the_prefix_cache(tiny_model_dir) -> None:
-    engine = LLMEngine(EngineConfig(model_dir=tiny_model_dir, num_kv_blocks=64,
+    engine = LLMEngine(EngineConfig(model_dir=tiny_model_dir, dtype="float32", num_kv_blocks=64,
                                     max_num_batched_tokens=64, max_num_seqs=4))  # fmt: skip
     for name in ("a", "b"):
         engine.add_request(name, PROMPT, SamplingParams(temperature=0.0, max_tokens=1))
@@ -58,7 +58,7 @@ def test_plain_requests_still_hit_the_prefix_cache(tiny_model_dir) -> None:
 def test_preempted_requests_send_their_prompt_logprobs_once(tiny_model_dir) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, prompt_logprobs=1)
     prompts = {f"r{i}": [(5 * i + 11 * j) % 250 + 3 for j in range(30)] for i in range(4)}
-    config = EngineConfig(model_dir=tiny_model_dir, num_kv_blocks=14, max_num_batched_tokens=64,
+    config = EngineConfig(model_dir=tiny_model_dir, dtype="float32", num_kv_blocks=14, max_num_batched_tokens=64,
                           max_num_seqs=8, enable_prefix_caching=False)  # fmt: skip
     engine = LLMEngine(config)
     for name, prompt in prompts.items():

@@ -38,10 +38,17 @@ class DecoderModel:
             if config.local_rope_theta
             else self.rotations
         )
+        # The residual stream's dtype: fp32 beside packed weights (batch_invariant.py), else
+        # the weights' own. The embedding rows and attention's q/kv convert at the edges.
+        self.act_dtype = weights.norm.dtype
         self.layer_attention = [
             LayerAttention(config.softmax_scale, config.window_of(i), config.attn_softcap)
             for i in range(config.num_layers)
         ]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] int64 -> [T, hidden] in act_dtype."""
+        return F.embedding(input_ids, self.weights.embed).to(self.act_dtype)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm over the last axis; Gemma's (1 + w) offset is already in `weight`."""
@@ -66,10 +73,11 @@ class DecoderModel:
                 qkv[:, heads : heads + kv_heads], layer.k_norm
             )
         apply_rope_(qkv[:, : heads + kv_heads], rotations)
+        qkv = qkv.to(cache.dtype)
         q, kv = qkv[:, :heads], qkv[:, heads:].view(t, 2, kv_heads, d)
         self.attention.write_kv(cache, kv, meta)
         attn = self.attention.attend(q, kv, cache, meta, self.layer_attention[i])  # [T, heads, d]
-        return linear(attn.reshape(t, heads * d), layer.o_proj)
+        return linear(attn.reshape(t, heads * d).to(x.dtype), layer.o_proj)
 
     def dense_mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         return gated_mlp(x, layer.gate_up, layer.down, self.config.hidden_act)

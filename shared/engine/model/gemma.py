@@ -25,7 +25,7 @@ class GemmaModel(DecoderModel):
         w = self.weights
         global_rotations = self.rotations[positions].unsqueeze(1)  # [T, 1, d/2]
         local_rotations = self.local_rotations[positions].unsqueeze(1)
-        h = torch.nn.functional.embedding(input_ids, w.embed)  # [T, hidden]
+        h = self.embed(input_ids)  # [T, hidden]
         h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
         for i, (layer, cache) in enumerate(zip(w.layers, kv_cache, strict=True)):
             local = self.config.window_of(i) and self.config.local_rope_theta

@@ -26,7 +26,7 @@ class LlamaModel(DecoderModel):
     ) -> torch.Tensor:  # [S, vocab] float32
         w = self.weights
         rotations = self.rotations[positions].unsqueeze(1)  # [T, 1, d/2]
-        h = torch.nn.functional.embedding(input_ids, w.embed)  # [T, hidden]
+        h = self.embed(input_ids)  # [T, hidden]
         for i, (layer, cache) in enumerate(zip(w.layers, kv_cache, strict=True)):
             x = self.norm(h, layer.input_norm)
             h = h + self.self_attention(i, x, layer, cache, rotations, meta)
