@@ -58,8 +58,9 @@ def test_plain_requests_still_hit_the_prefix_cache(tiny_model_dir) -> None:
 def test_preempted_requests_send_their_prompt_logprobs_once(tiny_model_dir) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, prompt_logprobs=1)
     prompts = {f"r{i}": [(5 * i + 11 * j) % 250 + 3 for j in range(30)] for i in range(4)}
-    config = EngineConfig(model_dir=tiny_model_dir, dtype="float32", num_kv_blocks=14, max_num_batched_tokens=64,
-                          max_num_seqs=8, enable_prefix_caching=False)  # fmt: skip
+    config = EngineConfig(model_dir=tiny_model_dir, dtype="float32", num_kv_blocks=14,
+                          max_num_batched_tokens=64, max_num_seqs=8,
+                          enable_prefix_caching=False)  # fmt: skip
     engine = LLMEngine(config)
     for name, prompt in prompts.items():
         engine.add_request(name, prompt, params)
