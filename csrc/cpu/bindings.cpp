@@ -23,6 +23,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_dot_product_kernel", &bf16_dot_product_kernel,
         "whether this build has the AVX512-BF16 dot-product kernel");
   m.def("cpu_features", &cpu_features, "instruction sets the kernels were built with");
+  m.def("core_peak_gops", &core_peak_gops, "one core's multiply-add peak, measured (Gop/s)",
+        py::arg("numerics"), py::arg("iterations") = 20000000,
+        py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, "batch-invariant x @ w.T (+ bias) over a packed weight",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());

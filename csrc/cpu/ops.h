@@ -49,3 +49,6 @@ torch::Tensor linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 
 // features.cpp: the instruction sets this build's kernels use (compiled for this host).
 std::vector<std::string> cpu_features();
+
+// One core's measured multiply-add peak, giga-ops/s (2 per multiply-add): fp32, bf16, int8.
+double core_peak_gops(const std::string& numerics, int64_t iterations);

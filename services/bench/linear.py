@@ -9,6 +9,10 @@ One step of T rows: 30 layers of fused qkv [960, 576], o_proj [576, 576], fused 
 layouts (column-major layers; the head column-major up to 2 rows, row-major above); the
 kernel its packed ones. Weights repeat across layers here, so they stay in cache: this
 times the arithmetic, not the weight streaming of a real decode (see `bench engine`).
+
+Each step's line also gives the kernel's Gop/s (2 per multiply-add) as a fraction of one
+core's peak for the same instruction, measured on the spot (csrc/cpu/peak.cpp): with one
+torch thread both are one core's.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from shared.engine import native
 from shared.engine.batch_invariant import PackedLinear
 from shared.engine.model.linear_weights import Int8DotLinear, Int8Linear
 from shared.engine.model.weights import column_major
@@ -72,11 +77,19 @@ def time_matrix(
     return [t * 1e6 for t in best]
 
 
+def step_multiply_adds(rows: int, layers: int) -> int:
+    """Multiply-adds of one forward step's matmuls over `rows` rows."""
+    per_layer = sum(n * k for n, k in MATRICES.values())
+    return rows * (layers * per_layer + HEAD[0] * HEAD[1])
+
+
 def run_linear_bench(cfg: LinearBenchConfig) -> None:
     print(
         f"torch threads: {torch.get_num_threads()}; ms of matmuls per forward step "
         f"({cfg.numerics}; {'thread CPU time' if torch.get_num_threads() == 1 else 'wall'})"
     )
+    peak = native.load().core_peak_gops(cfg.numerics)
+    print(f"one core's {cfg.numerics} multiply-add peak, measured: {peak:.0f} Gop/s")
     print(f"{'rows':>5} {'matrix':>8} {'torch':>9} {'kernel':>9} {'ratio':>6}")
     for rows in cfg.rows:
         total = [0.0, 0.0]
@@ -87,6 +100,8 @@ def run_linear_bench(cfg: LinearBenchConfig) -> None:
             total = [a + b for a, b in zip(total, ms, strict=True)]
             print_row(rows, name, ms)
         print_row(rows, "step", total)
+        gops = 2 * step_multiply_adds(rows, cfg.layers) / (total[1] / 1e3) / 1e9
+        print(f"{rows:>5} {'kernel':>8} {gops:>9.0f} Gop/s = {gops / peak:.0%} of the peak")
 
 
 def print_row(rows: int, name: str, ms: list[float]) -> None:

@@ -1,0 +1,63 @@
+// The arithmetic peak of one core, measured: a loop of independent multiply-adds that never
+// touches memory, for the fp32 FMA (vfmadd231ps), bf16 pair dot product (vdpbf16ps) and int8
+// quad dot product (vpdpbusd) the linear kernels are built on. `splitserve bench linear`
+// states each kernel's speed as a fraction of it.
+#include <immintrin.h>
+
+#include <time.h>
+
+#include "ops.h"
+
+namespace {
+
+constexpr int kChains = 12;  // independent accumulators: more than latency x throughput
+
+double thread_seconds() {  // this thread's CPU time: other load on the machine does not count
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9;
+}
+
+template <typename Step>
+double giga_ops_per_second(int64_t iterations, double ops_per_instruction, Step step) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1e-3f * i);
+  const double start = thread_seconds();
+  for (int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = step(acc[i]);
+  }
+  const double took = thread_seconds() - start;
+  float sink = 0.f;  // keeps the chains alive
+  for (int i = 0; i < kChains; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  volatile float keep = sink;
+  (void)keep;
+  return iterations * kChains * ops_per_instruction / took / 1e9;
+}
+
+}  // namespace
+
+double core_peak_gops(const std::string& numerics, int64_t iterations) {
+#ifdef __AVX512F__
+  const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
+  if (numerics == "fp32") {
+    return giga_ops_per_second(iterations, 32, [&](__m512 c) { return _mm512_fmadd_ps(a, b, c); });
+  }
+#ifdef __AVX512BF16__
+  if (numerics == "bf16") {
+    const __m512bh x = _mm512_cvtne2ps_pbh(a, b);
+    return giga_ops_per_second(
+        iterations, 64, [&](__m512 c) { return _mm512_dpbf16_ps(c, x, x); });
+  }
+#endif
+#ifdef __AVX512VNNI__
+  if (numerics == "int8") {
+    const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
+    return giga_ops_per_second(iterations, 128, [&](__m512 c) {
+      return _mm512_castsi512_ps(_mm512_dpbusd_epi32(_mm512_castps_si512(c), u, s));
+    });
+  }
+#endif
+#endif
+  TORCH_CHECK(false, "no ", numerics, " multiply-add instruction in this build");
+}
