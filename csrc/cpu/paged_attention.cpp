@@ -127,8 +127,9 @@ void attend_group(const T* q_in, T* out, const T* cache, const int64_t* table, i
     __m512 total = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 m = lanes_below(n - i);
-      const __m512 e = _mm512_maskz_mov_ps(
-          m, vec_math::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), top)));
+      __m512 e = vec_math::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), top));
+      // weights below 2^-64 (a score 44 under the top) count as 0: no denormal products in V
+      e = _mm512_maskz_mov_ps(m & _mm512_cmp_ps_mask(e, _mm512_set1_ps(0x1p-64f), _CMP_GE_OQ), e);
       _mm512_storeu_ps(s + i, e);
       total = _mm512_add_ps(total, e);
     }

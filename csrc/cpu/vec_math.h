@@ -11,12 +11,15 @@
 
 namespace vec_math {
 
-// e^x for x in float range, within 2 ulp (Cephes expf: x = n ln2 + r, |r| <= ln2 / 2,
-// a degree-6 polynomial for e^r, then 2^n put into the exponent). Inputs clamp to
-// [-87.3, 88.3]: e^x underflows to ~1e-38 and saturates at ~2e38 instead of inf, which
-// leaves softmax and SiLU unchanged.
+// e^x within 2 ulp (Cephes expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for
+// e^r, then 2^n put into the exponent). Below -87.3 it is 0 (no denormals, which are slow
+// to compute with); above 88.3 it saturates at ~2e38 instead of inf, which leaves softmax
+// and SiLU unchanged.
+constexpr float kExpLow = -87.33654f;
+
 inline float exp(float x) {
-  x = std::fmin(std::fmax(x, -87.33654f), 88.3762626647949f);
+  const bool underflows = x < kExpLow;
+  x = std::fmin(std::fmax(x, kExpLow), 88.3762626647949f);
   const float n = std::floor(std::fma(x, 1.44269504088896341f, 0.5f));
   float r = std::fma(n, -0.693359375f, x);
   r = std::fma(n, 2.12194440e-4f, r);
@@ -30,7 +33,7 @@ inline float exp(float x) {
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 127]
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return underflows ? 0.0f : p * scale;
 }
 
 // x * sigmoid(x) = x / (1 + e^-x)
@@ -46,7 +49,8 @@ namespace vec_math {
 
 // exp above, 16 lanes at a time, the same operations in the same order.
 inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)),
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLow), _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLow)),
                     _mm512_set1_ps(88.3762626647949f));
   const __m512 n = _mm512_roundscale_ps(
       _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
@@ -62,7 +66,7 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   const __m512i bits =
       _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  return _mm512_maskz_mul_ps(normal, p, _mm512_castsi512_ps(bits));
 }
 
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }

@@ -202,3 +202,13 @@ def test_an_attention_row_is_bitwise_the_same_alone_or_in_any_batch(dtype, shape
     everything = torch.arange(t)
     for out in _thread_counts(lambda: _attend_rows(step, plan, everything)):
         assert torch.equal(out, full)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_with_a_peaked_softmax_matches_torch(dtype):
+    """Scores hundreds apart: the weights that underflow (or fall under 2^-64) count as 0,
+    as they do in fp32 anyway, and the result still matches the torch backend."""
+    step = make_step([33, 7], [(16, 20)], heads=9, kv_heads=3, d=64, block_size=16, dtype=dtype)
+    step.q.mul_(40)
+    ours = CpuAttention().attend(step.q, step.kv, step.cache, step.meta)
+    _close(ours, TorchAttention().attend(step.q, step.kv, step.cache, step.meta), dtype)
