@@ -2,8 +2,8 @@
 // buffer (over the row's sliding window, when the layer has one; soft-capped for Gemma 2),
 // exact softmax in float32, V accumulated in float32. Items of one row and KV group
 // are adjacent, so a thread reuses the group's K/V from its cache across the query heads.
-// With AVX-512, fp32 and bf16 caches take attend_group below instead (one item per row and
-// KV head, vectorized over d); fp16, or a build without AVX-512, takes attend_one.
+// With AVX-512, fp32 and bf16 caches take attend_heads below instead (a row's heads by KV
+// group, vectorized over d); fp16, or a build without AVX-512, takes attend_one.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -77,8 +77,8 @@ void attend_one(const T* q_in, T* out, const T* cache, const int64_t* table, int
 
 #ifdef __AVX512F__
 
-// The AVX-512 path (fp32 and bf16 caches): one work item per (query row, KV head) computes
-// the G = heads / kv_heads query heads of that group together, so each K vector is loaded
+// The AVX-512 path (fp32 and bf16 caches): the G = heads / kv_heads query heads of a KV
+// group are computed together, so each K vector is loaded
 // (and widened) once for all G. A head's arithmetic is the same whatever the batch or the
 // threads: q.k over d as 16 lanes reduced by a fixed tree, times the scale; exact softmax
 // with vec_math::exp16, summed in 16 lanes then a fixed tree; V accumulated in fp32 over the
@@ -88,41 +88,54 @@ constexpr int64_t kChunk = 64;  // head dims per pass over V: 4 vectors in regis
 // One fixed tree over the 16 lanes (halves, then quarters, then within 128 bits).
 inline float lane_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+// KV heads [kv_begin, kv_end) of one query row, each with its G = heads / kv_heads query
+// heads. K is read token by token across those KV heads (one contiguous run of each token's
+// row, which the hardware prefetcher follows: decode rows read K and V from memory, not
+// cache); the scores, softmax and V are then per KV head, V from the cache lines K's pass
+// brought in.
 template <int G, typename T>
-void attend_group(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t first,
-                  int64_t context, int64_t kv_head, const Layout& l, float scale, float softcap,
-                  std::vector<float>& scores) {
+void attend_heads(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t first,
+                  int64_t context, int64_t kv_begin, int64_t kv_end, const Layout& l,
+                  float scale, float softcap, std::vector<float>& scores,
+                  std::vector<float>& q) {
   using vec_math::lanes_below;
   using vec_math::load16;
   const int64_t d = l.head_dim, n = context - first, vectors = (d + 15) / 16;
-  const int64_t padded = (n + 15) / 16 * 16;
-  scores.resize(G * padded);
-  __m512 q[G][32];  // the group's query rows, widened once (d <= 512)
-  for (int g = 0; g < G; ++g) {
-    for (int64_t v = 0; v < vectors; ++v) q[g][v] = load16(q_in + g * d + v * 16, lanes_below(d - v * 16));
+  const int64_t padded = (n + 15) / 16 * 16, groups = kv_end - kv_begin;
+  scores.resize(groups * G * padded);
+  q.resize(groups * G * vectors * 16);
+  for (int64_t h = 0; h < groups * G; ++h) {  // the query heads, widened once
+    for (int64_t v = 0; v < vectors; ++v) {
+      _mm512_storeu_ps(q.data() + (h * vectors + v) * 16,
+                       load16(q_in + h * d + v * 16, lanes_below(d - v * 16)));
+    }
   }
   for (int64_t t = first; t < context;) {  // one run of tokens inside one block
     const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
-    const T* k = cache + table[t / l.block_size] * l.block_stride + offset * l.token_stride +
-                 kv_head * d;
-    for (int64_t j = 0; j < run; ++j, k += l.token_stride) {
-      __m512 acc[G];
-      for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
-      for (int64_t v = 0; v < vectors; ++v) {
-        const __m512 kv = load16(k + v * 16, lanes_below(d - v * 16));
-        for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(q[g][v], kv, acc[g]);
-      }
-      for (int g = 0; g < G; ++g) {
-        float s = lane_sum(acc[g]) * scale;
-        if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
-        scores[g * padded + t - first + j] = s;
+    const T* row = cache + table[t / l.block_size] * l.block_stride + offset * l.token_stride;
+    for (int64_t j = 0; j < run; ++j, row += l.token_stride) {
+      for (int64_t kh = 0; kh < groups; ++kh) {
+        const T* k = row + (kv_begin + kh) * d;
+        const float* qk = q.data() + kh * G * vectors * 16;
+        __m512 acc[G];
+        for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+        for (int64_t v = 0; v < vectors; ++v) {
+          const __m512 kv = load16(k + v * 16, lanes_below(d - v * 16));
+          for (int g = 0; g < G; ++g) {
+            acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qk + (g * vectors + v) * 16), kv, acc[g]);
+          }
+        }
+        for (int g = 0; g < G; ++g) {
+          float s = lane_sum(acc[g]) * scale;
+          if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
+          scores[(kh * G + g) * padded + t - first + j] = s;
+        }
       }
     }
     t += run;
   }
-  float inv[G];
-  for (int g = 0; g < G; ++g) {
-    float* s = scores.data() + g * padded;
+  for (int64_t h = 0; h < groups * G; ++h) {
+    float* s = scores.data() + h * padded;
     const __m512 top = _mm512_set1_ps(*std::max_element(s, s + n));
     __m512 total = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
@@ -133,59 +146,71 @@ void attend_group(const T* q_in, T* out, const T* cache, const int64_t* table, i
       _mm512_storeu_ps(s + i, e);
       total = _mm512_add_ps(total, e);
     }
-    inv[g] = 1.f / lane_sum(total);
+    const float inv = 1.f / lane_sum(total);
+    for (int64_t i = 0; i < n; i += 16) {  // fold 1 / total into the weights
+      _mm512_storeu_ps(s + i, _mm512_mul_ps(_mm512_loadu_ps(s + i), _mm512_set1_ps(inv)));
+    }
   }
-  for (int64_t c = 0; c < d; c += kChunk) {  // 64 dims of every head's output per pass
-    const int64_t cv = std::min<int64_t>(4, (d - c + 15) / 16);
-    __m512 acc[G][4];
-    for (int g = 0; g < G; ++g) {
-      for (int v = 0; v < 4; ++v) acc[g][v] = _mm512_setzero_ps();
-    }
-    for (int64_t t = first; t < context;) {
-      const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
-      const T* v_row = cache + table[t / l.block_size] * l.block_stride +
-                       offset * l.token_stride + l.v_offset + kv_head * d + c;
-      for (int64_t j = 0; j < run; ++j, v_row += l.token_stride) {
-        __m512 vv[4];
-        for (int64_t v = 0; v < cv; ++v) vv[v] = load16(v_row + v * 16, lanes_below(d - c - v * 16));
-        for (int g = 0; g < G; ++g) {
-          const __m512 p = _mm512_set1_ps(scores[g * padded + t - first + j]);
-          for (int64_t v = 0; v < cv; ++v) acc[g][v] = _mm512_fmadd_ps(p, vv[v], acc[g][v]);
-        }
+  for (int64_t kh = 0; kh < groups; ++kh) {
+    const float* p_of = scores.data() + kh * G * padded;
+    for (int64_t c = 0; c < d; c += kChunk) {  // 64 dims of the group's heads per pass
+      const int64_t cv = std::min<int64_t>(4, (d - c + 15) / 16);
+      __m512 acc[G][4];
+      for (int g = 0; g < G; ++g) {
+        for (int v = 0; v < 4; ++v) acc[g][v] = _mm512_setzero_ps();
       }
-      t += run;
-    }
-    for (int g = 0; g < G; ++g) {
-      const __m512 norm = _mm512_set1_ps(inv[g]);
-      for (int64_t v = 0; v < cv; ++v) {
-        vec_math::store16(out + g * d + c + v * 16, _mm512_mul_ps(acc[g][v], norm),
-                          lanes_below(d - c - v * 16));
+      for (int64_t t = first; t < context;) {
+        const int64_t offset = t % l.block_size,
+                      run = std::min(l.block_size - offset, context - t);
+        const T* v_row = cache + table[t / l.block_size] * l.block_stride +
+                         offset * l.token_stride + l.v_offset + (kv_begin + kh) * d + c;
+        for (int64_t j = 0; j < run; ++j, v_row += l.token_stride) {
+          __m512 vv[4];
+          for (int64_t v = 0; v < cv; ++v) {
+            vv[v] = load16(v_row + v * 16, lanes_below(d - c - v * 16));
+          }
+          for (int g = 0; g < G; ++g) {
+            const __m512 p = _mm512_set1_ps(p_of[g * padded + t - first + j]);
+            for (int64_t v = 0; v < cv; ++v) acc[g][v] = _mm512_fmadd_ps(p, vv[v], acc[g][v]);
+          }
+        }
+        t += run;
+      }
+      T* o = out + kh * G * d + c;
+      for (int g = 0; g < G; ++g) {
+        for (int64_t v = 0; v < cv; ++v) {
+          vec_math::store16(o + g * d + v * 16, acc[g][v], lanes_below(d - c - v * 16));
+        }
       }
     }
   }
 }
 
+// Work items: whole rows when there are enough of them for the threads (each row's K read
+// in one pass), else (row, KV head) pairs. The arithmetic of a head is the same either way.
 template <int G, typename T>
 void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int64_t width,
                   const int64_t* table_of, const int64_t* context_of, int64_t rows,
                   int64_t heads, int64_t kv_heads, const Layout& layout, float scale,
                   int64_t window, float softcap) {
   const int64_t d = layout.head_dim;
-  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+  const int64_t split = rows >= 4 * at::get_num_threads() ? 1 : kv_heads;  // items per row
+  at::parallel_for(0, rows * split, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, q_buffer;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t r = item / kv_heads, kh = item % kv_heads, context = context_of[r];
+      const int64_t r = item / split, part = item % split, context = context_of[r];
       const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
-      const int64_t head0 = r * heads + kh * G;
-      attend_group<G>(q + head0 * d, out + head0 * d, cache, tables + table_of[r] * width, first,
-                      context, kh, layout, scale, softcap, scores);
+      const int64_t kv_begin = part * kv_heads / split, kv_end = (part + 1) * kv_heads / split;
+      const int64_t head0 = r * heads + kv_begin * G;
+      attend_heads<G>(q + head0 * d, out + head0 * d, cache, tables + table_of[r] * width, first,
+                      context, kv_begin, kv_end, layout, scale, softcap, scores, q_buffer);
     }
   });
 }
 
 #endif
 
-// The whole call through attend_group, for the types and group sizes it takes; false (nothing
+// The whole call through attend_heads, for the types and group sizes it takes; false (nothing
 // done) for the others.
 template <typename T>
 bool attend_groups(T* out, const T* q, const T* cache, const int64_t* tables, int64_t width,
