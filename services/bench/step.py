@@ -97,8 +97,7 @@ def spans_of(shape: str, context: int) -> list[Span]:
     if kind == "d":
         blocks = -(-(context + 1) // BLOCK)
         return [
-            Span([100 + i], context, list(range(i * blocks, (i + 1) * blocks)), 1)
-            for i in range(n)
+            Span([100 + i], context, list(range(i * blocks, (i + 1) * blocks)), 1) for i in range(n)
         ]
     if kind == "p":
         return [Span(list(range(100, 100 + n)), 0, list(range(-(-n // BLOCK))), 1)]
