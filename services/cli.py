@@ -88,6 +88,22 @@ def _bench_linear(args: argparse.Namespace) -> None:
     run_linear_bench(LinearBenchConfig(rows=tuple(args.rows), numerics=args.numerics))
 
 
+def _bench_step(args: argparse.Namespace) -> None:
+    from services.bench.step import StepBenchConfig, run_step_bench
+    from shared.models.pull import pull_model
+
+    run_step_bench(
+        StepBenchConfig(
+            model_dir=args.model_dir or pull_model(args.model),
+            dtype=args.dtype,
+            shapes=tuple(args.shapes),
+            context=args.context,
+            trials=args.trials,
+            attention_backend=args.attention_backend,
+        )
+    )
+
+
 def _bench_idle(args: argparse.Namespace) -> None:
     from services.bench.idle import IdleBenchConfig, run_idle_bench
     from shared.models.pull import pull_model
@@ -240,6 +256,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--numerics", choices=("fp32", "bf16", "int8"), default="fp32", help="see its module"
     )
     linear.set_defaults(func=_bench_linear)
+    step = targets.add_parser("step", help="ms of one forward step by stage (1 thread)")
+    step.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    step.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    step.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    step.add_argument(
+        "--shapes", nargs="+", default=["d1", "d16", "p128"], help="dN: N decodes; pN: a prefill"
+    )
+    step.add_argument("--context", type=int, default=128, help="tokens before each decode")
+    step.add_argument("--trials", type=int, default=7)
+    step.add_argument(
+        "--attention-backend", default="auto", help="cpu: native fused ops; torch: torch's"
+    )
+    step.set_defaults(func=_bench_step)
     idle = targets.add_parser("idle", help="CPU time of an idle `splitserve up` mesh")
     idle.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     idle.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")

@@ -2,7 +2,7 @@
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "splitserve CPU kernels: paged attention, KV write, batch-invariant linear";
+  m.doc() = "splitserve CPU kernels: paged attention, KV write, batch-invariant linear, fused per-row ops";
   m.def("write_kv", &write_kv, "write new tokens' KV into their cache slots",
         py::call_guard<py::gil_scoped_release>());
   m.def("paged_attention", &paged_attention,
@@ -28,5 +28,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, "batch-invariant x @ w.T (+ bias) over a packed weight",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "per-row RMSNorm times weight",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("add_rms_norm", &add_rms_norm, "residual += delta in place; returns its RMSNorm",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [rows, 2 * inter] product",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rope_write_kv", &rope_write_kv, "rotate q and k in place, write k and v to the cache",
         py::call_guard<py::gil_scoped_release>());
 }

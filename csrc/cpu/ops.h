@@ -52,3 +52,17 @@ std::vector<std::string> cpu_features();
 
 // One core's measured multiply-add peak, giga-ops/s (2 per multiply-add): fp32, bf16, int8.
 double core_peak_gops(const std::string& numerics, int64_t iterations);
+
+// fused_ops.cpp: per-row steps between the matmuls (any float dtype, fp32 math, rounded to the
+// dtype where torch rounds). rms_norm: x [rows, n] (rows contiguous) -> x * rsqrt(mean(x^2) +
+// eps) * weight. add_rms_norm: residual += delta in place, returns rms_norm(residual).
+// silu_mul: fused [rows, 2 * inter] (gate, up) -> silu(gate) * up [rows, inter].
+// rope_write_kv: qkv [T, heads + 2 * kv_heads, d]: rotates the leading 2 * r/2 dims of the q
+// and k heads in place by rotations [max_len, r/2, 2] (cos, sin) at each token's position,
+// then writes the token's k and v into cache slot slot_mapping[t].
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
+                           double eps);
+torch::Tensor silu_mul(torch::Tensor fused);
+void rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::Tensor positions,
+                   torch::Tensor cache, torch::Tensor slot_mapping, int64_t heads);

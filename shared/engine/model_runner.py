@@ -66,6 +66,7 @@ class ModelRunner:
             log.info("CPU matmuls: %s", batch_invariant.describe_matmuls(config, packed))
         attention = get_backend(config.attention_backend, device)
         self.model = model_class(model_config)(model_config, weights, attention, max_len)
+        log.info("norms, rope, KV write, SiLU: %s", self.model.ops.path)
         self.kv_cache = KVCache(
             model_config, num_blocks, config.block_size, config.torch_dtype, device
         )

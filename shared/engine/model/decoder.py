@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from shared.engine.attention import AttentionBackend
 from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.metadata import AttentionMetadata
+from shared.engine.model.layer_ops import LayerOps, StepRope, layer_ops
 from shared.engine.model.linear_weights import LinearWeight, PackedLinear
-from shared.engine.model.rope import apply_rope_, rope_table
+from shared.engine.model.rope import rope_table
 from shared.engine.model.weights import LayerWeights, ModelWeights
 from shared.engine.model_config import ModelConfig
 
@@ -41,6 +42,7 @@ class DecoderModel:
         # The residual stream's dtype: fp32 beside packed weights (batch_invariant.py), else
         # the weights' own. The embedding rows and attention's q/kv convert at the edges.
         self.act_dtype = weights.norm.dtype
+        self.ops: LayerOps = layer_ops(attention, config.rms_norm_eps)
         self.layer_attention = [
             LayerAttention(config.softmax_scale, config.window_of(i), config.attn_softcap)
             for i in range(config.num_layers)
@@ -52,7 +54,7 @@ class DecoderModel:
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm over the last axis; Gemma's (1 + w) offset is already in `weight`."""
-        return F.rms_norm(x, weight.shape, weight, self.config.rms_norm_eps)
+        return self.ops.norm(x, weight)
 
     def self_attention(
         self,
@@ -60,7 +62,7 @@ class DecoderModel:
         x: torch.Tensor,  # [T, hidden], normed
         layer: LayerWeights,
         cache: torch.Tensor,
-        rotations: torch.Tensor,  # [T, 1, rotated_dims/2]
+        rope: StepRope,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden], after o_proj
         c = self.config
@@ -72,15 +74,14 @@ class DecoderModel:
             qkv[:, heads : heads + kv_heads] = self.norm(
                 qkv[:, heads : heads + kv_heads], layer.k_norm
             )
-        apply_rope_(qkv[:, : heads + kv_heads], rotations)
-        qkv = qkv.to(cache.dtype)
+        self.ops.rope_write_kv(qkv, heads, rope, cache, meta, self.attention)  # in cache's dtype
+        qkv = qkv.to(cache.dtype)  # attention reads q in the cache's dtype
         q, kv = qkv[:, :heads], qkv[:, heads:].view(t, 2, kv_heads, d)
-        self.attention.write_kv(cache, kv, meta)
         attn = self.attention.attend(q, kv, cache, meta, self.layer_attention[i])  # [T, heads, d]
         return linear(attn.reshape(t, heads * d).to(x.dtype), layer.o_proj)
 
     def dense_mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        return gated_mlp(x, layer.gate_up, layer.down, self.config.hidden_act)
+        return gated_mlp(x, layer.gate_up, layer.down, self.config.hidden_act, self.ops)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h: [S, hidden], the wanted rows before the final norm -> [S, vocab] float32."""
@@ -94,9 +95,17 @@ class DecoderModel:
         return torch.tanh(logits / cap) * cap if cap else logits
 
 
-def gated_mlp(x: torch.Tensor, gate_up: LinearWeight, down: LinearWeight, act: str) -> torch.Tensor:
+def gated_mlp(
+    x: torch.Tensor,
+    gate_up: LinearWeight,
+    down: LinearWeight,
+    act: str,
+    ops: LayerOps | None = None,  # None: torch's SiLU
+) -> torch.Tensor:
     """x: [T, hidden] -> [T, hidden]: down(act(gate(x)) * up(x)), gate and up fused."""
     fused = linear(x, gate_up)
+    if act == "silu" and ops is not None:
+        return linear(ops.silu_mul(fused), down)
     inter = fused.shape[1] // 2
     gate = (
         F.silu(fused[:, :inter]) if act == "silu" else F.gelu(fused[:, :inter], approximate="tanh")

@@ -23,15 +23,15 @@ class GemmaModel(DecoderModel):
         logits_rows: torch.Tensor,  # [S] int64
     ) -> torch.Tensor:  # [S, vocab] float32
         w = self.weights
-        global_rotations = self.rotations[positions].unsqueeze(1)  # [T, 1, d/2]
-        local_rotations = self.local_rotations[positions].unsqueeze(1)
+        global_rope = self.ops.rope(self.rotations, positions)
+        local_rope = self.ops.rope(self.local_rotations, positions)
         h = self.embed(input_ids)  # [T, hidden]
         h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
         for i, (layer, cache) in enumerate(zip(w.layers, kv_cache, strict=True)):
             local = self.config.window_of(i) and self.config.local_rope_theta
-            rotations = local_rotations if local else global_rotations
+            rope = local_rope if local else global_rope
             x = self.norm(h, layer.input_norm)
-            x = self.self_attention(i, x, layer, cache, rotations, meta)
+            x = self.self_attention(i, x, layer, cache, rope, meta)
             h = h + self.norm(x, layer.attn_out_norm)
             x = self.dense_mlp(self.norm(h, layer.post_norm), layer)
             h = h + self.norm(x, layer.mlp_out_norm)

@@ -25,13 +25,19 @@ class LlamaModel(DecoderModel):
         logits_rows: torch.Tensor,  # [S] int64: the rows whose next-token logits are wanted
     ) -> torch.Tensor:  # [S, vocab] float32
         w = self.weights
-        rotations = self.rotations[positions].unsqueeze(1)  # [T, 1, d/2]
+        rope = self.ops.rope(self.rotations, positions)
         h = self.embed(input_ids)  # [T, hidden]
+        y = None  # the previous layer's MLP output, joining the residual stream
         for i, (layer, cache) in enumerate(zip(w.layers, kv_cache, strict=True)):
-            x = self.norm(h, layer.input_norm)
-            h = h + self.self_attention(i, x, layer, cache, rotations, meta)
-            h = h + self.mlp(self.norm(h, layer.post_norm), layer)
-        return self.logits(h[logits_rows])
+            if y is None:
+                x = self.norm(h, layer.input_norm)
+            else:
+                h, x = self.ops.add_norm(h, y, layer.input_norm)
+            attn = self.self_attention(i, x, layer, cache, rope, meta)
+            h, x = self.ops.add_norm(h, attn, layer.post_norm)
+            y = self.mlp(x, layer)
+        assert y is not None, "a model has layers"
+        return self.logits(h[logits_rows] + y[logits_rows])
 
     def mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         """x: [T, hidden], normed -> [T, hidden]."""

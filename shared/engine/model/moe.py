@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from shared.engine.model.decoder import gated_mlp, linear
+from shared.engine.model.layer_ops import LayerOps
 from shared.engine.model.llama import LlamaModel
 from shared.engine.model.weights import ExpertWeights, LayerWeights
 
@@ -24,7 +25,7 @@ class MoeModel(LlamaModel):
             return self.dense_mlp(x, layer)
         c = self.config
         return routed_experts(
-            x, layer.experts, c.num_experts_per_tok, c.norm_topk_prob, c.hidden_act
+            x, layer.experts, c.num_experts_per_tok, c.norm_topk_prob, c.hidden_act, self.ops
         )
 
 
@@ -40,7 +41,12 @@ def route(
 
 
 def routed_experts(
-    x: torch.Tensor, experts: ExpertWeights, top_k: int, renormalize: bool, act: str
+    x: torch.Tensor,
+    experts: ExpertWeights,
+    top_k: int,
+    renormalize: bool,
+    act: str,
+    ops: LayerOps | None = None,  # None: torch's SiLU
 ) -> torch.Tensor:
     """x: [T, hidden] -> [T, hidden]: sum over each token's k experts of weight * expert(x)."""
     weights, chosen = route(linear(x, experts.router), top_k, renormalize)
@@ -54,7 +60,7 @@ def routed_experts(
     for e, n in enumerate(counts):
         if n:
             group = slice(start, start + n)
-            y[group] = gated_mlp(gathered[group], experts.gate_up[e], experts.down[e], act)
+            y[group] = gated_mlp(gathered[group], experts.gate_up[e], experts.down[e], act, ops)
         start += n
     y *= weights.flatten()[order].to(x.dtype).unsqueeze(1)
     # a token's k products are added in expert order, whatever else is in the batch

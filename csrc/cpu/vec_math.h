@@ -1,0 +1,106 @@
+// Element-wise float math the fused kernels share, written so that GCC vectorizes the loops
+// that call it (-O3) and so that an element's result never depends on whether it ran in a
+// vector body or a scalar tail: every multiply-add is an explicit std::fma (nothing is left
+// for -ffp-contract to fuse one way here and another there), the rest is exact IEEE
+// arithmetic. So a row's result is a pure function of that row.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace vec_math {
+
+// e^x within 2 ulp (Cephes expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for
+// e^r, then 2^n put into the exponent). Below -87.3 it is 0 (no denormals, which are slow
+// to compute with); above 88.3 it saturates at ~2e38 instead of inf, which leaves softmax
+// and SiLU unchanged.
+constexpr float kExpLow = -87.33654f;
+
+inline float exp(float x) {
+  const bool underflows = x < kExpLow;
+  x = std::fmin(std::fmax(x, kExpLow), 88.3762626647949f);
+  const float n = std::floor(std::fma(x, 1.44269504088896341f, 0.5f));
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 127]
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return underflows ? 0.0f : p * scale;
+}
+
+// x * sigmoid(x) = x / (1 + e^-x)
+inline float silu(float x) { return x / (1.0f + exp(-x)); }
+
+}  // namespace vec_math
+
+#ifdef __AVX512F__
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+namespace vec_math {
+
+// exp above, 16 lanes at a time, the same operations in the same order.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLow), _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLow)),
+                    _mm512_set1_ps(88.3762626647949f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(normal, p, _mm512_castsi512_ps(bits));
+}
+
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+
+inline __m512 load16(const c10::BFloat16* p, __mmask16 m) {
+  // bf16 is the upper half of an fp32: widen to 32 bits and shift into place.
+  const __m256i raw = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+
+inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {
+  // round to nearest even, as c10::BFloat16(float) (NaN aside: none reach here)
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+inline __mmask16 lanes_below(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// A round trip through T (the rounding torch does between two ops).
+inline __m512 round_to(const float*, __m512 v) { return v; }
+inline __m512 round_to(const c10::BFloat16*, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(-65536)));
+}
+
+}  // namespace vec_math
+#endif
