@@ -23,7 +23,6 @@ def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineA
     engine = config.engine_config()
     connector = KVTransferConfig(
         kv_connector="NixlConnector",
-        kv_connector_module_path="services.worker.vllm_nixl_connector",  # no busy progress
         kv_role="kv_both",
         kv_buffer_device="cuda" if engine.device.startswith("cuda") else "cpu",
         # Held blocks no decode engine READs (it died, the request was cancelled) are freed
