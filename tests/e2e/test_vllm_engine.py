@@ -5,6 +5,8 @@ processes with the real model, called with the OpenAI SDK.
 - disaggregated (1 prefill + 2 decode workers, KV over vLLM's NIXL connector): the same
   text again, and vLLM's own counters on the decode workers say every prompt token was
   pulled from the prefill worker, none computed;
+- vLLM's KV cache events reach the scheduler as our block hashes: after a request, the
+  prefill worker and the decode worker that served it report the prompt's blocks;
 - a stream closed by its client frees its blocks in vLLM; a decode worker SIGKILLed
   mid-stream: every stream completes (migrated).
 
@@ -14,6 +16,7 @@ eagerly (`--no-vllm-compile`): each starts in well under a minute on a small CPU
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import importlib.util
 import json
@@ -30,6 +33,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from services.offline import chat_prompt_ids
+from shared.bus import Bus
+from shared.engine.block_hash import hash_full_blocks
+from shared.protocol import KVEvents
+from shared.subjects import Subjects
 from tests.e2e.test_chaos import worker_pid
 from tests.e2e.test_mesh import Mesh
 
@@ -160,6 +167,58 @@ def test_disaggregated_over_nixl_moves_kv_without_recompute(disaggregated, expec
     assert sum(b.prefix_queries for b in decode) >= sum(len(p) for p in prompts)
     assert sum(b.prefix_queries - b.prefix_hits for b in decode) == 0, decode
     assert sum(b.kv_blocks_received for b in decode) == sum(b.kv_blocks_sent for b in prefill)
+
+
+SHARED_CONTEXT = "Here is the context to answer from: " + "lorem ipsum dolor sit amet " * 24
+
+
+def stored_hashes_during(mesh: Mesh, call) -> dict[str, set[int]]:
+    """Each worker's block hashes its KV events stored (net of removals) while `call` ran
+    and for 3 s after it (workers send their events with their heartbeats, once a second),
+    heard on `ss.kv.events` as the scheduler hears them (with its NATS role)."""
+    cached: dict[str, set[int]] = {}
+
+    async def on_events(events: KVEvents, headers) -> None:
+        blocks = cached.setdefault(events.worker_id, set())
+        blocks.difference_update(events.removed)
+        blocks.update(events.stored)
+
+    async def listen() -> None:
+        url = f"nats://127.0.0.1:{mesh.nats_port}"
+        bus = await Bus.connect(url, "test-kv", auth=mesh.credentials.auth("scheduler"))
+        try:
+            await bus.subscribe(Subjects().kv_events, KVEvents, on_events)
+            await asyncio.to_thread(call)
+            await asyncio.sleep(3.0)
+        finally:
+            await bus.close()
+
+    asyncio.run(listen())
+    return cached
+
+
+def test_vllm_kv_events_reach_the_scheduler_as_our_block_hashes(disaggregated, real_model_dir):
+    tokenizer = Tokenizer.from_file(str(real_model_dir / "tokenizer.json"))
+    prompt = chat_prompt_ids(real_model_dir, tokenizer, SHARED_CONTEXT)
+    beats = {b.worker_id: b for b in disaggregated.next_heartbeats()}
+    model = next(iter(beats.values())).model
+    assert {b.block_size for b in beats.values()} == {BLOCK_SIZE}
+    ours = set(hash_full_blocks(prompt, BLOCK_SIZE, model))
+    assert len(ours) >= 4
+
+    def ask() -> None:
+        disaggregated.client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": SHARED_CONTEXT}],
+            max_tokens=4,
+            temperature=0,
+        )
+
+    cached = stored_hashes_during(disaggregated, ask)
+    holders = {beats[w].role for w, blocks in cached.items() if ours <= blocks}
+    # The prefill engine computed the prompt's blocks, the decode engine pulled them; both
+    # keep them in their prefix caches, and the scheduler now indexes them for routing.
+    assert holders == {"prefill", "decode"}, {w: len(b & ours) for w, b in cached.items()}
 
 
 def wait_idle(mesh: Mesh, timeout: float = 30) -> list:

@@ -9,6 +9,7 @@ import pytest
 
 from loadtest.metrics import summarize
 from loadtest.request import RequestRecord
+from services.bench import peer_setup
 from services.bench.peer_figures import (
     RunFigures,
     Turn,
@@ -32,6 +33,7 @@ from services.bench.peer_servers import (
     llama_server_command,
     vllm_command,
     vllm_env,
+    vllm_mesh_args,
 )
 from services.bench.peers import PeersConfig, word_requests
 from services.cli import build_parser
@@ -95,7 +97,7 @@ def test_medians_over_rounds_and_ratios_ours_over_theirs():
     }
     assert by_server["vllm"]["c=1 TPOT p50 ms"] == 40.0
     assert ratios(by_server) == {
-        "vllm": {
+        "splitserve/vllm": {
             "c=16 output tok/s": pytest.approx(0.6),
             "c=16 TTFT p99 ms": pytest.approx(1.1),
             "c=1 TPOT p50 ms": pytest.approx(0.5),
@@ -104,11 +106,53 @@ def test_medians_over_rounds_and_ratios_ours_over_theirs():
     }
     table = format_summary(by_server, ratios(by_server), marks)
     assert "| c=1 TPOT p50 ms | 20.0 | 40.0 | 0.50x |" in table
+    assert "| splitserve/vllm |" in table.splitlines()[0]
 
 
 def test_a_figure_missing_on_either_side_has_no_ratio():
     by_server = {"splitserve": {"a": 2.0}, "vllm": {"a": 0.0, "b": 1.0}, "llama.cpp": {}}
-    assert ratios(by_server) == {"vllm": {}, "llama.cpp": {}}
+    assert ratios(by_server) == {"splitserve/vllm": {}, "splitserve/llama.cpp": {}}
+
+
+def test_the_mesh_of_vllm_workers_is_compared_with_vllms_server_only():
+    by_server = {
+        "splitserve": {"a": 2.0},
+        "vllm": {"a": 4.0},
+        "llama.cpp": {"a": 1.0},
+        "splitserve-vllm": {"a": 3.0},
+    }
+    assert ratios(by_server) == {
+        "splitserve/vllm": {"a": 0.5},
+        "splitserve/llama.cpp": {"a": 2.0},
+        "splitserve-vllm/vllm": {"a": 0.75},
+    }
+    without_native = {k: v for k, v in by_server.items() if k != "splitserve"}
+    assert ratios(without_native) == {"splitserve-vllm/vllm": {"a": 0.75}}
+    marks = headlines((1,))
+    table = format_summary({"vllm": {}, "splitserve-vllm": {}}, ratios(by_server), marks)
+    assert table.splitlines()[0].endswith("| splitserve-vllm/vllm |")
+
+
+def test_the_mesh_of_vllm_workers_runs_one_prefill_and_one_decode_on_half_the_cores():
+    args = vllm_mesh_args([0, 1, 2, 3], kv_cache_gib=1)
+    pairs = dict(zip(args[::2], args[1::2], strict=True))
+    assert pairs == {
+        "--engine": "vllm", "--block-size": "32", "--dtype": "bfloat16", "--prefill": "1",
+        "--decode": "1", "--num-threads": "2", "--kv-cache-gib": "1",
+    }  # fmt: skip
+    one_core = vllm_mesh_args([0], 1)
+    assert one_core[one_core.index("--num-threads") + 1] == "1"
+
+
+@pytest.mark.parametrize("has_vllm", [True, False])
+def test_the_mesh_of_vllm_workers_runs_only_where_splitserves_venv_has_vllm(
+    has_vllm, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(peer_setup, "has_vllm", lambda: has_vllm)
+    cfg = PeersConfig(servers=("splitserve", "splitserve-vllm"), offline=None, out=tmp_path)
+    peers = peer_setup.prepare_peers(cfg, tmp_path)
+    assert ("splitserve-vllm" in peers.ready) is has_vllm
+    assert ("make install ENGINE=vllm" in peers.skipped.get("splitserve-vllm", "")) is not has_vllm
 
 
 def test_headlines_follow_the_concurrencies_given():
