@@ -6,7 +6,7 @@ bf16. The reference is transformers in fp32, and the documented tolerance (docs/
 - each next-token top-5 log-probability within 0.3 of fp32's, and on average over the
   prompts no further from fp32's than transformers' own bf16 is;
 - greedy text over 20 chat prompts the same as fp32's at least as often as transformers'
-  bf16 is (measured here: 17 against 12 of 20 at 48 tokens), the default question included.
+  bf16 is (measured here: 16 against 12 of 20 at 48 tokens), the default question included.
 """
 
 from __future__ import annotations
