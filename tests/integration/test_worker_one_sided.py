@@ -77,14 +77,15 @@ def test_forged_offers_are_refused_before_any_byte_moves(nats_server, tiny_model
         before = [layer.clone() for layer in decode_cache]
         prefill = fabric.transports["prefill"]
         layout = [prefill.layout.num_layers, *prefill.layout.block_shape]
+        dtype = prefill.layout.dtype  # the workers' (--dtype auto: bf16 on some CPUs)
         good = KVReady(
-            "r", "fake", "prefill", b"prefill", NUM_BLOCKS, layout, "float32",
+            "r", "fake", "prefill", b"prefill", NUM_BLOCKS, layout, dtype,
             0, [1, 2, 3, 4], [None] * 4, 5, time.time() + 10,
         )  # fmt: skip
         forged = {
             "transport": {"transport": "nixl"},
             "layout": {"layout": [layout[0] + 1, *layout[1:]]},
-            "dtype": {"dtype": "bfloat16"},
+            "dtype": {"dtype": "float16" if dtype != "float16" else "float32"},
             "block_ids": {"block_ids": [1, 2, 3]},
             "outside": {"block_ids": [1, 2, 3, NUM_BLOCKS]},
             "hash": {"block_hashes": [12345, None, None, None]},

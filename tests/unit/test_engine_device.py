@@ -16,8 +16,9 @@ from services.worker import cli as worker_cli
 from shared.engine import batch_invariant
 from shared.engine.attention import resolve_backend
 from shared.engine.engine_config import EngineConfig, resolve_device
+from shared.engine.model_config import cpu_runs_bf16
 
-MODEL = Path("/models/m")  # EngineConfig never reads it
+MODEL = Path("/models/m")  # never read: with a named dtype (auto on a GPU reads config.json)
 
 
 @pytest.fixture
@@ -52,23 +53,24 @@ def test_unknown_devices_are_refused(name):
 def test_cuda_resolves_to_a_named_device_that_exists():
     assert resolve_device("auto") == torch.device("cuda", 1)
     assert EngineConfig(model_dir=MODEL).torch_device == torch.device("cpu")  # unit tests' auto
-    assert EngineConfig(model_dir=MODEL, device="cuda").torch_device == torch.device("cuda", 1)
-    assert EngineConfig(model_dir=MODEL, device="cuda:0").torch_device == torch.device("cuda", 0)
+    for device, index in (("cuda", 1), ("cuda:0", 0)):
+        config = EngineConfig(model_dir=MODEL, dtype="float32", device=device)
+        assert config.torch_device == torch.device("cuda", index)
     with pytest.raises(ValueError, match="torch sees 2 CUDA device"):
-        EngineConfig(model_dir=MODEL, device="cuda:2")
+        EngineConfig(model_dir=MODEL, dtype="float32", device="cuda:2")
 
 
 @pytest.mark.usefixtures("two_gpus")
 def test_on_cuda_attention_is_triton_and_batch_invariance_is_off():
-    config = EngineConfig(model_dir=MODEL, device="cuda")
+    config = EngineConfig(model_dir=MODEL, dtype="float32", device="cuda")
     assert resolve_backend(config.attention_backend, config.torch_device) == "triton"
     assert batch_invariant.resolve(config) is False
     assert resolve_backend("auto", torch.device("cpu")) in ("cpu", "torch")
     for cpu_only in ({"attention_backend": "cpu"}, {"quantization": "int8"}):
         with pytest.raises(ValueError, match="not with device cuda"):
-            EngineConfig(model_dir=MODEL, device="cuda", **cpu_only)
+            EngineConfig(model_dir=MODEL, dtype="float32", device="cuda", **cpu_only)
     with pytest.raises(ValueError, match="not with device cuda"):
-        EngineConfig(model_dir=MODEL, device="cuda", batch_invariant=True)
+        EngineConfig(model_dir=MODEL, dtype="float32", device="cuda", batch_invariant=True)
 
 
 def test_the_worker_device_and_dtype_flags_reach_the_engine_config():
@@ -80,7 +82,8 @@ def test_the_worker_device_and_dtype_flags_reach_the_engine_config():
     assert (engine.torch_device, engine.torch_dtype) == (torch.device("cpu"), torch.bfloat16)
     assert worker_cli.engine_argv(args) == tuple(flags)  # what `up` forwards to each worker
     default = worker_cli.config_from_args(parser.parse_args(["--model-dir", "/m"]))
-    assert (default.engine.device, default.engine.dtype) == ("auto", "float32")
+    auto = "bfloat16" if cpu_runs_bf16() else "float32"  # --dtype auto, on this CPU
+    assert (default.engine.device, default.engine.dtype) == ("auto", auto)
 
 
 @pytest.mark.usefixtures("no_cuda")

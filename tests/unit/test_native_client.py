@@ -59,7 +59,9 @@ async def wait_for(condition, timeout: float = 10.0) -> None:
 
 def run(model_dir: Path, scenario) -> None:
     async def main() -> None:
-        config = EngineConfig(model_dir=model_dir, num_kv_blocks=16, model_id="tiny")
+        config = EngineConfig(
+            model_dir=model_dir, dtype="float32", num_kv_blocks=16, model_id="tiny"
+        )  # the KV blocks below are fp32
         client = NativeEngineClient(config)
         events = Events()
         layout = await client.start(events)

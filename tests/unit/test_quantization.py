@@ -58,7 +58,9 @@ def test_config_rejects_an_unknown_quantization(tiny_model_dir) -> None:
 
 
 def test_quantized_weights_are_smaller(tiny_model_dir) -> None:
-    config = EngineConfig(model_dir=tiny_model_dir, num_kv_blocks=32, batch_invariant=False)
+    config = EngineConfig(
+        model_dir=tiny_model_dir, dtype="float32", num_kv_blocks=32, batch_invariant=False
+    )
     weights = LLMEngine(config).runner.model.weights  # float matrices, not packed ones
     fp32 = weight_bytes(weights)
     assert weight_bytes(quantize_weights(weights, "int8")) < fp32 * 0.3
