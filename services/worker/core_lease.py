@@ -16,12 +16,13 @@ stepping on:
   after the step. An owner that wakes up raises its flag first, then waits for its core:
   a borrower finishes its current step and borrows that core no more.
 
-First tokens come first. A prefill worker whose step left prompts waiting (a burst of
-arrivals) raises its home's `backlog-N` flag; a decode worker about to step while some
-prefill has a backlog lowers its active flag and waits for that backlog to clear, at most
-`YIELD_LIMIT_S` per step, so the prefill steps on every core (one engine stepping on two
-cores, as vLLM does for a burst, instead of two on one each: the burst's last first token
-comes about twice as soon, and the running streams pause for as long).
+First tokens come first. A prefill worker with prompts waiting to be scheduled (a new
+arrival, or a burst that one step's token budget cannot take) raises its home's
+`backlog-N` flag; a decode worker about to step while some prefill has a backlog lowers its
+active flag and waits for that backlog to clear, at most `YIELD_LIMIT_S` per step, so the
+prefill steps on every core. That is one engine stepping on two cores, as vLLM does with a
+prompt, instead of two on one each: a burst's last first token comes about twice as soon,
+and the running streams pause for as long.
 
 Locks are `flock`s on files in a per-user directory, so they vanish with the process that
 held them: a worker killed mid-step never strands a core.
@@ -94,7 +95,8 @@ class CoreLease:
         self._held = []
 
     def set_backlog(self, backlog: bool) -> None:
-        """After a step: whether prompts are still waiting (a prefill worker's only)."""
+        """After a step or a command: whether prompts wait to be scheduled (a prefill
+        worker's only)."""
         if self.role != "prefill" or backlog == self._backlog:
             return
         fcntl.flock(self._backlogs[self.home], fcntl.LOCK_SH if backlog else fcntl.LOCK_UN)
