@@ -234,9 +234,7 @@ class Supervisor:
 
     def _schedule_restart(self, child: Child, now: float) -> None:
         code = child.process.returncode if child.process else None
-        if child.process is not None:  # what a killed child left in its session: vLLM's
-            with contextlib.suppress(ProcessLookupError, PermissionError):  # engine processes
-                os.killpg(child.process.pid, signal.SIGKILL)
+        _kill_session(child)
         while child.restarts and now - child.restarts[0] > 60:
             child.restarts.popleft()
         if len(child.restarts) >= self.max_restarts_per_minute:
@@ -271,6 +269,15 @@ class Supervisor:
                 log.warning("%s ignored SIGTERM for %.0fs: killing it", child.spec.name, self.grace)
                 child.process.kill()
                 child.process.wait()
+            _kill_session(child)
+
+
+def _kill_session(child: Child) -> None:
+    """Kill what an exited child left in its session: a vLLM worker's engine processes spin
+    on a core each until killed."""
+    if child.process is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.process.pid, signal.SIGKILL)
 
 
 def http_ready(host: str, port: int) -> Callable[[], bool]:

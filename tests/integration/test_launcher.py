@@ -234,3 +234,24 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except FileNotFoundError:
         return True
+
+
+# A child that exits on SIGTERM and leaves its own process behind (as a stopped vLLM worker
+# can leave its engine core, spinning on a core).
+LEAVES_ON_STOP = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(60)
+"""
+
+
+def test_a_stopped_childs_leftover_processes_are_killed(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    spec = ChildSpec("worker w", "worker", (sys.executable, "-c", LEAVES_ON_STOP, str(pid_file)))
+    supervisor = launcher.Supervisor([spec], restart_backoff=60, max_restarts_per_minute=5, grace=1)
+    supervisor.start_all()
+    wait_for(pid_file.exists)
+    grandchild = int(pid_file.read_text())
+    supervisor.stop_all()
+    wait_for(lambda: not Path(f"/proc/{grandchild}").exists() or _zombie(grandchild))
