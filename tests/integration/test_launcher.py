@@ -205,53 +205,47 @@ def test_up_sets_the_gateway_address_itself():
     assert (gateway.host, gateway.port, gateway.model_dir) == ("0.0.0.0", 9000, Path("/m"))
 
 
-# A child that leaves a process of its own running when it dies (as a SIGKILLed vLLM
-# worker leaves its engine core): the grandchild's pid goes to a file.
-ORPHANING = """
+# A child that starts a process of its own, then exits after argv[2] seconds (or on SIGTERM)
+# without it, as a killed or stopped vLLM worker leaves its engine core: the grandchild's
+# pid goes to the file argv[1].
+LEAVES_A_GRANDCHILD = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 open(sys.argv[1], "w").write(str(child.pid))
-time.sleep(0.2)
+time.sleep(float(sys.argv[2]))
 sys.exit(9)
 """
 
 
-def test_a_dead_childs_leftover_processes_are_killed_before_its_restart(tmp_path):
+def _supervised_grandchild(tmp_path: Path, lives_s: float) -> tuple[launcher.Supervisor, int]:
+    """A supervisor running one such child, and the grandchild's pid once written."""
     pid_file = tmp_path / "grandchild"
-    spec = ChildSpec("worker w", "worker", (sys.executable, "-c", ORPHANING, str(pid_file)))
+    argv = (sys.executable, "-c", LEAVES_A_GRANDCHILD, str(pid_file), str(lives_s))
+    spec = ChildSpec("worker w", "worker", argv)
     supervisor = launcher.Supervisor([spec], restart_backoff=60, max_restarts_per_minute=5, grace=1)
     supervisor.start_all()
+    wait_for(pid_file.exists)
+    return supervisor, int(pid_file.read_text())
+
+
+def test_a_dead_childs_leftover_processes_are_killed_before_its_restart(tmp_path):
+    supervisor, grandchild = _supervised_grandchild(tmp_path, 0.2)
     child = supervisor.children[0]
-    wait_for(lambda: child.process.poll() is not None and pid_file.exists())
-    grandchild = int(pid_file.read_text())
+    wait_for(lambda: child.process.poll() is not None)
     assert Path(f"/proc/{grandchild}").exists()
     supervisor.poll()  # notices the death, schedules the restart
-    wait_for(lambda: not Path(f"/proc/{grandchild}").exists() or _zombie(grandchild))
+    wait_for(lambda: _gone(grandchild))
 
 
-def _zombie(pid: int) -> bool:
+def test_a_stopped_childs_leftover_processes_are_killed(tmp_path):
+    supervisor, grandchild = _supervised_grandchild(tmp_path, 60)
+    supervisor.stop_all()
+    wait_for(lambda: _gone(grandchild))
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` has exited (gone, or a zombie its parent has not reaped)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except FileNotFoundError:
         return True
-
-
-# A child that exits on SIGTERM and leaves its own process behind (as a stopped vLLM worker
-# can leave its engine core, spinning on a core).
-LEAVES_ON_STOP = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-open(sys.argv[1], "w").write(str(child.pid))
-time.sleep(60)
-"""
-
-
-def test_a_stopped_childs_leftover_processes_are_killed(tmp_path):
-    pid_file = tmp_path / "grandchild"
-    spec = ChildSpec("worker w", "worker", (sys.executable, "-c", LEAVES_ON_STOP, str(pid_file)))
-    supervisor = launcher.Supervisor([spec], restart_backoff=60, max_restarts_per_minute=5, grace=1)
-    supervisor.start_all()
-    wait_for(pid_file.exists)
-    grandchild = int(pid_file.read_text())
-    supervisor.stop_all()
-    wait_for(lambda: not Path(f"/proc/{grandchild}").exists() or _zombie(grandchild))
