@@ -10,10 +10,11 @@ doubles with each recent restart; past `max_restarts_per_minute` the launcher gi
 (and says so). A restarted worker registers as a new incarnation, `<worker id>-r<n>`: the
 scheduler then expires the old one and reports its requests lost (`WorkerLost`), so the
 gateway migrates them at once even when the restart beats the heartbeat timeout.
-Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each group SIGTERM,
-`grace` seconds, then SIGKILL), nats-server last. Once the gateway's `/ready` answers 200 it
-prints `splitserve is up: http://HOST:PORT/v1`; if that takes longer than `ready_timeout`
-it names the children not running and keeps going.
+Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each group SIGTERM, `grace`
+seconds, then SIGUSR1 for a hung child's thread stacks, then SIGKILL), nats-server last.
+Once the gateway's `/ready` answers 200 it prints `splitserve is up: http://HOST:PORT/v1`;
+if that takes longer than `ready_timeout` it names the children not running and keeps
+going.
 
 Flags: `up` takes every engine flag (forwarded to each worker), every gateway flag and
 every scheduler flag, and passes on those that differ from their defaults; a flag both a
@@ -63,6 +64,7 @@ from shared.flags import add_flags, changed_argv, flag_names
 from shared.nats_auth import service_role, start_mesh_nats
 from shared.nats_options import NatsAuth
 from shared.nats_server import free_port
+from shared.service_loop import STACK_DUMP_SIGNAL
 from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
 MAX_BACKOFF_S = 30.0
+STACK_DUMP_WAIT_S = 2.0  # for a hung child to print its stacks before SIGKILL
 # `up`'s own flags of these names set them: not forwarded as the gateway's.
 GATEWAY_SET_BY_UP = ("host", "port", "model_dir", "mesh_config")
 WORKER_SET_BY_UP = ("worker_id", "role", "model_name")
@@ -266,10 +269,24 @@ class Supervisor:
             try:
                 child.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s ignored SIGTERM for %.0fs: killing it", child.spec.name, self.grace)
+                log.warning(
+                    "%s ignored SIGTERM for %.0fs: its threads' stacks follow; killing it",
+                    child.spec.name,
+                    self.grace,
+                )
+                _dump_stacks(child)
                 child.process.kill()
                 child.process.wait()
             _kill_session(child)
+
+
+def _dump_stacks(child: Child) -> None:
+    """Have a hung child print its threads' stacks into the log (service_loop.run sets
+    SIGUSR1 to do that), and give it a moment to write them."""
+    with contextlib.suppress(ProcessLookupError):
+        child.process.send_signal(STACK_DUMP_SIGNAL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.process.wait(STACK_DUMP_WAIT_S)
 
 
 def _kill_session(child: Child) -> None:

@@ -3,12 +3,18 @@
 `run_until_signal(start, shutdown, failed)`: SIGTERM and SIGINT set an event; `start()`
 runs, then the loop waits for that event (or for `failed`, which a service sets when it
 can no longer serve, e.g. a worker whose engine died), and `shutdown()` always runs last.
-`run(main)` runs a coroutine on uvloop when it is installed, else on asyncio's loop.
+A signal that comes while `start()` still runs (a model loading) cancels it: a service
+stops when told to, not once it is ready.
+`run(main)` runs a coroutine on uvloop when it is installed, else on asyncio's loop, with
+SIGUSR1 set to print every thread's stack to stderr: `splitserve up` sends it to a child
+that ignores SIGTERM before killing it, so a hang leaves where it hung in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
@@ -16,6 +22,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STACK_DUMP_SIGNAL = signal.SIGUSR1
 log = logging.getLogger(__name__)
 
 
@@ -30,7 +37,17 @@ async def run_until_signal(
     for sig in SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     try:
-        await start()
+        starting = asyncio.ensure_future(start())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.warning("stopping before start-up finished")
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return False
+        stopped.cancel()
+        starting.result()  # a failed start raises here (shutdown still runs)
         waits = [asyncio.ensure_future(stop.wait())]
         if failed is not None:
             waits.append(asyncio.ensure_future(failed.wait()))
@@ -53,6 +70,7 @@ async def run_until_signal(
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """`main` to completion on uvloop when it is installed, else on asyncio's own loop."""
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
     try:
         import uvloop
     except ImportError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import secrets
 import sys
 from collections.abc import Sequence
@@ -79,7 +80,15 @@ def main(args: argparse.Namespace) -> None:
         config = config_from_args(args)
     except ValueError as exc:
         sys.exit(f"splitserve worker: {exc}")
-    if run(serve(config)):
+    failed = run(serve(config))
+    from services.worker.engine_thread import still_loading  # imported by serve already
+
+    if still_loading():  # stopped while the weights loaded: torch must not be torn down
+        logging.shutdown()  # under that thread (a C++ terminate), so skip the finalizers
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if failed else 0)
+    if failed:
         sys.exit(1)
 
 

@@ -15,6 +15,7 @@ its own, and those of the machine's idle workers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -31,6 +32,14 @@ from shared.engine.outputs import RequestOutput
 from shared.engine.stats import EngineStats, KVCacheEvents, KVEventLog
 
 log = logging.getLogger(__name__)
+THREAD_NAME = "engine"
+
+
+def still_loading() -> bool:
+    """Whether an engine thread `stop()` left behind is still building its engine."""
+    return any(t.name == THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
+
 T = TypeVar("T")
 
 
@@ -65,9 +74,10 @@ class EngineThread:
         self.stats: EngineStats | None = None  # None until the engine is built
         self.error: BaseException | None = None  # why the thread stopped, if it failed
         self._commands: queue.Queue[_Command | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events = _SharedEventLog()
+        self._built = False  # set by the thread once `build()` returned
 
     @property
     def alive(self) -> bool:
@@ -106,7 +116,7 @@ class EngineThread:
                 else:
                     future.set_result(result)
 
-            loop.call_soon_threadsafe(resolve)
+            self.to_loop(resolve)
 
         self._commands.put(_Command(fn, settle))
         return future
@@ -114,30 +124,45 @@ class EngineThread:
     def post(self, fn: Callable[[LLMEngine], Any], on_error: Callable[[BaseException], None]):
         """Queue `fn(engine)` without waiting; `on_error(exc)` runs on the loop if it raises.
         Dropped once the engine has stopped (`on_fatal` speaks for every request then)."""
-        loop = self._loop
-        assert loop is not None, "start() first"
+        assert self._loop is not None, "start() first"
 
         def settle(result: Any, exc: BaseException | None) -> None:
             if exc is not None and self.error is None:
-                loop.call_soon_threadsafe(on_error, exc)
+                self.to_loop(on_error, exc)
 
         if self.error is None:
             self._commands.put(_Command(fn, settle))
+
+    def to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call `fn(*args)` on the loop, from any thread. Once the loop is closed (a thread
+        left loading at shutdown) there is nobody to tell: nothing happens."""
+        assert self._loop is not None, "start() first"
+        with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+            self._loop.call_soon_threadsafe(fn, *args)
 
     def take_kv_events(self) -> KVCacheEvents:
         return self._events.take()
 
     async def stop(self) -> None:
-        if self._thread.is_alive():
-            self._commands.put(None)
-            await asyncio.to_thread(self._thread.join)
+        """Stop stepping and wait for the thread. One still building the engine (weights
+        loading) is left behind: it is a daemon, so it ends with the process."""
+        if not self._thread.is_alive():
+            return
+        self._commands.put(None)
+        if not self._built and self.error is None:
+            log.warning("the engine was still loading; not waiting for it")
+            return
+        await asyncio.to_thread(self._thread.join)
 
     def _run(self) -> None:
+        began = time.monotonic()
         try:
             engine = self.build()
         except Exception as exc:
             self._fail(exc)
             return
+        self._built = True
+        log.info("engine built in %.1f s", time.monotonic() - began)
         try:
             stalled = False
             while self._apply_commands(engine, stalled or not engine.has_unfinished_requests()):
@@ -204,7 +229,7 @@ class EngineThread:
             if command is not None:
                 command.on_done(None, exc)
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.on_fatal, exc)
+            self.to_loop(self.on_fatal, exc)
 
 
 class _SharedEventLog:

@@ -253,7 +253,7 @@ class NativeEngineClient:
             command()
 
     def _loop_call(self, fn: Callable[..., None], *args: Any) -> None:
-        self._thread.loop.call_soon_threadsafe(fn, *args)
+        self._thread.to_loop(fn, *args)
 
     def _finished_at_start(self, output: RequestOutput) -> None:
         if self._events is not None:

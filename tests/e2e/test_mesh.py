@@ -101,6 +101,7 @@ class Mesh:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.5)
+        self.stop()  # first: a hung child's thread stacks go into the log (launcher)
         raise AssertionError(f"mesh not ready in {timeout}s:\n{self.log_path.read_text()}")
 
     def stop(self) -> None:
@@ -142,10 +143,12 @@ class Mesh:
             return err.code, json.loads(err.read())
 
 
-def start_mesh(model_dir: Path, home: Path, extra: list[str]) -> Iterator[Mesh]:
+def start_mesh(
+    model_dir: Path, home: Path, extra: list[str], ready_timeout: float = 90
+) -> Iterator[Mesh]:
     mesh = Mesh(model_dir, home, extra)
     try:
-        mesh.wait_ready()
+        mesh.wait_ready(ready_timeout)
         yield mesh
     finally:
         mesh.stop()

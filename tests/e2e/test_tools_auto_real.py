@@ -42,7 +42,8 @@ WEATHER = {
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    yield from start_mesh(MODEL_DIR, tmp_path_factory.mktemp("home"), ["--aggregated"])
+    # 4x the 135M model's deadline: this one is 4x its size, and CI has 2 shared cores.
+    yield from start_mesh(MODEL_DIR, tmp_path_factory.mktemp("home"), ["--aggregated"], 360)
 
 
 def test_auto_produces_a_parsed_call_streamed_and_not(mesh: Mesh) -> None:

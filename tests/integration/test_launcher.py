@@ -21,10 +21,12 @@ from shared.nats_server import free_port
 
 # A stand-in service: records its start (name pid), and on SIGTERM records its stop.
 STAND_IN = """
-import os, signal, sys, time
+import faulthandler, os, signal, sys, time
 name, starts, stops, mode = sys.argv[1:5]
 with open(starts, "a") as f:
     f.write(f"{name} {os.getpid()}\\n")
+stacks = open(stops + "." + name + ".stacks", "w")
+faulthandler.register(signal.SIGUSR1, file=stacks)  # as service_loop.run does (to stderr)
 def bye(*_):
     with open(stops, "a") as f:
         f.write(name + "\\n")
@@ -93,6 +95,8 @@ def test_restart_limit_ordered_shutdown_and_ready_deadline(tmp_path, caplog):
     assert starts.count("sched") == starts.count("gw") == 1
     assert lines(tmp_path / "stops") == ["gw", "sched"]  # stubborn worker was killed between
     assert "stubborn ignored SIGTERM" in caplog.text
+    # Before the SIGKILL, the hung child was asked for its stacks: they show where it hung.
+    assert "in <module>" in (tmp_path / "stops.stubborn.stacks").read_text()
     assert seen_urls == [f"nats://127.0.0.1:{nats_port}"]
     try:
         socket.create_connection(("127.0.0.1", nats_port), timeout=1).close()

@@ -71,6 +71,16 @@ class Client:
         return any(action in text and f'"{subject.lower()}"' in text for text in self.denied)
 
 
+async def wait_for_denials(expected: list[tuple[Client, str, str]], timeout: float = 5) -> None:
+    """Until each (client, action, subject) was denied. The server may send a `-ERR` after
+    the PONG of the flush that followed the offending publish, so a flush does not suffice."""
+    deadline = time.monotonic() + timeout
+    while not all(client.was_denied(action, subject) for client, action, subject in expected):
+        if time.monotonic() > deadline:
+            return  # the caller's assertions say which denial is missing
+        await asyncio.sleep(0.02)
+
+
 def test_secrets_are_private_and_anonymous_or_wrong_clients_are_refused(secured):
     server, credentials = secured
     assert stat.S_IMODE(credentials.directory.stat().st_mode) == 0o700
@@ -108,7 +118,22 @@ def test_each_role_uses_exactly_its_rows_of_the_subject_table(secured):
             for subject in (*TABLE, *NOBODYS):
                 await client.nc.publish(subject, role.encode())
             await client.nc.flush()
-        await asyncio.sleep(0.3)  # deliveries to other connections
+        await wait_for_denials(
+            [
+                (client, action, subject)
+                for role, client in clients.items()
+                for subject, (publishers, subscribers) in TABLE.items()
+                for action, allowed in (("publish", publishers), ("subscription", subscribers))
+                if role not in allowed
+            ]
+            + [
+                (client, action, subject)
+                for client in clients.values()
+                for subject in NOBODYS
+                for action in ("publish", "subscription")
+            ]
+        )
+        await asyncio.sleep(0.3)  # deliveries to other connections, and any stray denial
         for role, client in clients.items():
             for subject, (publishers, subscribers) in TABLE.items():
                 denied = client.was_denied("publish", subject)
@@ -148,6 +173,7 @@ def test_requests_get_their_replies_through_the_role_inboxes(secured):
         # A reply inbox is only its owner's: the decode worker cannot write into the gateway's.
         await decode.nc.publish("_INBOX.gateway.forged", b"x")
         await decode.nc.flush()
+        await wait_for_denials([(decode, "publish", "_INBOX.gateway.forged")])
         assert decode.was_denied("publish", "_INBOX.gateway.forged")
         for client in (scheduler, gateway, decode):
             await client.nc.close()
