@@ -15,6 +15,7 @@ from vllm.config.kv_events import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 
 from services.worker.config import WorkerConfig
+from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
 
 GIB = 1 << 30
 
@@ -49,6 +50,7 @@ def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineA
 
 def set_environment(config: WorkerConfig) -> None:
     """What vLLM reads from the environment, for the engine core process it starts."""
+    os.environ[QUIET_NIXL_ENV] = "1"  # no NIXL thread spinning on a core (vllm_nixl_plugin)
     if config.engine.num_threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(config.engine.num_threads)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

@@ -8,7 +8,9 @@ processes with the real model, called with the OpenAI SDK.
 - vLLM's KV cache events reach the scheduler as our block hashes: after a request, the
   prefill worker and the decode worker that served it report the prompt's blocks;
 - a stream closed by its client frees its blocks in vLLM; a decode worker SIGKILLed
-  mid-stream: every stream completes (migrated).
+  mid-stream: every stream completes (migrated);
+- an idle mesh of vLLM workers leaves the cores free (no NIXL progress thread spinning:
+  services/worker/vllm_nixl_plugin.py).
 
 Needs vLLM (`make install ENGINE=vllm`); skipped, saying so, without it. The engines run
 eagerly (`--no-vllm-compile`): each starts in well under a minute on a small CPU box.
@@ -32,6 +34,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
+from services.bench.idle import cpu_seconds, process_tree
 from services.offline import chat_prompt_ids
 from shared.bus import Bus
 from shared.engine.block_hash import hash_full_blocks
@@ -247,6 +250,21 @@ def test_a_closed_stream_frees_its_blocks(disaggregated):
     assert busy, "the stream should still be decoding"
     stream.close()
     wait_idle(disaggregated)
+
+
+IDLE_WINDOW_S = 5.0
+IDLE_CORES_AT_MOST = 0.3  # heartbeats and vLLM's idle loops; one spinning thread is 1.0
+
+
+def test_an_idle_vllm_mesh_leaves_the_cores_free(disaggregated):
+    wait_idle(disaggregated)  # after the requests above: every NIXL agent is in use
+    pids = process_tree(disaggregated.process.pid)
+    before, began = cpu_seconds(pids), time.monotonic()
+    time.sleep(IDLE_WINDOW_S)
+    after, wall = cpu_seconds(pids), time.monotonic() - began
+    cores = sum(after[p] - before[p] for p in after if p in before) / wall
+    print(f"idle mesh of 3 vLLM workers: {cores:.2f} cores")
+    assert cores < IDLE_CORES_AT_MOST, f"{cores:.2f} cores busy with no request"
 
 
 def stream_text(mesh: Mesh, prompt: str, progress: list[int], slot: int) -> tuple[str, str]:
