@@ -104,6 +104,23 @@ def _bench_step(args: argparse.Namespace) -> None:
     )
 
 
+def _bench_burst(args: argparse.Namespace) -> None:
+    from services.bench.burst import BurstBenchConfig, run_burst_bench
+    from shared.models.pull import pull_model
+
+    run_burst_bench(
+        BurstBenchConfig(
+            model_dir=args.model_dir or pull_model(args.model),
+            prompts=args.prompts,
+            prompt_len=args.prompt_len,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            threads=tuple(args.threads),
+            trials=args.trials,
+            dtype=args.dtype,
+        )
+    )
+
+
 def _bench_idle(args: argparse.Namespace) -> None:
     from services.bench.idle import IdleBenchConfig, run_idle_bench
     from shared.models.pull import pull_model
@@ -150,9 +167,7 @@ def _bench_quant(args: argparse.Namespace) -> None:
 def _bench_kv(args: argparse.Namespace) -> None:
     from services.bench.kv import KVBenchConfig, run_kv_bench
 
-    run_kv_bench(
-        KVBenchConfig(blocks=tuple(args.blocks), dtype=args.dtype, repeats=args.repeats)
-    )
+    run_kv_bench(KVBenchConfig(blocks=tuple(args.blocks), dtype=args.dtype, repeats=args.repeats))
     if args.mesh:
         import json
 
@@ -269,6 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention-backend", default="auto", help="cpu: native fused ops; torch: torch's"
     )
     step.set_defaults(func=_bench_step)
+    burst = targets.add_parser("burst", help="a burst of prompts prefilled by the engine alone")
+    burst.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    burst.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    burst.add_argument("--prompts", type=int, default=16, help="arriving together")
+    burst.add_argument("--prompt-len", type=int, default=100, help="tokens each")
+    burst.add_argument("--max-num-batched-tokens", type=int, default=256, help="token budget")
+    burst.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
+    burst.add_argument("--trials", type=int, default=2, help="per thread count")
+    burst.add_argument("--dtype", default="auto", help="auto, float32, bfloat16")
+    burst.set_defaults(func=_bench_burst)
     idle = targets.add_parser("idle", help="CPU time of an idle `splitserve up` mesh")
     idle.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     idle.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")

@@ -10,6 +10,7 @@ import signal
 import time
 import urllib.request
 
+import nats
 import pytest
 
 from shared.bus import Bus
@@ -48,7 +49,17 @@ def test_a_bus_fails_over_when_its_node_is_killed(cluster) -> None:
 
         await worker.serve("t.work", Cancel, answer, lambda why: TaskAck("", Outcome.INVALID, why))
         await worker.nc.flush()
-        assert (await gateway.request("t.work", Cancel("r0"), TaskAck, 2)).ok
+        # The flush reaches the worker's node only; the other nodes learn of the
+        # subscription over their routes a moment later (until then: no responders).
+        ask_until = time.monotonic() + 10
+        while True:
+            try:
+                first = await gateway.request("t.work", Cancel("r0"), TaskAck, 2)
+                break
+            except nats.errors.NoRespondersError:
+                assert time.monotonic() < ask_until, "the subscription never spread"
+                await asyncio.sleep(0.05)
+        assert first.ok
         node = next(s for s in cluster if s.url == worker.nc.connected_url.geturl())
         node.process.send_signal(signal.SIGKILL)
         node.process.wait()
