@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     burst.add_argument("--max-num-batched-tokens", type=int, default=256, help="token budget")
     burst.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
     burst.add_argument("--trials", type=int, default=2, help="per thread count")
-    burst.add_argument("--dtype", default="auto", help="auto, float32, bfloat16")
+    burst.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     burst.set_defaults(func=_bench_burst)
     idle = targets.add_parser("idle", help="CPU time of an idle `splitserve up` mesh")
     idle.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")

@@ -5,11 +5,12 @@ scheduler, the workers (N prefill + M decode, or N of role "both" with `--aggreg
 the gateway — each as `python -m services.cli <service> ...` in its own session, so Ctrl-C
 reaches only the launcher and shutdown keeps its order.
 
-Supervision: a child that exits unexpectedly is logged and restarted after a backoff that
-doubles with each recent restart; past `max_restarts_per_minute` the launcher gives up on it
-(and says so). A restarted worker registers as a new incarnation, `<worker id>-r<n>`: the
-scheduler then expires the old one and reports its requests lost (`WorkerLost`), so the
-gateway migrates them at once even when the restart beats the heartbeat timeout.
+Supervision (services/supervisor.py): a child that exits unexpectedly is logged and
+restarted after a backoff that doubles with each recent restart; past
+`max_restarts_per_minute` the launcher gives up on it (and says so). A restarted worker
+registers as a new incarnation, `<worker id>-r<n>`: the scheduler then expires the old one
+and reports its requests lost (`WorkerLost`), so the gateway migrates them at once even when
+the restart beats the heartbeat timeout.
 Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each group SIGTERM, `grace`
 seconds, then SIGUSR1 for a hung child's thread stacks, then SIGKILL), nats-server last.
 Once the gateway's `/ready` answers 200 it prints `splitserve is up: http://HOST:PORT/v1`;
@@ -39,16 +40,12 @@ at start; the gateway serves /metrics on its own port.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,6 +53,7 @@ from pathlib import Path
 from services.gateway.config import GatewayConfig
 from services.mesh_config import MeshConfig, MeshConfigError, load_mesh_config, model_dir_of
 from services.scheduler.config import SchedulerConfig
+from services.supervisor import ChildSpec, Supervisor
 from services.worker.cli import add_engine_arguments, engine_argv
 from services.worker.config import WorkerConfig
 from shared.config import env
@@ -64,15 +62,11 @@ from shared.flags import add_flags, changed_argv, flag_names
 from shared.nats_auth import service_role, start_mesh_nats
 from shared.nats_options import NatsAuth
 from shared.nats_server import free_port
-from shared.service_loop import STACK_DUMP_SIGNAL
 from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
-MAX_BACKOFF_S = 30.0
-STACK_DUMP_WAIT_S = 2.0  # for a hung child to print its stacks before SIGKILL
 # `up`'s own flags of these names set them: not forwarded as the gateway's.
 GATEWAY_SET_BY_UP = ("host", "port", "model_dir", "mesh_config")
 WORKER_SET_BY_UP = ("worker_id", "role", "model_name")
@@ -109,13 +103,6 @@ class LauncherConfig:
             raise ValueError("worker counts must be >= 0 (and >= 1 with --aggregated)")
         if not self.aggregated and self.decode < 1:
             raise ValueError("a disaggregated mesh needs at least one decode worker")
-
-
-@dataclass(frozen=True, slots=True)
-class ChildSpec:
-    name: str  # unique, shown in logs
-    role: str  # "scheduler" | "worker" | "gateway": decides the shutdown order
-    argv: tuple[str, ...]
 
 
 def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
@@ -173,128 +160,6 @@ def worker_pools(config: LauncherConfig) -> list[WorkerPool]:
         counts = counts or [("prefill", model.prefill), ("decode", model.decode)]
         pools += [WorkerPool(role, n, model_dir, f"{model.name}-", argv) for role, n in counts]
     return pools
-
-
-class Child:
-    def __init__(self, spec: ChildSpec) -> None:
-        self.spec = spec
-        self.process: subprocess.Popen[bytes] | None = None
-        self.restarts: deque[float] = deque()  # monotonic times of recent restarts
-        self.restart_at: float | None = None  # when a crashed child is due to start again
-        self.gave_up = False
-        self.incarnation = 0  # starts so far
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def start(self) -> None:
-        environment = os.environ | {"PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
-            self.argv(), stdin=subprocess.DEVNULL, start_new_session=True, env=environment
-        )
-        self.incarnation += 1
-        self.restart_at = None
-        log.info("started %s (role %s) pid %d", self.spec.name, self.spec.role, self.process.pid)
-
-    def argv(self) -> tuple[str, ...]:
-        """The spec's command; a restarted worker's id gets the suffix `-r<incarnation>`."""
-        argv = self.spec.argv
-        if not self.incarnation or "--worker-id" not in argv:
-            return argv
-        at = argv.index("--worker-id") + 1
-        return (*argv[:at], f"{argv[at]}-r{self.incarnation}", *argv[at + 1 :])
-
-
-class Supervisor:
-    def __init__(
-        self,
-        specs: list[ChildSpec],
-        restart_backoff: float,
-        max_restarts_per_minute: int,
-        grace: float,
-    ) -> None:
-        self.children = [Child(spec) for spec in specs]
-        self.restart_backoff = restart_backoff
-        self.max_restarts_per_minute = max_restarts_per_minute
-        self.grace = grace
-
-    def start_all(self) -> None:
-        for child in self.children:
-            child.start()
-
-    def poll(self) -> None:
-        """Notice crashed children and restart those that are due."""
-        now = time.monotonic()
-        for child in self.children:
-            if child.gave_up or child.running:
-                continue
-            if child.restart_at is None:
-                self._schedule_restart(child, now)
-            elif now >= child.restart_at:
-                child.restarts.append(now)
-                child.start()
-
-    def _schedule_restart(self, child: Child, now: float) -> None:
-        code = child.process.returncode if child.process else None
-        _kill_session(child)
-        while child.restarts and now - child.restarts[0] > 60:
-            child.restarts.popleft()
-        if len(child.restarts) >= self.max_restarts_per_minute:
-            child.gave_up = True
-            log.error(
-                "%s exited with %s and was restarted %d times within a minute: giving up on it",
-                child.spec.name,
-                code,
-                len(child.restarts),
-            )
-            return
-        delay = min(MAX_BACKOFF_S, self.restart_backoff * 2 ** len(child.restarts))
-        child.restart_at = now + delay
-        log.warning("%s exited with %s; restarting in %.1fs", child.spec.name, code, delay)
-
-    def missing(self) -> list[str]:
-        return [child.spec.name for child in self.children if not child.running]
-
-    def stop_all(self) -> None:
-        for role in STOP_ORDER:
-            self._stop_group([c for c in self.children if c.spec.role == role and c.running])
-
-    def _stop_group(self, group: list[Child]) -> None:
-        for child in group:
-            log.info("stopping %s (pid %d)", child.spec.name, child.process.pid)
-            child.process.terminate()
-        deadline = time.monotonic() + self.grace
-        for child in group:
-            try:
-                child.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning(
-                    "%s ignored SIGTERM for %.0fs: its threads' stacks follow; killing it",
-                    child.spec.name,
-                    self.grace,
-                )
-                _dump_stacks(child)
-                child.process.kill()
-                child.process.wait()
-            _kill_session(child)
-
-
-def _dump_stacks(child: Child) -> None:
-    """Have a hung child print its threads' stacks into the log (service_loop.run sets
-    SIGUSR1 to do that), and give it a moment to write them."""
-    with contextlib.suppress(ProcessLookupError):
-        child.process.send_signal(STACK_DUMP_SIGNAL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.process.wait(STACK_DUMP_WAIT_S)
-
-
-def _kill_session(child: Child) -> None:
-    """Kill what an exited child left in its session: a vLLM worker's engine processes spin
-    on a core each until killed."""
-    if child.process is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.process.pid, signal.SIGKILL)
 
 
 def http_ready(host: str, port: int) -> Callable[[], bool]:

@@ -74,16 +74,16 @@ def run_burst_bench(config: BurstBenchConfig) -> list[BurstTiming]:
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
 
-    def burst() -> list[list[int]]:
-        length = config.prompt_len
-        return [[rng.randrange(vocab) for _ in range(length)] for _ in range(config.prompts)]
+    def burst(n: int) -> list[list[int]]:
+        return [[rng.randrange(vocab) for _ in range(config.prompt_len)] for _ in range(n)]
 
-    time_burst(engine, burst()[:2], "warm-up")
+    time_burst(engine, burst(2), "warm-up")
     timings = []
     for threads in config.threads:
         torch.set_num_threads(threads)
         for trial in range(config.trials):
-            timing = BurstTiming(threads, time_burst(engine, burst(), f"t{threads}-{trial}"))
+            steps = time_burst(engine, burst(config.prompts), f"t{threads}-{trial}")
+            timing = BurstTiming(threads, steps)
             print(timing.line(config.prompts, config.prompt_len), flush=True)
             timings.append(timing)
     return timings

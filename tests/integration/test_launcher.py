@@ -15,6 +15,7 @@ from pathlib import Path
 from services import launcher
 from services.cli import build_parser
 from services.launcher import ChildSpec, LauncherConfig, child_specs, run_mesh
+from services.supervisor import Supervisor
 from services.worker import cli as worker_cli
 from services.worker.cli import engine_argv
 from shared.nats_server import free_port
@@ -57,7 +58,7 @@ def wait_for(condition, timeout: float = 10.0) -> None:
 
 
 def test_restart_limit_ordered_shutdown_and_ready_deadline(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="services.launcher")
+    caplog.set_level(logging.INFO, logger="services")  # launcher and supervisor
     nats_port = free_port()
     config = LauncherConfig(
         home=tmp_path / "home",
@@ -221,12 +222,12 @@ sys.exit(9)
 """
 
 
-def _supervised_grandchild(tmp_path: Path, lives_s: float) -> tuple[launcher.Supervisor, int]:
+def _supervised_grandchild(tmp_path: Path, lives_s: float) -> tuple[Supervisor, int]:
     """A supervisor running one such child, and the grandchild's pid once written."""
     pid_file = tmp_path / "grandchild"
     argv = (sys.executable, "-c", LEAVES_A_GRANDCHILD, str(pid_file), str(lives_s))
     spec = ChildSpec("worker w", "worker", argv)
-    supervisor = launcher.Supervisor([spec], restart_backoff=60, max_restarts_per_minute=5, grace=1)
+    supervisor = Supervisor([spec], restart_backoff=60, max_restarts_per_minute=5, grace=1)
     supervisor.start_all()
     wait_for(pid_file.exists)
     return supervisor, int(pid_file.read_text())

@@ -1,0 +1,154 @@
+"""The children of `splitserve up` and their supervision: each service a process in its own
+session; one that exits is restarted after a backoff that doubles with each recent restart,
+up to `max_restarts_per_minute`; shutdown goes group by group (gateway, workers, scheduler),
+SIGTERM, `grace` seconds, then SIGUSR1 for a hung child's thread stacks, then SIGKILL; what
+a child leaves in its session is killed with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from shared.service_loop import STACK_DUMP_SIGNAL
+
+log = logging.getLogger(__name__)
+
+STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
+MAX_BACKOFF_S = 30.0
+STACK_DUMP_WAIT_S = 2.0  # for a hung child to print its stacks before SIGKILL
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    name: str  # unique, shown in logs
+    role: str  # "scheduler" | "worker" | "gateway": decides the shutdown order
+    argv: tuple[str, ...]
+
+
+class Child:
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts: deque[float] = deque()  # monotonic times of recent restarts
+        self.restart_at: float | None = None  # when a crashed child is due to start again
+        self.gave_up = False
+        self.incarnation = 0  # starts so far
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        environment = os.environ | {"PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            self.argv(), stdin=subprocess.DEVNULL, start_new_session=True, env=environment
+        )
+        self.incarnation += 1
+        self.restart_at = None
+        log.info("started %s (role %s) pid %d", self.spec.name, self.spec.role, self.process.pid)
+
+    def argv(self) -> tuple[str, ...]:
+        """The spec's command; a restarted worker's id gets the suffix `-r<incarnation>`."""
+        argv = self.spec.argv
+        if not self.incarnation or "--worker-id" not in argv:
+            return argv
+        at = argv.index("--worker-id") + 1
+        return (*argv[:at], f"{argv[at]}-r{self.incarnation}", *argv[at + 1 :])
+
+
+class Supervisor:
+    def __init__(
+        self,
+        specs: list[ChildSpec],
+        restart_backoff: float,
+        max_restarts_per_minute: int,
+        grace: float,
+    ) -> None:
+        self.children = [Child(spec) for spec in specs]
+        self.restart_backoff = restart_backoff
+        self.max_restarts_per_minute = max_restarts_per_minute
+        self.grace = grace
+
+    def start_all(self) -> None:
+        for child in self.children:
+            child.start()
+
+    def poll(self) -> None:
+        """Notice crashed children and restart those that are due."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.gave_up or child.running:
+                continue
+            if child.restart_at is None:
+                self._schedule_restart(child, now)
+            elif now >= child.restart_at:
+                child.restarts.append(now)
+                child.start()
+
+    def _schedule_restart(self, child: Child, now: float) -> None:
+        code = child.process.returncode if child.process else None
+        _kill_session(child)
+        while child.restarts and now - child.restarts[0] > 60:
+            child.restarts.popleft()
+        if len(child.restarts) >= self.max_restarts_per_minute:
+            child.gave_up = True
+            log.error(
+                "%s exited with %s and was restarted %d times within a minute: giving up on it",
+                child.spec.name,
+                code,
+                len(child.restarts),
+            )
+            return
+        delay = min(MAX_BACKOFF_S, self.restart_backoff * 2 ** len(child.restarts))
+        child.restart_at = now + delay
+        log.warning("%s exited with %s; restarting in %.1fs", child.spec.name, code, delay)
+
+    def missing(self) -> list[str]:
+        return [child.spec.name for child in self.children if not child.running]
+
+    def stop_all(self) -> None:
+        for role in STOP_ORDER:
+            self._stop_group([c for c in self.children if c.spec.role == role and c.running])
+
+    def _stop_group(self, group: list[Child]) -> None:
+        for child in group:
+            log.info("stopping %s (pid %d)", child.spec.name, child.process.pid)
+            child.process.terminate()
+        deadline = time.monotonic() + self.grace
+        for child in group:
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "%s ignored SIGTERM for %.0fs: its threads' stacks follow; killing it",
+                    child.spec.name,
+                    self.grace,
+                )
+                _dump_stacks(child)
+                child.process.kill()
+                child.process.wait()
+            _kill_session(child)
+
+
+def _dump_stacks(child: Child) -> None:
+    """Have a hung child print its threads' stacks into the log (service_loop.run sets
+    SIGUSR1 to do that), and give it a moment to write them."""
+    with contextlib.suppress(ProcessLookupError):
+        child.process.send_signal(STACK_DUMP_SIGNAL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.process.wait(STACK_DUMP_WAIT_S)
+
+
+def _kill_session(child: Child) -> None:
+    """Kill what an exited child left in its session: a vLLM worker's engine processes spin
+    on a core each until killed."""
+    if child.process is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.process.pid, signal.SIGKILL)
