@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from shared.engine.engine_config import CPU_TOKEN_BUDGET
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -289,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     burst.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
     burst.add_argument("--prompts", type=int, default=16, help="arriving together")
     burst.add_argument("--prompt-len", type=int, default=100, help="tokens each")
-    burst.add_argument("--max-num-batched-tokens", type=int, default=256, help="token budget")
+    burst.add_argument(
+        "--max-num-batched-tokens", type=int, default=CPU_TOKEN_BUDGET, help="token budget"
+    )
     burst.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
     burst.add_argument("--trials", type=int, default=2, help="per thread count")
     burst.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from shared.engine.engine import LLMEngine
-from shared.engine.engine_config import EngineConfig
+from shared.engine.engine_config import CPU_TOKEN_BUDGET, EngineConfig
 from shared.engine.sampling_params import SamplingParams
 
 
@@ -25,7 +25,7 @@ class BurstBenchConfig:
     model_dir: Path
     prompts: int = 16
     prompt_len: int = 100  # tokens each: bench peers' 100 random words are 100 tokens
-    max_num_batched_tokens: int = 256  # the engine's default
+    max_num_batched_tokens: int = CPU_TOKEN_BUDGET  # the engine's default
     threads: tuple[int, ...] = (1, 2)
     trials: int = 2
     dtype: str = "auto"

@@ -8,7 +8,7 @@
   GET /health answers 200 (it answers 503 while loading).
 `splitserve up` itself is loadtest.mesh.MeshProcess, with native workers or with vLLM's
 (`vllm_mesh_args`: 1 prefill + 1 decode worker, the vLLM server's dtype and KV cache size,
-the cores split between the two engines); all have `url`, `wait_ready` and `stop`.
+OpenMP threads on every core in each engine); all have `url`, `wait_ready` and `stop`.
 """
 
 from __future__ import annotations
@@ -68,14 +68,12 @@ def vllm_command(
     return ServerCommand(argv, env, "/health")
 
 
-def vllm_mesh_args(cpus: list[int], kv_cache_gib: int) -> list[str]:
-    """`splitserve up` flags for our mesh of vLLM workers, one prefill and one decode: each
-    engine on half the cores (OpenMP threads unbound) where vLLM's server has them all."""
-    threads = max(1, len(cpus) // 2)
+def vllm_mesh_args(kv_cache_gib: int) -> list[str]:
+    """`splitserve up` flags for our mesh of vLLM workers, one prefill and one decode, each
+    engine's OpenMP threads on every core (the worker's default) as vLLM's server has."""
     return [
         "--engine", "vllm", "--block-size", str(VLLM_BLOCK_SIZE), "--dtype", "bfloat16",
-        "--prefill", "1", "--decode", "1", "--num-threads", str(threads),
-        "--kv-cache-gib", str(kv_cache_gib),
+        "--prefill", "1", "--decode", "1", "--kv-cache-gib", str(kv_cache_gib),
     ]  # fmt: skip
 
 

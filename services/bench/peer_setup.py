@@ -65,7 +65,7 @@ class Peers:
         if turn.server == OURS:
             return MeshProcess(model_dir, list(self.cfg.up_args), log)
         if turn.server == OURS_VLLM:
-            args = vllm_mesh_args(self.cpus, self.cfg.vllm_kv_cache_gib)
+            args = vllm_mesh_args(self.cfg.vllm_kv_cache_gib)
             return MeshProcess(model_dir, args, log)
         port = free_port()
         if turn.server == "vllm":

@@ -68,7 +68,7 @@ class LLMEngine:
         self.proposer = self._proposer(draft_config, num_blocks)
         self.scheduler = Scheduler(
             self.block_manager,
-            config.max_num_batched_tokens,
+            config.token_budget,
             config.max_num_seqs,
             StopRules(self.model_config.eos_token_ids, self.max_model_len),
             self.proposer,

@@ -22,6 +22,8 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int4", "w8a8")
 SPECULATIVE_METHODS = ("ngram", "draft")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
+CPU_TOKEN_BUDGET = 256  # the native engine's default step budget (max_num_batched_tokens)
+GPU_TOKEN_BUDGET = 2048
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,10 +46,14 @@ class EngineConfig:
     block_size: int = flag(16, help="tokens per KV block (the scheduler's must match)")
     kv_cache_gib: float = flag(2.0, help="GiB for the paged KV cache; sets the block count")
     num_kv_blocks: int | None = flag(None, help="KV blocks; overrides --kv-cache-gib")
-    # 256 on a CPU: prompts that arrive together are computed a few at a time, so first
-    # tokens (and decode workers) do not wait for the whole group (same offline tok/s).
-    max_num_batched_tokens: int = flag(
-        256, help="token budget of one step (prefill chunks + decodes); GPUs: 2048 or more"
+    # Unset: the engine's own budget (token_budget). The native engine takes 256 on a CPU:
+    # prompts that arrive together are computed a few at a time, so first tokens (and
+    # decode workers) do not wait for the whole group (same offline tok/s); 2048 on a GPU.
+    # vLLM takes its own default (2048 for its server on a CPU).
+    max_num_batched_tokens: int | None = flag(
+        None,
+        help="token budget of one step (prefill chunks + decodes); unset: the engine's "
+        "(native: 256 on a CPU, 2048 on a GPU; vLLM: its own)",
     )
     max_num_seqs: int = flag(64, help="sequences running at once")
     max_model_len: int | None = flag(None, help="context length (default: the model's)")
@@ -101,9 +107,10 @@ class EngineConfig:
             )
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, not {self.block_size}")
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+        budget = self.max_num_batched_tokens
+        if self.max_num_seqs < 1 or (budget is not None and budget < 1):
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
-        if self.max_num_batched_tokens < self.max_num_seqs:
+        if self.token_budget < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be positive")
@@ -134,6 +141,13 @@ class EngineConfig:
     def torch_device(self) -> torch.device:
         """`device` resolved: auto picks cuda when a CUDA device is visible, else cpu."""
         return resolve_device(self.device)
+
+    @property
+    def token_budget(self) -> int:
+        """The native engine's step budget: `max_num_batched_tokens`, or its default."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return GPU_TOKEN_BUDGET if self.torch_device.type == "cuda" else CPU_TOKEN_BUDGET
 
 
 def torch_dtypes() -> dict[str, torch.dtype]:

@@ -117,6 +117,16 @@ def test_worker_config_keeps_its_own_checks():
         WorkerConfig(worker_id="w", role="both", model_name="m", engine=engine, kv_window=0)
 
 
+def test_the_step_budget_is_the_engines_own_unless_given():
+    assert EngineConfig(model_dir=Path("/m"), device="cpu").token_budget == 256
+    given = EngineConfig(model_dir=Path("/m"), device="cpu", max_num_batched_tokens=96)
+    assert given.token_budget == 96
+    with pytest.raises(ValueError, match="must be >= max_num_seqs"):
+        EngineConfig(model_dir=Path("/m"), max_num_batched_tokens=8, max_num_seqs=16)
+    with pytest.raises(ValueError, match="must be positive"):
+        EngineConfig(model_dir=Path("/m"), max_num_batched_tokens=0)
+
+
 @pytest.mark.parametrize(
     "module",
     ["shared.engine.engine_config", "services.worker.cli", "services.launcher", "services.cli"],

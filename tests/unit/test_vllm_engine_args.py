@@ -1,0 +1,68 @@
+"""A vLLM worker's engine arguments and environment on a CPU: the model in the engine core
+process (no third process spinning on a core), vLLM's own step budget unless one is given,
+and the KV buffer on the device the worker resolved."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (make install ENGINE=vllm)")
+
+from vllm.config.kv_events import KVEventsConfig
+
+from services.worker.config import WorkerConfig
+from services.worker.vllm_engine_args import engine_args, set_environment
+from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
+from shared.engine.engine_config import EngineConfig
+
+SET_BY_THE_WORKER = (
+    QUIET_NIXL_ENV,
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT",
+    "OMP_NUM_THREADS",
+    "VLLM_CPU_OMP_THREADS_BIND",
+)
+
+
+def worker(**engine_fields) -> WorkerConfig:
+    engine = EngineConfig(model_dir=Path("/m"), block_size=32, device="cpu", **engine_fields)
+    return WorkerConfig(
+        worker_id="p", role="prefill", model_name="m", engine_kind="vllm", engine=engine
+    )
+
+
+def test_on_a_cpu_the_model_runs_in_the_engine_core_process(monkeypatch):
+    for name in SET_BY_THE_WORKER:  # put back as they were after the test
+        monkeypatch.delenv(name, raising=False)
+    set_environment(worker())
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert int(os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"]) > 0
+
+
+def test_openmp_threads_on_every_core_unbound_unless_told(monkeypatch):
+    for name in SET_BY_THE_WORKER:
+        monkeypatch.delenv(name, raising=False)
+    set_environment(worker())
+    assert os.environ["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    set_environment(worker(num_threads=3))
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"  # the operator's own binding
+
+
+def test_the_step_budget_is_vllms_own_unless_given():
+    events = KVEventsConfig(enable_kv_cache_events=False)
+    assert engine_args(worker(), events).max_num_batched_tokens is None
+    given = engine_args(worker(max_num_batched_tokens=512), events)
+    assert given.max_num_batched_tokens == 512
+
+
+def test_the_kv_buffer_is_where_the_model_runs():
+    args = engine_args(worker(), KVEventsConfig(enable_kv_cache_events=False))
+    assert args.kv_transfer_config.kv_buffer_device == "cpu"
+    assert args.kv_transfer_config.kv_connector == "NixlConnector"
