@@ -117,3 +117,8 @@ def _check_vllm(config: WorkerConfig) -> None:
     for name, given in unsupported.items():
         if given:
             raise ValueError(f"{name} is a native engine option: not with --engine vllm")
+    if engine.device.startswith("cuda:"):
+        raise ValueError(
+            f"--device {engine.device}: a vLLM worker runs on the GPUs CUDA_VISIBLE_DEVICES "
+            "shows it; pass --device cuda (or auto) and set CUDA_VISIBLE_DEVICES"
+        )

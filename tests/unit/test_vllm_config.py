@@ -40,6 +40,17 @@ def test_native_only_options_are_refused_with_vllm(argv, flag):
         parse(["--engine", "vllm", *argv])
 
 
+def test_a_numbered_gpu_is_refused_with_vllm_naming_the_variable(monkeypatch):
+    import torch
+
+    # As on a host with two GPUs: the device resolves, then the vLLM worker refuses it.
+    monkeypatch.setattr(
+        "shared.engine.engine_config.resolve_device", lambda name: torch.device(name)
+    )
+    with pytest.raises(ValueError, match=r"--device cuda:1: .*CUDA_VISIBLE_DEVICES"):
+        parse(["--engine", "vllm", "--device", "cuda:1", "--dtype", "bfloat16"])
+
+
 def test_an_unknown_engine_is_refused():
     with pytest.raises(ValueError, match="engine must be one of"):
         WorkerConfig(
