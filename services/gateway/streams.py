@@ -2,7 +2,10 @@
 
 Workers publish TokenChunks to <ns>.gateway.<id>.tokens; each open request has a queue
 that its HTTP handler drains. A chunk whose tokens were all delivered already (same
-`index`) is dropped, a partly repeated one is trimmed. Scheduler events (RequestFailed,
+`index`) is dropped, a partly repeated one is trimmed. A chunk that skips tokens (NATS is
+at-most-once: a node that died with a chunk on its way) ends the attempt with an `error`
+chunk, so the request migrates from the last token delivered instead of streaming a text
+with a hole; the attempt's later chunks are dropped. Scheduler events (RequestFailed,
 WorkerLost) for an open request arrive in its queue as a chunk carrying `error`.
 """
 
@@ -29,6 +32,7 @@ class RequestStream:
     next_index: int = 0  # output position of the next token not yet delivered
     prefill_worker: str = ""  # the attempt's prefill worker ("" on the decode-only path)
     received: int = 0  # tokens this attempt has delivered
+    broken: bool = False  # tokens went missing: nothing more of this attempt is delivered
 
     def needs(self, worker_id: str) -> bool:
         """Does this attempt still depend on `worker_id`? A prefill worker's part ends with
@@ -36,7 +40,9 @@ class RequestStream:
         return not (worker_id == self.prefill_worker and self.received > 1)
 
     def offer(self, chunk: TokenChunk) -> None:
-        """Queue `chunk` minus any tokens already delivered."""
+        """Queue `chunk` minus any tokens already delivered; a gap fails the attempt."""
+        if self.broken:
+            return
         repeated = self.next_index - chunk.index
         if repeated > 0:
             if repeated >= len(chunk.token_ids) and chunk.token_ids:
@@ -48,7 +54,11 @@ class RequestStream:
                 logprobs=chunk.logprobs[repeated:],
             )
         elif repeated < 0:
-            log.warning("%s: tokens %d..%d missing", self.request_id, self.next_index, chunk.index)
+            lost = f"tokens {self.next_index}..{chunk.index - 1} were lost on the way"
+            log.warning("%s: %s", self.request_id, lost)
+            self.broken = True
+            self.fail(lost)
+            return
         self.next_index = chunk.index + len(chunk.token_ids)
         self.received += len(chunk.token_ids)
         self.queue.put_nowait(chunk)
