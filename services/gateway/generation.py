@@ -194,7 +194,8 @@ class Mesh:
     async def _send(self, message: SubmitRequest) -> RequestStream:
         """Open the attempt's token stream, then submit it; a refusal is an ApiError."""
         request_id = message.request_id
-        stream = self.streams.open_stream(request_id)  # before submitting: no token is missed
+        # Opened before submitting, so no token is missed.
+        stream = self.streams.open_stream(request_id, len(message.delivered_token_ids))
         try:
             ack = await self.bus.request(
                 self.subjects.submit,

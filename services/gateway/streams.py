@@ -91,8 +91,10 @@ class TokenStreams:
             await subscription.unsubscribe()
         self.subscriptions = []
 
-    def open_stream(self, request_id: str) -> RequestStream:
-        stream = self.open[request_id] = RequestStream(request_id)
+    def open_stream(self, request_id: str, first_index: int = 0) -> RequestStream:
+        """`first_index`: the attempt's first output position (a migrated attempt's chunks
+        go on from the tokens delivered before it)."""
+        stream = self.open[request_id] = RequestStream(request_id, next_index=first_index)
         return stream
 
     def close_stream(self, request_id: str) -> None:

@@ -36,3 +36,8 @@ def test_a_gap_fails_the_attempt_and_nothing_after_it_is_delivered():
     assert failure.error == "tokens 2..2 were lost on the way"
     assert stream.next_index == 2
 
+
+def test_a_migrated_attempt_goes_on_from_the_tokens_delivered_before_it():
+    stream = RequestStream("r~1", next_index=3)  # 3 tokens delivered by attempt 0
+    stream.offer(TokenChunk("r~1", 3, [8, 9]))
+    assert [(c.index, c.token_ids, c.error) for c in drain(stream)] == [(3, [8, 9], "")]
