@@ -291,12 +291,26 @@ def test_single_decode_worker_killed_and_restarted(one_by_one):
     assert_blocks_return(one_by_one, 2)
 
 
+def wait_for_scheduler(mesh: Mesh, timeout: float = 30) -> None:
+    """Until the scheduler answers a status query again (after a NATS restart)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            mesh.status()
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def test_nats_server_restart_under_load(one_by_one, own_nats):
     jobs = make_jobs(5)[:8]
     outcomes = run_load(one_by_one, jobs, own_nats.restart, after_chunks=10)
     hung = report("nats-server restart", outcomes)[2]
     assert hung == 0
     assert all(o.finish == "length" or o.error for o in outcomes)
+    wait_for_scheduler(one_by_one)  # its reconnect may trail the gateway's: 503s meanwhile
     after = run_load(one_by_one, make_jobs(6)[:4], lambda: None, after_chunks=0)
     assert report("after nats restart", after)[0] == 4
     assert_blocks_return(one_by_one, 2)
