@@ -35,17 +35,20 @@ def worker(**engine_fields) -> WorkerConfig:
     )
 
 
-def test_on_a_cpu_the_model_runs_in_the_engine_core_process(monkeypatch):
-    for name in SET_BY_THE_WORKER:  # put back as they were after the test
+@pytest.fixture
+def clean_environment(monkeypatch):
+    """The variables a worker sets, unset now and put back as they were after the test."""
+    for name in SET_BY_THE_WORKER:
         monkeypatch.delenv(name, raising=False)
+
+
+def test_on_a_cpu_the_model_runs_in_the_engine_core_process(clean_environment):
     set_environment(worker())
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert int(os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"]) > 0
 
 
-def test_openmp_threads_on_every_core_unbound_unless_told(monkeypatch):
-    for name in SET_BY_THE_WORKER:
-        monkeypatch.delenv(name, raising=False)
+def test_openmp_threads_on_every_core_unbound_unless_told(clean_environment, monkeypatch):
     set_environment(worker())
     assert os.environ["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
