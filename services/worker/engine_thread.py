@@ -6,7 +6,9 @@ steps the engine; each step's report goes back to the event loop with
 would change nothing: the engine holds no work, or its last step scheduled no token (every
 waiting request lacks blocks; only a command — a release, an abort, an import — can free
 them). After every step and every batch of commands it snapshots the engine's counters
-(`stats`) and gathers its prefix-cache events, which the loop reads without waiting.
+(`stats`) and gathers its prefix-cache events, which the loop reads without waiting; a step
+that commands came in during is snapshot once they are applied, so prompts that arrived
+meanwhile count as waiting (a prefill worker's backlog) from the step's end.
 
 With a `CoreLease` (core_lease.py), each step runs with one torch thread per core it holds:
 its own, and those of the machine's idle workers.
@@ -172,7 +174,8 @@ class EngineThread:
                 report.outputs = self._step(engine)
                 stalled = engine.last_step_num_tokens == 0
                 self.on_step(engine, report)
-                self._observe(engine)
+                if self._commands.empty():  # else once they are applied: prompts that came
+                    self._observe(engine)  # during the step are a backlog, not none at all
         except Exception as exc:  # an engine bug: fail every caller rather than hang them
             log.exception("engine thread failed")
             self._fail(exc)

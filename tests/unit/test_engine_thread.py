@@ -1,6 +1,7 @@
-"""`EngineThread.stop`: a built engine's thread is joined; one still building its engine
+"""`EngineThread`: `stop` joins a built engine's thread; one still building its engine
 (weights loading) is left behind at once, and `still_loading` says so, so a worker told to
-stop while it loads stops then and not once its model is in memory."""
+stop while it loads stops then and not once its model is in memory. Prompts queued while a
+step runs keep a prefill worker's backlog raised across the step's end."""
 
 from __future__ import annotations
 
@@ -69,3 +70,86 @@ def test_stop_leaves_a_thread_still_loading_its_engine_at_once():
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert not still_loading()
+
+
+class RecordingLease:
+    """The CoreLease calls a thread makes, in order (and the steps, logged by the engine)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, object]] = []
+
+    def acquire(self) -> int:
+        return 1
+
+    def release(self) -> None:
+        pass
+
+    def idle(self) -> None:
+        self.log.append(("idle", None))
+
+    def set_backlog(self, backlog: bool) -> None:
+        self.log.append(("backlog", backlog))
+
+    def close(self) -> None:
+        pass
+
+
+class BurstEngine:
+    """Each step schedules every waiting prompt; the rest of a burst of 4 arrives (is queued
+    as commands) while the first step runs."""
+
+    def __init__(self, thread: EngineThread, log: list[tuple[str, object]]) -> None:
+        self.thread, self.log = thread, log
+        self.waiting = 0
+        self.steps_left = 0
+        self.burst_sent = False
+        self.last_step_num_tokens = 0
+
+    def add(self) -> None:
+        self.waiting += 1
+        self.steps_left = 2
+
+    def has_unfinished_requests(self) -> bool:
+        return self.steps_left > 0
+
+    def step(self) -> list:
+        if not self.burst_sent:
+            self.burst_sent = True
+            for _ in range(3):
+                self.thread.post(lambda engine: engine.add(), lambda exc: None)
+        self.log.append(("step", self.waiting))
+        self.last_step_num_tokens = max(1, self.waiting)
+        self.waiting = 0
+        self.steps_left -= 1
+        return []
+
+    def stats(self) -> SimpleNamespace:
+        return SimpleNamespace(num_waiting=self.waiting)
+
+    def take_kv_events(self) -> KVCacheEvents:
+        return KVCacheEvents()
+
+
+def test_prompts_queued_during_a_step_keep_the_backlog_raised():
+    lease = RecordingLease()
+    thread = EngineThread(
+        lambda: BurstEngine(thread, lease.log),
+        on_step=lambda engine, report: None,
+        on_fatal=lambda exc: None,
+        lease=lease,  # type: ignore[arg-type]
+    )
+
+    async def main() -> None:
+        await thread.start()
+        thread.post(lambda engine: engine.add(), lambda exc: None)
+        deadline = time.monotonic() + 10
+        while ("step", 3) not in lease.log:
+            assert time.monotonic() < deadline, lease.log
+            await asyncio.sleep(0.01)
+        await thread.stop()
+
+    asyncio.run(main())
+    first, burst = lease.log.index(("step", 1)), lease.log.index(("step", 3))
+    between = [value for kind, value in lease.log[first:burst] if kind == "backlog"]
+    # a decode worker that looked in between would step beside the burst
+    assert between == [True], "the prompts queued during the first step are a backlog"
