@@ -55,6 +55,8 @@ class RunFigures:
     ttft_p50_ms: float
     ttft_p99_ms: float
     tpot_p50_ms: float
+    input_tokens: int = 0  # in all, as the server's usage counts them
+    output_tokens: int = 0
 
     @classmethod
     def of(cls, turn: Turn, concurrency: int, summary: Summary) -> RunFigures:
@@ -68,6 +70,8 @@ class RunFigures:
             summary.ttft.median,
             summary.ttft.p99,
             summary.tpot.median,
+            summary.total_input_tokens,
+            summary.total_output_tokens,
         )
 
     def line(self) -> str:

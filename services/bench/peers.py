@@ -21,9 +21,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from services.bench.machine_share import (
+    MachinePeaks,
+    ModelWork,
+    ServerFigures,
+    format_shares,
+    shares,
+)
 from services.bench.peer_figures import (
     OURS,
     SERVERS,
+    Headline,
     RunFigures,
     Turn,
     format_summary,
@@ -32,7 +40,8 @@ from services.bench.peer_figures import (
     plan_turns,
     ratios,
 )
-from services.bench.peer_offline import OfflineConfig
+from services.bench.peer_offline import OfflineConfig, OfflineResult
+from shared.engine.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from loadtest.request import BenchRequest
@@ -114,6 +123,31 @@ def _run_turn(cfg: PeersConfig, turn: Turn, server: Server) -> list[RunFigures]:
     return figures
 
 
+def _server_figures(
+    server: str,
+    runs: list[RunFigures],
+    medians_of: dict[str, float],
+    marks: tuple[Headline, ...],
+    cfg: PeersConfig,
+    offline: OfflineResult | None,
+) -> ServerFigures:
+    """A server's headline medians and its requests' mean size, for `machine_share`."""
+    mine = [r for r in runs if r.server == server and r.completed]
+    completed = sum(r.completed for r in mine) or 1
+    offline_tok_s = None
+    if offline and server in (OURS, "vllm"):
+        offline_tok_s = offline.ours_tok_s if server == OURS else offline.vllm_tok_s
+    throughput, tpot = marks[0], marks[2]  # headlines(): tok/s at the top, TPOT at the lowest
+    return ServerFigures(
+        prompt_len=sum(r.input_tokens for r in mine) / completed,
+        output_len=sum(r.output_tokens for r in mine) / completed,
+        output_tok_s=medians_of.get(throughput.name),
+        tpot_ms=medians_of.get(tpot.name),
+        offline_tok_s=offline_tok_s,
+        offline_lens=(cfg.offline.input_len, cfg.offline.output_len) if cfg.offline else (0, 0),
+    )
+
+
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -135,6 +169,9 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
     cpus = peers.cpus
     print(f"{len(cpus)} CPUs ({peers.cpu_list}); load average {load_before:.2f}; "
           f"servers {', '.join(servers)}; {cfg.rounds} round(s)")  # fmt: skip
+    machine = MachinePeaks.measure(len(cpus))  # before any server starts: the quiet machine
+    if machine:
+        print(machine.line())
     for name, reason in peers.skipped.items():
         print(f"{name} skipped: {reason}")
     runs: list[RunFigures] = []
@@ -154,12 +191,25 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
     offline = peers.offline(model_dir) if cfg.offline and "vllm" in peers.ready else None
     if offline:
         print(offline.line())
+    machine_shares = {}
+    if machine:
+        work = ModelWork.of(ModelConfig.from_dir(model_dir))
+        for server in by_server:
+            figures = _server_figures(server, runs, by_server[server], marks, cfg, offline)
+            machine_shares[server] = shares(figures, work, machine)
+        print(format_shares(machine_shares, machine, cfg.concurrencies))
     for name, reason in peers.skipped.items():
         print(f"{name} skipped: {reason}")
     print(f"load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
     result = {
         "config": asdict(cfg),
-        "machine": {"cpus": cpus, "load_before": load_before, "load_after": os.getloadavg()[0]},
+        "machine": {
+            "cpus": cpus,
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
+            "peaks": machine and asdict(machine),
+        },
+        "machine_shares": machine_shares,
         "skipped": peers.skipped,
         "runs": [asdict(r) for r in runs],
         "medians": by_server,

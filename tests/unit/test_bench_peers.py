@@ -35,7 +35,7 @@ from services.bench.peer_servers import (
     vllm_env,
     vllm_mesh_args,
 )
-from services.bench.peers import PeersConfig, word_requests
+from services.bench.peers import PeersConfig, _server_figures, word_requests
 from services.cli import build_parser
 
 
@@ -72,6 +72,25 @@ def test_config_checks_its_plan_and_sizes_runs():
 
 def _figures(server, rnd, conc, tok_s, ttft_p99, tpot, ttft, completed=8):
     return RunFigures(server, rnd, conc, completed, 0, tok_s, ttft, ttft_p99, tpot)
+
+
+def test_a_servers_machine_figures_are_its_medians_and_mean_request_size():
+    runs = [
+        RunFigures("splitserve", 1, 1, 8, 0, 20.0, 90.0, 95.0, 15.0, 1000, 1024),
+        RunFigures("splitserve", 1, 16, 64, 0, 300.0, 800.0, 1500.0, 40.0, 8000, 8192),
+        RunFigures("vllm", 1, 16, 64, 0, 250.0, 900.0, 1000.0, 45.0, 8064, 8192),
+    ]
+    marks = headlines((1, 16))
+    by_server = medians(runs, marks)
+    offline = OfflineResult(ours_tok_s=450.0, vllm_tok_s=470.0)
+    ours = _server_figures(
+        "splitserve", runs, by_server["splitserve"], marks, PeersConfig(), offline
+    )
+    assert (ours.output_tok_s, ours.tpot_ms, ours.offline_tok_s) == (300.0, 15.0, 450.0)
+    assert (ours.prompt_len, ours.output_len) == (9000 / 72, 128.0)
+    assert ours.offline_lens == (128, 128)
+    theirs = _server_figures("vllm", runs, by_server["vllm"], marks, PeersConfig(), offline)
+    assert (theirs.tpot_ms, theirs.offline_tok_s, theirs.prompt_len) == (None, 470.0, 126.0)
 
 
 def test_medians_over_rounds_and_ratios_ours_over_theirs():

@@ -1,0 +1,183 @@
+"""What share of the machine a benchmark figure is: multiply-adds a second against the
+matrix peak, bytes a decode step reads against the memory bandwidth.
+
+Both of the machine's figures are measured on the spot (`MachinePeaks.measure`), before any
+server starts:
+- the multiply-add peak: one core's, for the instruction bf16 runs on (csrc/cpu/peak.cpp:
+  vdpbf16ps on AVX512-BF16 hosts, else the fp32 FMA), times the cores this process may use;
+- the read bandwidth: torch's sum over a buffer far larger than the last-level cache on
+  every core, the best of a few passes.
+
+The work is the model's (`ModelWork`): 2 ops per multiply-add of the layers' matmuls and
+attention for every token computed, of the LM head for every token sampled; a decode step
+of one sequence reads every weight its token passes (bf16: 2 bytes each) and its context's
+KV once. Part of a small model's weights stays in the last-level cache from one step to the
+next, so a decode figure can exceed the bandwidth: these say how near a server is to the
+machine, not an exact budget.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from shared.engine.model_config import ModelConfig
+
+BYTES_PER_VALUE = 2  # bf16 weights and KV, as both servers run by default
+READ_BUFFER_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWork:
+    layer_macs: int  # multiply-adds of one token through every layer's matmuls
+    head_macs: int  # the LM head's, for a sampled token
+    attention_macs_per_context: int  # QK and PV, every layer, per context token attended
+    kv_bytes_per_token: int  # K and V of one token, every layer
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> ModelWork:
+        hidden, q, kv = (
+            config.hidden_size,
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        )
+        attention = hidden * (q + 2 * kv) + q * hidden
+        mlp = 3 * hidden * config.intermediate_size  # gate, up, down
+        routed = config.num_experts_per_tok * mlp + hidden * config.num_experts
+        layers = sum(
+            attention + (routed if config.is_moe_layer(i) else mlp)
+            for i in range(config.num_layers)
+        )
+        return cls(
+            layer_macs=layers,
+            head_macs=config.vocab_size * hidden,
+            attention_macs_per_context=2 * config.num_layers * q,
+            kv_bytes_per_token=2 * config.num_layers * kv * BYTES_PER_VALUE,
+        )
+
+    def ops_per_output_token(self, prompt_len: float, output_len: float) -> float:
+        """2 per multiply-add: one request's prefill and decode, over its output tokens."""
+        prefill = prompt_len * self.layer_macs + prompt_len**2 / 2 * self.attention_macs_per_context
+        decode_context = prompt_len + output_len / 2
+        decode = output_len * (
+            self.layer_macs + self.head_macs + decode_context * self.attention_macs_per_context
+        )
+        return 2 * (prefill + decode) / output_len
+
+    def decode_step_bytes(self, context: float) -> float:
+        """What one sequence's decode step reads: its token's weights and its KV."""
+        weights = (self.layer_macs + self.head_macs) * BYTES_PER_VALUE
+        return weights + context * self.kv_bytes_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class MachinePeaks:
+    cores: int
+    numerics: str  # the instruction the peak is of: bf16 or fp32
+    core_peak_gops: float  # one core's multiply-add peak, 2 ops each
+    read_gb_s: float  # memory read bandwidth, every core
+
+    @property
+    def peak_gops(self) -> float:
+        return self.cores * self.core_peak_gops
+
+    @classmethod
+    def measure(cls, cores: int, buffer_bytes: int = READ_BUFFER_BYTES) -> MachinePeaks | None:
+        """None without the native kernels (nothing to measure the peak with)."""
+        from shared.engine import native
+
+        kernels = native.load()
+        if kernels is None:
+            return None
+        numerics = "bf16" if kernels.bf16_dot_product_kernel() else "fp32"
+        return cls(
+            cores, numerics, kernels.core_peak_gops(numerics), read_bandwidth(cores, buffer_bytes)
+        )
+
+    def line(self) -> str:
+        return (
+            f"machine: {self.cores} cores, {self.numerics} multiply-add peak "
+            f"{self.core_peak_gops:.0f} Gop/s a core ({self.peak_gops:.0f} in all), "
+            f"memory read {self.read_gb_s:.1f} GB/s"
+        )
+
+
+def read_bandwidth(threads: int, buffer_bytes: int, passes: int = 5) -> float:
+    """GB/s of torch's sum over `buffer_bytes` of fp32 on `threads` threads: the best pass."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        buffer = torch.ones(buffer_bytes // 4)
+        best = float("inf")
+        for _ in range(passes):
+            start = time.perf_counter()
+            buffer.sum()
+            best = min(best, time.perf_counter() - start)
+        return buffer_bytes / best / 1e9
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFigures:
+    """One server's medians, and its requests' mean size (the server's own usage counts)."""
+
+    prompt_len: float
+    output_len: float
+    output_tok_s: float | None = None  # at the highest concurrency
+    tpot_ms: float | None = None  # at the lowest
+    offline_tok_s: float | None = None  # 64 x 128 -> 128 by default
+    offline_lens: tuple[int, int] = (128, 128)  # prompt and output tokens offline
+
+
+def shares(figures: ServerFigures, work: ModelWork, machine: MachinePeaks) -> dict[str, float]:
+    """Each figure as the rate it implies and as a fraction of the machine's."""
+    out: dict[str, float] = {}
+    if figures.output_tok_s:
+        gops = figures.output_tok_s * work.ops_per_output_token(
+            figures.prompt_len, figures.output_len
+        )
+        out["serve_gops"] = gops / 1e9
+        out["serve_of_peak"] = gops / 1e9 / machine.peak_gops
+    if figures.tpot_ms:
+        context = figures.prompt_len + figures.output_len / 2
+        gb_s = work.decode_step_bytes(context) / (figures.tpot_ms / 1e3) / 1e9
+        out["decode_gb_s"] = gb_s
+        out["decode_of_bandwidth"] = gb_s / machine.read_gb_s
+    if figures.offline_tok_s:
+        gops = figures.offline_tok_s * work.ops_per_output_token(*figures.offline_lens)
+        out["offline_gops"] = gops / 1e9
+        out["offline_of_peak"] = gops / 1e9 / machine.peak_gops
+    return out
+
+
+def format_shares(
+    by_server: dict[str, dict[str, float]], machine: MachinePeaks, concurrencies: tuple[int, ...]
+) -> str:
+    """A table: per figure, per server, the rate it implies (its share of the machine's)."""
+    servers = list(by_server)
+    rows = (  # (label, rate key, fraction key, unit)
+        (f"c={max(concurrencies)} output tok/s as multiply-adds (of the peak)", "serve_gops",
+         "serve_of_peak", "Gop/s"),
+        (f"c={min(concurrencies)} TPOT as reads (of the bandwidth)", "decode_gb_s",
+         "decode_of_bandwidth", "GB/s"),
+        ("offline output tok/s as multiply-adds (of the peak)", "offline_gops",
+         "offline_of_peak", "Gop/s"),
+    )  # fmt: skip
+    lines = [
+        machine.line(),
+        "| share of the machine | " + " | ".join(servers) + " |",
+        "|" + "---|" * (len(servers) + 1),
+    ]
+    for label, rate, fraction, unit in rows:
+        cells = [
+            f"{by_server[s][rate]:.1f} {unit} ({by_server[s][fraction]:.0%})"
+            if rate in by_server[s]
+            else "-"
+            for s in servers
+        ]
+        if any(cell != "-" for cell in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

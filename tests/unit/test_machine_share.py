@@ -1,0 +1,91 @@
+"""`services/bench/machine_share.py`: a model's work per token, and benchmark figures as
+shares of the machine's measured multiply-add peak and memory bandwidth."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from services.bench.machine_share import (
+    MachinePeaks,
+    ModelWork,
+    ServerFigures,
+    format_shares,
+    read_bandwidth,
+    shares,
+)
+from shared.engine import native
+from shared.engine.model_config import ModelConfig
+
+TINY = ModelConfig(
+    architecture="LlamaForCausalLM",
+    vocab_size=100,
+    hidden_size=8,
+    intermediate_size=16,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=2,
+    rope_theta=1e4,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+    attention_bias=False,
+)
+MACHINE = MachinePeaks(cores=2, numerics="bf16", core_peak_gops=100.0, read_gb_s=20.0)
+
+
+def test_the_work_of_a_token_counts_every_matmul_once():
+    work = ModelWork.of(TINY)
+    # q 8x8, k and v 8x4 each, o 8x8, gate/up/down 3 x 8x16: 320 a layer
+    assert work.layer_macs == 2 * (64 + 2 * 32 + 64 + 3 * 128)
+    assert work.head_macs == 100 * 8
+    assert work.attention_macs_per_context == 2 * 2 * 8  # QK and PV, 2 layers, 4 heads x 2
+    assert work.kv_bytes_per_token == 2 * 2 * 4 * 2  # K and V, 2 layers, 2 heads x 2, bf16
+
+
+def test_a_moe_layer_counts_the_experts_a_token_is_routed_to():
+    moe = dataclasses.replace(TINY, num_experts=8, num_experts_per_tok=2, moe_layers=(True, False))
+    dense, routed = ModelWork.of(TINY), ModelWork.of(moe)
+    assert routed.layer_macs - dense.layer_macs == 3 * 128 + 8 * 8  # one more expert + router
+
+
+def test_ops_per_output_token_add_the_prefill_to_the_decode():
+    work = ModelWork(layer_macs=10, head_macs=5, attention_macs_per_context=1, kv_bytes_per_token=0)
+    # prefill 4 tokens: 40 + attention 4^2 / 2; decode 2 tokens at a mean context of 5: 2 x 20
+    assert work.ops_per_output_token(4, 2) == 2 * (40 + 8 + 40) / 2
+    assert work.decode_step_bytes(context=3) == 15 * 2
+
+
+def test_shares_state_each_figure_against_the_machine():
+    work = ModelWork(
+        layer_macs=10**9, head_macs=0, attention_macs_per_context=0, kv_bytes_per_token=0
+    )
+    figures = ServerFigures(prompt_len=0, output_len=1, output_tok_s=50.0, tpot_ms=200.0)
+    got = shares(figures, work, MACHINE)
+    assert got["serve_gops"] == pytest.approx(100.0)  # 50 tok/s x 2 Gop a token
+    assert got["serve_of_peak"] == pytest.approx(0.5)
+    assert got["decode_gb_s"] == pytest.approx(10.0)  # 2 GB of bf16 weights in 0.2 s
+    assert got["decode_of_bandwidth"] == pytest.approx(0.5)
+    assert "offline_gops" not in got  # no offline figure given
+
+
+def test_the_table_leaves_out_a_figure_no_server_has():
+    table = format_shares(
+        {"splitserve": {"serve_gops": 100.0, "serve_of_peak": 0.5}, "vllm": {}}, MACHINE, (1, 16)
+    )
+    assert "200 in all" in table and "20.0 GB/s" in table
+    assert "| c=16 output tok/s as multiply-adds (of the peak) | 100.0 Gop/s (50%) | - |" in table
+    assert "TPOT" not in table and "offline" not in table
+
+
+@pytest.mark.skipif(native.load() is None, reason="no native kernels")
+def test_the_machine_is_measured_and_torch_threads_are_restored():
+    threads = torch.get_num_threads()
+    machine = MachinePeaks.measure(cores=1, buffer_bytes=64 << 20)
+    assert machine is not None and machine.core_peak_gops > 1 and machine.read_gb_s > 0.1
+    assert machine.numerics in ("bf16", "fp32") and machine.peak_gops == machine.core_peak_gops
+    assert torch.get_num_threads() == threads
+    assert read_bandwidth(1, 16 << 20, passes=1) > 0.1
