@@ -322,7 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     peers.add_argument("--offline-prompts", type=int, default=64, help="128 tokens -> 128 each")
     peers.add_argument("--engine-dtype", help="offline: our engine's dtype (default: its own)")
     peers.add_argument("--out", type=Path, default=Path("artifacts/bench-peers"))
-    peers.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
+    peers.add_argument(
+        "up_args", nargs="*", help="flags for `splitserve up` (both of our meshes), after --"
+    )
     peers.set_defaults(func=_bench_peers)
     quant = targets.add_parser("quant", help="perplexity, greedy agreement, tok/s: fp32/int8/int4")
     quant.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")

@@ -64,8 +64,8 @@ class Peers:
         log = self.cfg.out / f"{turn.server}-r{turn.round}.log"
         if turn.server == OURS:
             return MeshProcess(model_dir, list(self.cfg.up_args), log)
-        if turn.server == OURS_VLLM:
-            args = vllm_mesh_args(self.cfg.vllm_kv_cache_gib)
+        if turn.server == OURS_VLLM:  # the flags after `--` come last: they win
+            args = vllm_mesh_args(self.cfg.vllm_kv_cache_gib) + list(self.cfg.up_args)
             return MeshProcess(model_dir, args, log)
         port = free_port()
         if turn.server == "vllm":

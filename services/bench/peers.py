@@ -59,7 +59,7 @@ class PeersConfig:
     num_prompts: int | None = None  # per run; None: max(8, 4 × concurrency)
     input_words: int = 100  # ≈ 128 prompt tokens
     output_len: int = 128
-    up_args: tuple[str, ...] = ()  # extra flags for `splitserve up`
+    up_args: tuple[str, ...] = ()  # extra flags for `splitserve up`, both of our meshes
     peers_venv: Path = Path(".venv-peers")
     vllm_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
     start_timeout_s: float = SERVER_START_TIMEOUT_S

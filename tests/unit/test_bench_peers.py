@@ -161,6 +161,27 @@ def test_the_mesh_of_vllm_workers_runs_one_prefill_and_one_decode_with_vllms_kv_
     }  # fmt: skip
 
 
+def test_flags_after_the_dashes_reach_both_of_our_meshes_and_override_the_rows_own(
+    monkeypatch, tmp_path
+):
+    import loadtest.mesh
+
+    started: dict[str, list[str]] = {}
+
+    class Recorded:
+        def __init__(self, model_dir: Path, extra: list[str], log_path: Path) -> None:
+            started[log_path.name] = extra
+
+    monkeypatch.setattr(loadtest.mesh, "MeshProcess", Recorded)
+    cfg = PeersConfig(up_args=("--dtype", "float32"), out=tmp_path)
+    peers = peer_setup.Peers(cfg, cpus=[0, 1])
+    for server in ("splitserve", "splitserve-vllm"):
+        peers.start(Turn(1, server), tmp_path)
+    assert started["splitserve-r1.log"] == ["--dtype", "float32"]
+    vllm_mesh = started["splitserve-vllm-r1.log"]
+    assert vllm_mesh[:2] == ["--engine", "vllm"] and vllm_mesh[-2:] == ["--dtype", "float32"]
+
+
 @pytest.mark.parametrize("has_vllm", [True, False])
 def test_the_mesh_of_vllm_workers_runs_only_where_splitserves_venv_has_vllm(
     has_vllm, monkeypatch, tmp_path
