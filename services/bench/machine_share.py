@@ -58,13 +58,14 @@ class ModelWork:
         )
 
     def ops_per_output_token(self, prompt_len: float, output_len: float) -> float:
-        """2 per multiply-add: one request's prefill and decode, over its output tokens."""
-        prefill = prompt_len * self.layer_macs + prompt_len**2 / 2 * self.attention_macs_per_context
+        """2 per multiply-add: one request's work over its output tokens. The prefill runs
+        the prompt through the layers and samples the first token; each later token is one
+        decode step."""
+        attention = self.attention_macs_per_context
+        prefill = prompt_len * self.layer_macs + prompt_len**2 / 2 * attention
         decode_context = prompt_len + output_len / 2
-        decode = output_len * (
-            self.layer_macs + self.head_macs + decode_context * self.attention_macs_per_context
-        )
-        return 2 * (prefill + decode) / output_len
+        decodes = (output_len - 1) * (self.layer_macs + decode_context * attention)
+        return 2 * (prefill + decodes + output_len * self.head_macs) / output_len
 
     def decode_step_bytes(self, context: float) -> float:
         """What one sequence's decode step reads: its token's weights and its KV."""
@@ -135,21 +136,19 @@ class ServerFigures:
 def shares(figures: ServerFigures, work: ModelWork, machine: MachinePeaks) -> dict[str, float]:
     """Each figure as the rate it implies and as a fraction of the machine's."""
     out: dict[str, float] = {}
+
+    def multiply_adds(name: str, tok_s: float, prompt_len: float, output_len: float) -> None:
+        out[f"{name}_gops"] = tok_s * work.ops_per_output_token(prompt_len, output_len) / 1e9
+        out[f"{name}_of_peak"] = out[f"{name}_gops"] / machine.peak_gops
+
     if figures.output_tok_s:
-        gops = figures.output_tok_s * work.ops_per_output_token(
-            figures.prompt_len, figures.output_len
-        )
-        out["serve_gops"] = gops / 1e9
-        out["serve_of_peak"] = gops / 1e9 / machine.peak_gops
+        multiply_adds("serve", figures.output_tok_s, figures.prompt_len, figures.output_len)
     if figures.tpot_ms:
         context = figures.prompt_len + figures.output_len / 2
-        gb_s = work.decode_step_bytes(context) / (figures.tpot_ms / 1e3) / 1e9
-        out["decode_gb_s"] = gb_s
-        out["decode_of_bandwidth"] = gb_s / machine.read_gb_s
+        out["decode_gb_s"] = work.decode_step_bytes(context) / (figures.tpot_ms / 1e3) / 1e9
+        out["decode_of_bandwidth"] = out["decode_gb_s"] / machine.read_gb_s
     if figures.offline_tok_s:
-        gops = figures.offline_tok_s * work.ops_per_output_token(*figures.offline_lens)
-        out["offline_gops"] = gops / 1e9
-        out["offline_of_peak"] = gops / 1e9 / machine.peak_gops
+        multiply_adds("offline", figures.offline_tok_s, *figures.offline_lens)
     return out
 
 

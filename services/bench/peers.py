@@ -137,12 +137,12 @@ def _server_figures(
     offline_tok_s = None
     if offline and server in (OURS, "vllm"):
         offline_tok_s = offline.ours_tok_s if server == OURS else offline.vllm_tok_s
-    throughput, tpot = marks[0], marks[2]  # headlines(): tok/s at the top, TPOT at the lowest
+    name_of = {mark.field: mark.name for mark in marks}  # headlines(): one mark per field
     return ServerFigures(
         prompt_len=sum(r.input_tokens for r in mine) / completed,
         output_len=sum(r.output_tokens for r in mine) / completed,
-        output_tok_s=medians_of.get(throughput.name),
-        tpot_ms=medians_of.get(tpot.name),
+        output_tok_s=medians_of.get(name_of["output_tok_s"]),
+        tpot_ms=medians_of.get(name_of["tpot_p50_ms"]),
         offline_tok_s=offline_tok_s,
         offline_lens=(cfg.offline.input_len, cfg.offline.output_len) if cfg.offline else (0, 0),
     )

@@ -54,14 +54,15 @@ def test_a_moe_layer_counts_the_experts_a_token_is_routed_to():
 
 def test_ops_per_output_token_add_the_prefill_to_the_decode():
     work = ModelWork(layer_macs=10, head_macs=5, attention_macs_per_context=1, kv_bytes_per_token=0)
-    # prefill 4 tokens: 40 + attention 4^2 / 2; decode 2 tokens at a mean context of 5: 2 x 20
-    assert work.ops_per_output_token(4, 2) == 2 * (40 + 8 + 40) / 2
+    # prefill 4 tokens: 40 + attention 4^2 / 2; one decode step at a mean context of 5: 15;
+    # the head for both output tokens: 10
+    assert work.ops_per_output_token(4, 2) == 2 * (40 + 8 + 15 + 10) / 2
     assert work.decode_step_bytes(context=3) == 15 * 2
 
 
 def test_shares_state_each_figure_against_the_machine():
     work = ModelWork(
-        layer_macs=10**9, head_macs=0, attention_macs_per_context=0, kv_bytes_per_token=0
+        layer_macs=0, head_macs=10**9, attention_macs_per_context=0, kv_bytes_per_token=0
     )
     figures = ServerFigures(prompt_len=0, output_len=1, output_tok_s=50.0, tpot_ms=200.0)
     got = shares(figures, work, MACHINE)
@@ -70,6 +71,10 @@ def test_shares_state_each_figure_against_the_machine():
     assert got["decode_gb_s"] == pytest.approx(10.0)  # 2 GB of bf16 weights in 0.2 s
     assert got["decode_of_bandwidth"] == pytest.approx(0.5)
     assert "offline_gops" not in got  # no offline figure given
+    offline = ServerFigures(prompt_len=0, output_len=1, offline_tok_s=25.0, offline_lens=(0, 1))
+    assert shares(offline, work, MACHINE) == pytest.approx(
+        {"offline_gops": 50.0, "offline_of_peak": 0.25}
+    )
 
 
 def test_the_table_leaves_out_a_figure_no_server_has():
