@@ -3,7 +3,8 @@
 // exact softmax in float32, V accumulated in float32. Items of one row and KV group
 // are adjacent, so a thread reuses the group's K/V from its cache across the query heads.
 // With AVX-512, fp32 and bf16 caches take attend_heads below instead (a row's heads by KV
-// group, vectorized over d); fp16, or a build without AVX-512, takes attend_one.
+// group, q.k over 16-token K tiles, a long prefill chunk's context widened to fp32 once for
+// all of its rows); fp16, or a build without AVX-512, takes attend_one.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -78,65 +79,191 @@ void attend_one(const T* q_in, T* out, const T* cache, const int64_t* table, int
 #ifdef __AVX512F__
 
 // The AVX-512 path (fp32 and bf16 caches): the G = heads / kv_heads query heads of a KV
-// group are computed together, so each K vector is loaded
-// (and widened) once for all G. A head's arithmetic is the same whatever the batch or the
-// threads: q.k over d as 16 lanes reduced by a fixed tree, times the scale; exact softmax
-// with vec_math::exp16, summed in 16 lanes then a fixed tree; V accumulated in fp32 over the
-// tokens in order.
-constexpr int64_t kChunk = 64;  // head dims per pass over V: 4 vectors in registers
+// group are computed together. A head's arithmetic is the same whatever the batch, the
+// threads or where its K and V are read from: q.k over d as 16 lanes reduced by a fixed tree
+// (that of _mm512_reduce_add_ps, 16 keys at a time), times the scale; exact softmax with
+// vec_math::exp16, summed in 16 lanes then a fixed tree; V accumulated in fp32 over the tokens
+// in order.
+constexpr int64_t kChunk = 64;   // head dims per pass over V: 4 vectors in registers
+constexpr int64_t kTile = 16;    // keys per K tile: the 16 q.k sums reduce_add16 takes
+constexpr int64_t kFront = 16;   // room for the scores of a tile's tokens before `first`
 
-// One fixed tree over the 16 lanes (halves, then quarters, then within 128 bits).
-inline float lane_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
+// A K tile: 16 tokens of one KV head in fp32, vector-major: [vectors][16 tokens][16 lanes], so
+// the 16 keys' v-th vectors sit at fixed offsets (no per-key pointers). Lanes past d are 0.
+constexpr int64_t tile_floats(int64_t vectors) { return vectors * kTile * 16; }
+
+// The paged cache: K tiles widened from a block's run of tokens into a thread's buffer.
+template <typename C>
+struct PagedKV {
+  const C* cache;
+  const int64_t* table;
+  Layout l;
+
+  // use(kh, t0, lanes, tile) for every tile of KV heads [kv_begin, kv_end) over [first, context)
+  template <typename Use>
+  void k_tiles(int64_t first, int64_t context, int64_t kv_begin, int64_t kv_end, float* buffer,
+               Use&& use) const {
+    using vec_math::lanes_below;
+    const int64_t d = l.head_dim, vectors = (d + 15) / 16;
+    for (int64_t t = first; t < context;) {  // one run of tokens inside one block
+      const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
+      const C* row = cache + table[t / l.block_size] * l.block_stride + offset * l.token_stride;
+      for (int64_t j0 = 0; j0 < run; j0 += kTile) {
+        const int64_t m = std::min(kTile, run - j0);
+        for (int64_t kh = kv_begin; kh < kv_end; ++kh) {
+          const C* k = row + j0 * l.token_stride + kh * d;
+          for (int64_t v = 0; v < vectors; ++v) {
+            for (int64_t j = 0; j < kTile; ++j) {
+              const __m512 x = j < m ? vec_math::load16(k + j * l.token_stride + v * 16,
+                                                        lanes_below(d - v * 16))
+                                     : _mm512_setzero_ps();
+              _mm512_storeu_ps(buffer + (v * kTile + j) * 16, x);
+            }
+          }
+          use(kh, t + j0, lanes_below(m), static_cast<const float*>(buffer));
+        }
+      }
+      t += run;
+    }
+  }
+
+  const C* v_cache() const { return cache + l.v_offset; }
+};
+
+// A prefill chunk's context widened to fp32 once for all of its rows: K as tiles of the
+// tokens [16 i, 16 i + 16) ([tile][kv head][tile_floats]), V token-major ([token][kv head][d]).
+struct WidenedKV {
+  std::vector<float> k, v;
+  Layout l{};  // of v: one block of all the tokens
+  int64_t kv_heads = 0, vectors = 0;
+  const int64_t* table = &kZero;
+  static constexpr int64_t kZero = 0;
+
+  template <typename Use>
+  void k_tiles(int64_t first, int64_t context, int64_t kv_begin, int64_t kv_end, float*,
+               Use&& use) const {
+    // a tile's tokens before `first` are scored too: into attend_heads' kFront, never read
+    for (int64_t t0 = first / kTile * kTile; t0 < context; t0 += kTile) {
+      const __mmask16 lanes = vec_math::lanes_below(context - t0);
+      for (int64_t kh = kv_begin; kh < kv_end; ++kh) {
+        use(kh, t0, lanes, k.data() + (t0 / kTile * kv_heads + kh) * tile_floats(vectors));
+      }
+    }
+  }
+
+  const float* v_cache() const { return v.data(); }
+};
+
+// A thread's buffers, reused across its work items.
+struct Scratch {
+  std::vector<float> scores, q, k;
+};
+
+// The scores of one K tile's 16 keys for the G query heads of its KV head (q: G rows of
+// `vectors` * 16 floats): s[g * padded + j] = scale * q_g . k_j for the lanes in `lanes`.
+template <int G>
+[[gnu::always_inline]] inline void score_tile(const float* q, const float* tile, int64_t vectors,
+                                              float scale, float softcap, __mmask16 lanes,
+                                              float* s, int64_t padded) {
+  for (int g = 0; g < G; ++g) {
+    __m512 acc[kTile];
+    for (int64_t j = 0; j < kTile; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t v = 0; v < vectors; ++v) {
+      const __m512 qv = _mm512_loadu_ps(q + (g * vectors + v) * 16);
+      const float* keys = tile + v * kTile * 16;
+      for (int64_t j = 0; j < kTile; ++j) {
+        acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + j * 16), acc[j]);
+      }
+    }
+    float* out = s + g * padded;
+    _mm512_mask_storeu_ps(
+        out, lanes, _mm512_mul_ps(vec_math::reduce_add16(acc), _mm512_set1_ps(scale)));
+    if (softcap > 0.f) {
+      for (int64_t j = 0; j < kTile; ++j) {
+        if (lanes >> j & 1) out[j] = softcap * std::tanh(out[j] / softcap);
+      }
+    }
+  }
+}
+
+// out[g][c, c + 16 V) = sum over the tokens, in order, of weight * V[kv_head][c, c + 16 V), for
+// the G query heads of one KV head (their weights G rows `padded` apart from `p`, token t at
+// p[t - first]). The accumulators stay in registers because V is a compile-time count of
+// vectors and the function is inlined: as a call, GCC kept them on the stack, 1.6x slower.
+template <int G, int V, typename T, typename KV>
+[[gnu::always_inline]] inline void accumulate_v(T* out, const KV& kv, const float* p,
+                                                int64_t padded, int64_t first, int64_t context,
+                                                int64_t kv_head, int64_t c) {
+  using vec_math::lanes_below;
+  const Layout& l = kv.l;
+  const int64_t d = l.head_dim;
+  __m512 acc[G][V];
+  for (int g = 0; g < G; ++g) {
+    for (int v = 0; v < V; ++v) acc[g][v] = _mm512_setzero_ps();
+  }
+  const auto* values = kv.v_cache();
+  for (int64_t t = first; t < context;) {
+    const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
+    const auto* v_row = values + kv.table[t / l.block_size] * l.block_stride +
+                        offset * l.token_stride + kv_head * d + c;
+    const float* p_run = p + t - first;
+    for (int64_t j = 0; j < run; ++j, v_row += l.token_stride) {
+      __m512 vv[V];
+      for (int v = 0; v < V; ++v) {
+        vv[v] = vec_math::load16(v_row + v * 16, lanes_below(d - c - v * 16));
+      }
+      for (int g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(p_run[g * padded + j]);
+        for (int v = 0; v < V; ++v) acc[g][v] = _mm512_fmadd_ps(w, vv[v], acc[g][v]);
+      }
+    }
+    t += run;
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int v = 0; v < V; ++v) {
+      vec_math::store16(out + g * d + v * 16, acc[g][v], lanes_below(d - c - v * 16));
+    }
+  }
+}
 
 // KV heads [kv_begin, kv_end) of one query row, each with its G = heads / kv_heads query
-// heads. K is read token by token across those KV heads (one contiguous run of each token's
-// row, which the hardware prefetcher follows: decode rows read K and V from memory, not
-// cache); the scores, softmax and V are then per KV head, V from the cache lines K's pass
-// brought in.
-template <int G, typename T>
-void attend_heads(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t first,
-                  int64_t context, int64_t kv_begin, int64_t kv_end, const Layout& l,
-                  float scale, float softcap, std::vector<float>& scores,
-                  std::vector<float>& q) {
+// heads: the q.k of a tile's 16 keys for each query head, then softmax and V per KV head.
+// T is the type of q and out; KV the source of K and V (the paged cache or a widened copy:
+// the same values, so the same bits).
+template <int G, typename T, typename KV>
+void attend_heads(const T* q_in, T* out, const KV& kv, int64_t first, int64_t context,
+                  int64_t kv_begin, int64_t kv_end, float scale, float softcap,
+                  Scratch& scratch) {
   using vec_math::lanes_below;
   using vec_math::load16;
+  const Layout& l = kv.l;
   const int64_t d = l.head_dim, n = context - first, vectors = (d + 15) / 16;
-  const int64_t padded = (n + 15) / 16 * 16, groups = kv_end - kv_begin;
+  const int64_t padded = (n + 15) / 16 * 16 + kFront, groups = kv_end - kv_begin;
+  std::vector<float>&scores = scratch.scores, &q = scratch.q;
   scores.resize(groups * G * padded);
   q.resize(groups * G * vectors * 16);
+  scratch.k.resize(tile_floats(vectors));
   for (int64_t h = 0; h < groups * G; ++h) {  // the query heads, widened once
     for (int64_t v = 0; v < vectors; ++v) {
       _mm512_storeu_ps(q.data() + (h * vectors + v) * 16,
                        load16(q_in + h * d + v * 16, lanes_below(d - v * 16)));
     }
   }
-  for (int64_t t = first; t < context;) {  // one run of tokens inside one block
-    const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
-    const T* row = cache + table[t / l.block_size] * l.block_stride + offset * l.token_stride;
-    for (int64_t j = 0; j < run; ++j, row += l.token_stride) {
-      for (int64_t kh = 0; kh < groups; ++kh) {
-        const T* k = row + (kv_begin + kh) * d;
-        const float* qk = q.data() + kh * G * vectors * 16;
-        __m512 acc[G];
-        for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
-        for (int64_t v = 0; v < vectors; ++v) {
-          const __m512 kv = load16(k + v * 16, lanes_below(d - v * 16));
-          for (int g = 0; g < G; ++g) {
-            acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qk + (g * vectors + v) * 16), kv, acc[g]);
-          }
-        }
-        for (int g = 0; g < G; ++g) {
-          float s = lane_sum(acc[g]) * scale;
-          if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
-          scores[(kh * G + g) * padded + t - first + j] = s;
-        }
-      }
-    }
-    t += run;
-  }
+  // head h's score of token t: scores[h * padded + kFront + t - first]
+  kv.k_tiles(first, context, kv_begin, kv_end, scratch.k.data(),
+             [&](int64_t kh, int64_t t0, __mmask16 lanes, const float* tile) {
+               const int64_t h = (kh - kv_begin) * G;
+               score_tile<G>(q.data() + h * vectors * 16, tile, vectors, scale, softcap, lanes,
+                             scores.data() + h * padded + kFront + t0 - first, padded);
+             });
   for (int64_t h = 0; h < groups * G; ++h) {
-    float* s = scores.data() + h * padded;
-    const __m512 top = _mm512_set1_ps(*std::max_element(s, s + n));
+    float* s = scores.data() + h * padded + kFront;
+    __m512 highest = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+      highest = _mm512_max_ps(
+          highest, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes_below(n - i), s + i));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(highest));
     __m512 total = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 m = lanes_below(n - i);
@@ -146,48 +273,62 @@ void attend_heads(const T* q_in, T* out, const T* cache, const int64_t* table, i
       _mm512_storeu_ps(s + i, e);
       total = _mm512_add_ps(total, e);
     }
-    const float inv = 1.f / lane_sum(total);
+    const float inv = 1.f / _mm512_reduce_add_ps(total);
     for (int64_t i = 0; i < n; i += 16) {  // fold 1 / total into the weights
       _mm512_storeu_ps(s + i, _mm512_mul_ps(_mm512_loadu_ps(s + i), _mm512_set1_ps(inv)));
     }
   }
   for (int64_t kh = 0; kh < groups; ++kh) {
-    const float* p_of = scores.data() + kh * G * padded;
+    const float* p_of = scores.data() + kh * G * padded + kFront;
     for (int64_t c = 0; c < d; c += kChunk) {  // 64 dims of the group's heads per pass
-      const int64_t cv = std::min<int64_t>(4, (d - c + 15) / 16);
-      __m512 acc[G][4];
-      for (int g = 0; g < G; ++g) {
-        for (int v = 0; v < 4; ++v) acc[g][v] = _mm512_setzero_ps();
-      }
-      for (int64_t t = first; t < context;) {
-        const int64_t offset = t % l.block_size,
-                      run = std::min(l.block_size - offset, context - t);
-        const T* v_row = cache + table[t / l.block_size] * l.block_stride +
-                         offset * l.token_stride + l.v_offset + (kv_begin + kh) * d + c;
-        for (int64_t j = 0; j < run; ++j, v_row += l.token_stride) {
-          __m512 vv[4];
-          for (int64_t v = 0; v < cv; ++v) {
-            vv[v] = load16(v_row + v * 16, lanes_below(d - c - v * 16));
-          }
-          for (int g = 0; g < G; ++g) {
-            const __m512 p = _mm512_set1_ps(p_of[g * padded + t - first + j]);
-            for (int64_t v = 0; v < cv; ++v) acc[g][v] = _mm512_fmadd_ps(p, vv[v], acc[g][v]);
-          }
-        }
-        t += run;
-      }
       T* o = out + kh * G * d + c;
-      for (int g = 0; g < G; ++g) {
-        for (int64_t v = 0; v < cv; ++v) {
-          vec_math::store16(o + g * d + v * 16, acc[g][v], lanes_below(d - c - v * 16));
-        }
+      switch (std::min<int64_t>(4, (d - c + 15) / 16)) {
+        case 4: accumulate_v<G, 4>(o, kv, p_of, padded, first, context, kv_begin + kh, c); break;
+        case 3: accumulate_v<G, 3>(o, kv, p_of, padded, first, context, kv_begin + kh, c); break;
+        case 2: accumulate_v<G, 2>(o, kv, p_of, padded, first, context, kv_begin + kh, c); break;
+        default: accumulate_v<G, 1>(o, kv, p_of, padded, first, context, kv_begin + kh, c);
       }
     }
   }
 }
 
+constexpr int64_t kWidenRows = 16;           // a chunk this long reads a widened copy
+constexpr int64_t kWidenBytes = 64ll << 20;  // of at most this size
+
+// The first `tokens` tokens of a block table's context widened to fp32, in parallel over tiles.
+template <typename C>
+void widen(WidenedKV& w, const PagedKV<C>& paged, int64_t tokens) {
+  using vec_math::lanes_below;
+  const Layout& l = paged.l;
+  const int64_t d = l.head_dim, kv_heads = l.v_offset / d, vectors = (d + 15) / 16;
+  const int64_t tiles = (tokens + kTile - 1) / kTile;
+  w.kv_heads = kv_heads;
+  w.vectors = vectors;
+  w.l = Layout{tokens, 0, kv_heads * d, 0, d};
+  w.k.assign(tiles * kv_heads * tile_floats(vectors), 0.f);
+  w.v.resize(tokens * kv_heads * d);
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      for (int64_t t = tile * kTile; t < std::min(tokens, (tile + 1) * kTile); ++t) {
+        const C* src = paged.cache + paged.table[t / l.block_size] * l.block_stride +
+                       (t % l.block_size) * l.token_stride;
+        for (int64_t kh = 0; kh < kv_heads; ++kh) {
+          float* k = w.k.data() + (tile * kv_heads + kh) * tile_floats(vectors) + (t % kTile) * 16;
+          for (int64_t v = 0; v < vectors; ++v) {
+            const __mmask16 lanes = lanes_below(d - v * 16);
+            _mm512_storeu_ps(k + v * kTile * 16, vec_math::load16(src + kh * d + v * 16, lanes));
+            vec_math::store16(w.v.data() + (t * kv_heads + kh) * d + v * 16,
+                              vec_math::load16(src + l.v_offset + kh * d + v * 16, lanes), lanes);
+          }
+        }
+      }
+    }
+  });
+}
+
 // Work items: whole rows when there are enough of them for the threads (each row's K read
-// in one pass), else (row, KV head) pairs. The arithmetic of a head is the same either way.
+// in one pass), else (row, KV head) pairs. The arithmetic of a head is the same either way,
+// over the cache or a widened copy.
 template <int G, typename T>
 void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int64_t width,
                   const int64_t* table_of, const int64_t* context_of, int64_t rows,
@@ -195,15 +336,40 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
                   int64_t window, float softcap) {
   const int64_t d = layout.head_dim;
   const int64_t split = rows >= 4 * at::get_num_threads() ? 1 : kv_heads;  // items per row
+  // Runs of >= kWidenRows consecutive rows on one block table (a prefill chunk's rows) share
+  // their context: each such run's is widened once, and its rows read the copy.
+  std::vector<const WidenedKV*> widened_of(rows, nullptr);
+  std::vector<WidenedKV> widened;
+  widened.reserve(rows / kWidenRows + 1);
+  for (int64_t r = 0; r < rows;) {
+    int64_t end = r + 1;
+    while (end < rows && table_of[end] == table_of[r]) ++end;
+    const int64_t tokens = *std::max_element(context_of + r, context_of + end);
+    if (end - r >= kWidenRows && tokens * layout.token_stride * 4 <= kWidenBytes) {
+      widen(widened.emplace_back(), PagedKV<T>{cache, tables + table_of[r] * width, layout},
+            tokens);
+      std::fill(widened_of.begin() + r, widened_of.begin() + end, &widened.back());
+    }
+    r = end;
+  }
   at::parallel_for(0, rows * split, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, q_buffer;
+    Scratch scratch;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t r = item / split, part = item % split, context = context_of[r];
+      // rows zigzag (first, last, second, ...): a chunk's rows see ever more context, and
+      // each thread's contiguous share of items then holds as much of it as another's
+      const int64_t k = item / split, r = k % 2 == 0 ? k / 2 : rows - 1 - k / 2;
+      const int64_t part = item % split, context = context_of[r];
       const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
       const int64_t kv_begin = part * kv_heads / split, kv_end = (part + 1) * kv_heads / split;
       const int64_t head0 = r * heads + kv_begin * G;
-      attend_heads<G>(q + head0 * d, out + head0 * d, cache, tables + table_of[r] * width, first,
-                      context, kv_begin, kv_end, layout, scale, softcap, scores, q_buffer);
+      if (widened_of[r] != nullptr) {
+        attend_heads<G>(q + head0 * d, out + head0 * d, *widened_of[r], first, context,
+                        kv_begin, kv_end, scale, softcap, scratch);
+      } else {
+        attend_heads<G>(q + head0 * d, out + head0 * d,
+                        PagedKV<T>{cache, tables + table_of[r] * width, layout}, first, context,
+                        kv_begin, kv_end, scale, softcap, scratch);
+      }
     }
   });
 }

@@ -92,6 +92,34 @@ inline __mmask16 lanes_below(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
+// Sixteen horizontal sums at once: lane j of the result is _mm512_reduce_add_ps(a[j]), bit for
+// bit. The same pairs are added in the same tree (lane i with i + 8, then i + 4, then i + 2, then
+// i + 1), the vectors interleaved so that each level is one shuffle pair and an add for several
+// of them; the last permute puts vector j's sum in lane j.
+inline __m512 reduce_add16(const __m512* a) {
+  __m512 halves[8], quarters[4], pairs[2];
+  for (int k = 0; k < 8; ++k) {  // lanes 0-7: a[2k]'s i + (i + 8); lanes 8-15: a[2k + 1]'s
+    const __m512 x = a[2 * k], y = a[2 * k + 1];
+    halves[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  for (int k = 0; k < 4; ++k) {  // 128-bit lane m: a[4k + m]'s i + (i + 4)
+    const __m512 x = halves[2 * k], y = halves[2 * k + 1];
+    quarters[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  for (int k = 0; k < 2; ++k) {  // 128-bit lane m: a[8k + m]'s i + (i + 2), then a[8k + 4 + m]'s
+    const __m512 x = quarters[2 * k], y = quarters[2 * k + 1];
+    pairs[k] = _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // lane 4m + i: a[4i + m]'s 0 + 1
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, sums);
+}
+
 // A round trip through T (the rounding torch does between two ops).
 inline __m512 round_to(const float*, __m512 v) { return v; }
 inline __m512 round_to(const c10::BFloat16*, __m512 v) {

@@ -156,7 +156,9 @@ def test_a_row_is_bitwise_the_same_in_any_batch_and_thread_count(dtype, name):
 ATTENTION_SHAPES = [(9, 3, 64), (8, 8, 80), (16, 2, 128), (32, 2, 64)]  # heads, kv_heads, d
 
 
-def _attend_rows(step, plan, rows: torch.Tensor) -> torch.Tensor:
+def _attend_rows(
+    step, plan, rows: torch.Tensor, window: int = 0, softcap: float = 0.0
+) -> torch.Tensor:
     """The kernel over query rows `rows` of a step only: [len(rows), heads, d]."""
     q = step.q[rows].contiguous()
     out = torch.empty_like(q)
@@ -169,8 +171,8 @@ def _attend_rows(step, plan, rows: torch.Tensor) -> torch.Tensor:
         plan.row_table[rows],
         plan.row_context[rows],
         scale,
-        0,
-        0.0,
+        window,
+        softcap,
     )
     return out
 
@@ -202,6 +204,23 @@ def test_an_attention_row_is_bitwise_the_same_alone_or_in_any_batch(dtype, shape
     everything = torch.arange(t)
     for out in _thread_counts(lambda: _attend_rows(step, plan, everything)):
         assert torch.equal(out, full)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("window", "softcap"), [(0, 0.0), (37, 0.0), (0, 30.0)], ids=["full", "window", "softcap"]
+)
+def test_a_long_prefill_chunk_reads_a_widened_context_with_the_same_bits(dtype, window, softcap):
+    """A chunk of 16 rows or more reads its context from a copy widened to fp32 once (K as
+    16-token tiles), not from the paged cache: each row alone, read from the cache, gives the
+    same bits, also where a window starts a row's context inside a tile or scores are capped."""
+    step = make_step([9], [(70, 45)], heads=9, kv_heads=3, d=64, block_size=16, dtype=dtype)
+    plan = plan_rows(step.meta, 16)
+    every = torch.arange(step.q.shape[0])
+    for full in _thread_counts(lambda: _attend_rows(step, plan, every, window, softcap)):
+        for row in range(step.q.shape[0]):
+            alone = _attend_rows(step, plan, torch.tensor([row]), window, softcap)
+            assert torch.equal(alone, full[row : row + 1]), row
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
