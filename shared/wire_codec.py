@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from typing import Any, TypeVar
@@ -67,18 +68,25 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _shape(cls: type) -> tuple[tuple[dataclasses.Field, ...], dict[str, Any], frozenset[str]]:
+    """A wire dataclass's fields, their type hints and names, resolved once per class (the
+    hints of string annotations cost more to resolve than a small message to decode)."""
+    fields = dataclasses.fields(cls)
+    return fields, typing.get_type_hints(cls), frozenset(f.name for f in fields)
+
+
 def _from_plain(value: Any, hint: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise WireError(f"{where}: expected an object")
-        hints = typing.get_type_hints(hint)
-        names = {f.name for f in dataclasses.fields(hint)}
-        unknown = set(value) - names
+        fields, hints, names = _shape(hint)
+        unknown = value.keys() - names
         if unknown:
             raise WireError(f"{where}: unknown field(s) {sorted(unknown)}")
         kwargs = {}
-        for f in dataclasses.fields(hint):
+        for f in fields:
             if f.name not in value:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                     raise WireError(f"{where}.{f.name}: missing")
