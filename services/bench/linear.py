@@ -10,9 +10,9 @@ layouts (column-major layers; the head column-major up to 2 rows, row-major abov
 kernel its packed ones. Weights repeat across layers here, so they stay in cache: this
 times the arithmetic, not the weight streaming of a real decode (see `bench engine`).
 
-Each step's line also gives the kernel's Gop/s (2 per multiply-add) as a fraction of one
-core's peak for the same instruction, measured on the spot (csrc/cpu/peak.cpp): with one
-torch thread both are one core's.
+Each step's line also gives the kernel's Gop/s (2 per multiply-add) as a fraction of the
+peak for the same instruction of as many cores as torch has threads, measured on the spot
+with all of them running at once (csrc/cpu/peak.cpp, machine_share.all_cores_peak).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from services.bench.machine_share import all_cores_peak
 from shared.engine import native
 from shared.engine.batch_invariant import PackedLinear
 from shared.engine.model.linear_weights import Int8DotLinear, Int8Linear
@@ -88,8 +89,11 @@ def run_linear_bench(cfg: LinearBenchConfig) -> None:
         f"torch threads: {torch.get_num_threads()}; ms of matmuls per forward step "
         f"({cfg.numerics}; {'thread CPU time' if torch.get_num_threads() == 1 else 'wall'})"
     )
-    peak = native.load().core_peak_gops(cfg.numerics)
-    print(f"one core's {cfg.numerics} multiply-add peak, measured: {peak:.0f} Gop/s")
+    threads = torch.get_num_threads()
+    peak = all_cores_peak(native.load().core_peak_gops, cfg.numerics, threads)
+    print(
+        f"{cfg.numerics} multiply-add peak of {threads} core(s) at once, measured: {peak:.0f} Gop/s"
+    )
     print(f"{'rows':>5} {'matrix':>8} {'torch':>9} {'kernel':>9} {'ratio':>6}")
     for rows in cfg.rows:
         total = [0.0, 0.0]
