@@ -340,7 +340,7 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
   // their context: each such run's is widened once, and its rows read the copy.
   std::vector<const WidenedKV*> widened_of(rows, nullptr);
   std::vector<WidenedKV> widened;
-  widened.reserve(rows / kWidenRows + 1);
+  widened.reserve(rows / kWidenRows + 1);  // never reallocated: widened_of points into it
   for (int64_t r = 0; r < rows;) {
     int64_t end = r + 1;
     while (end < rows && table_of[end] == table_of[r]) ++end;
