@@ -66,7 +66,14 @@ def _bench_engine(args: argparse.Namespace) -> None:
 def _bench_attention(args: argparse.Namespace) -> None:
     from services.bench.attention import AttentionBenchConfig, run_attention_bench
 
-    run_attention_bench(AttentionBenchConfig(backends=tuple(args.backends)))
+    run_attention_bench(
+        AttentionBenchConfig(
+            backends=tuple(args.backends),
+            batches=tuple(args.batches),
+            contexts=tuple(args.contexts),
+            dtype=args.dtype,
+        )
+    )
 
 
 def _bench_gpu(args: argparse.Namespace) -> None:
@@ -256,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.set_defaults(func=_bench_engine)
     attention = targets.add_parser("attention", help="attention ms per decode step by backend")
     attention.add_argument("--backends", nargs="+", default=["torch", "cpu"])
+    attention.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    attention.add_argument("--contexts", type=int, nargs="+", default=[128, 1024])
+    attention.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     attention.set_defaults(func=_bench_attention)
     gpu = targets.add_parser("gpu", help="CUDA: decode tok/s and attention vs HBM bandwidth")
     gpu.add_argument(

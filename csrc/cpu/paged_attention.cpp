@@ -4,7 +4,8 @@
 // are adjacent, so a thread reuses the group's K/V from its cache across the query heads.
 // With AVX-512, fp32 and bf16 caches take attend_heads below instead (a row's heads by KV
 // group, q.k over 16-token K tiles, a long prefill chunk's context widened to fp32 once for
-// all of its rows); fp16, or a build without AVX-512, takes attend_one.
+// all of its rows, a context of over 512 tokens in parts the threads share); fp16, or a build
+// without AVX-512, takes attend_one.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -156,7 +157,7 @@ struct WidenedKV {
 
 // A thread's buffers, reused across its work items.
 struct Scratch {
-  std::vector<float> scores, q, k;
+  std::vector<float> scores, q, k, parts, stats;
 };
 
 // The scores of one K tile's 16 keys for the G query heads of its KV head (q: G rows of
@@ -227,13 +228,15 @@ template <int G, int V, typename T, typename KV>
 }
 
 // KV heads [kv_begin, kv_end) of one query row, each with its G = heads / kv_heads query
-// heads: the q.k of a tile's 16 keys for each query head, then softmax and V per KV head.
-// T is the type of q and out; KV the source of K and V (the paged cache or a widened copy:
-// the same values, so the same bits).
-template <int G, typename T, typename KV>
-void attend_heads(const T* q_in, T* out, const KV& kv, int64_t first, int64_t context,
-                  int64_t kv_begin, int64_t kv_end, float scale, float softcap,
-                  Scratch& scratch) {
+// heads, over the context tokens [first, context): the q.k of a tile's 16 keys for each query
+// head, then softmax and V per KV head. T is the type of q, O that of out (T, or fp32 for a
+// part of a split context, whose top score and sum of weights per head go to stats [h][2]);
+// KV the source of K and V (the paged cache or a widened copy: the same values, so the same
+// bits).
+template <int G, typename T, typename O, typename KV>
+void attend_heads(const T* q_in, O* out, const KV& kv, int64_t first, int64_t context,
+                  int64_t kv_begin, int64_t kv_end, float scale, float softcap, Scratch& scratch,
+                  float* stats = nullptr) {
   using vec_math::lanes_below;
   using vec_math::load16;
   const Layout& l = kv.l;
@@ -263,7 +266,8 @@ void attend_heads(const T* q_in, T* out, const KV& kv, int64_t first, int64_t co
       highest = _mm512_max_ps(
           highest, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes_below(n - i), s + i));
     }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(highest));
+    const float top_score = _mm512_reduce_max_ps(highest);
+    const __m512 top = _mm512_set1_ps(top_score);
     __m512 total = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 m = lanes_below(n - i);
@@ -273,7 +277,11 @@ void attend_heads(const T* q_in, T* out, const KV& kv, int64_t first, int64_t co
       _mm512_storeu_ps(s + i, e);
       total = _mm512_add_ps(total, e);
     }
-    const float inv = 1.f / _mm512_reduce_add_ps(total);
+    const float sum = _mm512_reduce_add_ps(total), inv = 1.f / sum;
+    if (stats != nullptr) {
+      stats[h * 2] = top_score;
+      stats[h * 2 + 1] = sum;
+    }
     for (int64_t i = 0; i < n; i += 16) {  // fold 1 / total into the weights
       _mm512_storeu_ps(s + i, _mm512_mul_ps(_mm512_loadu_ps(s + i), _mm512_set1_ps(inv)));
     }
@@ -281,7 +289,7 @@ void attend_heads(const T* q_in, T* out, const KV& kv, int64_t first, int64_t co
   for (int64_t kh = 0; kh < groups; ++kh) {
     const float* p_of = scores.data() + kh * G * padded + kFront;
     for (int64_t c = 0; c < d; c += kChunk) {  // 64 dims of the group's heads per pass
-      T* o = out + kh * G * d + c;
+      O* o = out + kh * G * d + c;
       switch (std::min<int64_t>(4, (d - c + 15) / 16)) {
         case 4: accumulate_v<G, 4>(o, kv, p_of, padded, first, context, kv_begin + kh, c); break;
         case 3: accumulate_v<G, 3>(o, kv, p_of, padded, first, context, kv_begin + kh, c); break;
@@ -326,16 +334,57 @@ void widen(WidenedKV& w, const PagedKV<C>& paged, int64_t tokens) {
   });
 }
 
+// A row's context longer than kSplit tokens is attended in parts, cut at the multiples of
+// kSplit: each part's softmax and V by attend_heads, then the parts merged by their top scores
+// and sums. The cut depends on the row's context alone, so a row has the same bits whether its
+// parts run on one thread (many rows) or spread over all of them (a few long rows).
+constexpr int64_t kSplit = 512;
+
+struct Span {
+  int64_t first, context;
+};
+
+inline int64_t part_count(const Span& row) {
+  return (row.context - 1) / kSplit - row.first / kSplit + 1;
+}
+
+inline Span part_of(const Span& row, int64_t part) {
+  const int64_t begin = (row.first / kSplit + part) * kSplit;
+  return {std::max(row.first, begin), std::min(row.context, begin + kSplit)};
+}
+
+// One head's output from the results of its `count` parts (parts: [part][heads][d], each
+// normalized within its part; stats: [part][heads][2], the part's top score and sum of
+// weights): the parts weighted by sum * exp(top - the highest top), in order.
+template <typename T>
+void merge_parts(T* out, const float* parts, const float* stats, int64_t count, int64_t heads,
+                 int64_t d) {
+  float top = -INFINITY, total = 0.f;
+  for (int64_t i = 0; i < count; ++i) top = std::max(top, stats[i * heads * 2]);
+  const auto weight = [&](int64_t i) {
+    return stats[i * heads * 2 + 1] * std::exp(stats[i * heads * 2] - top);
+  };
+  for (int64_t i = 0; i < count; ++i) total += weight(i);
+  for (int64_t c = 0; c < d; c += 16) {
+    const __mmask16 lanes = vec_math::lanes_below(d - c);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < count; ++i) {
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(weight(i) / total),
+                            _mm512_maskz_loadu_ps(lanes, parts + i * heads * d + c), acc);
+    }
+    vec_math::store16(out + c, acc, lanes);
+  }
+}
+
 // Work items: whole rows when there are enough of them for the threads (each row's K read
-// in one pass), else (row, KV head) pairs. The arithmetic of a head is the same either way,
-// over the cache or a widened copy.
+// in one pass, its parts one after another), else (row, part, KV head). The arithmetic of a
+// head is the same either way, over the cache or a widened copy.
 template <int G, typename T>
 void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int64_t width,
                   const int64_t* table_of, const int64_t* context_of, int64_t rows,
                   int64_t heads, int64_t kv_heads, const Layout& layout, float scale,
                   int64_t window, float softcap) {
   const int64_t d = layout.head_dim;
-  const int64_t split = rows >= 4 * at::get_num_threads() ? 1 : kv_heads;  // items per row
   // Runs of >= kWidenRows consecutive rows on one block table (a prefill chunk's rows) share
   // their context: each such run's is widened once, and its rows read the copy.
   std::vector<const WidenedKV*> widened_of(rows, nullptr);
@@ -352,23 +401,92 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
     }
     r = end;
   }
-  at::parallel_for(0, rows * split, 1, [&](int64_t begin, int64_t end) {
+  const auto span_of = [&](int64_t r) {
+    const int64_t context = context_of[r];
+    return Span{window > 0 ? std::max<int64_t>(0, context - window) : 0, context};
+  };
+  // KV heads [kv_begin, kv_end) of row r over `span` into out (O: T or a part's fp32)
+  const auto attend = [&](int64_t r, const Span& span, int64_t kv_begin, int64_t kv_end,
+                          auto* o, float* stats, Scratch& scratch) {
+    const int64_t head0 = r * heads + kv_begin * G;
+    if (widened_of[r] != nullptr) {
+      attend_heads<G>(q + head0 * d, o, *widened_of[r], span.first, span.context, kv_begin,
+                      kv_end, scale, softcap, scratch, stats);
+    } else {
+      attend_heads<G>(q + head0 * d, o, PagedKV<T>{cache, tables + table_of[r] * width, layout},
+                      span.first, span.context, kv_begin, kv_end, scale, softcap, scratch,
+                      stats);
+    }
+  };
+  // rows zigzag (first, last, second, ...): a chunk's rows see ever more context, and each
+  // thread's contiguous share of items then holds as much of it as another's
+  const auto zigzag = [rows](int64_t k) { return k % 2 == 0 ? k / 2 : rows - 1 - k / 2; };
+  if (rows >= 4 * at::get_num_threads()) {
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      Scratch scratch;
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t r = zigzag(k);
+        const Span span = span_of(r);
+        const int64_t count = part_count(span);
+        if (count == 1) {
+          attend(r, span, 0, kv_heads, out + r * heads * d, nullptr, scratch);
+          continue;
+        }
+        std::vector<float>&parts = scratch.parts, &stats = scratch.stats;
+        parts.resize(count * heads * d);
+        stats.resize(count * heads * 2);
+        for (int64_t i = 0; i < count; ++i) {
+          attend(r, part_of(span, i), 0, kv_heads, parts.data() + i * heads * d,
+                 stats.data() + i * heads * 2, scratch);
+        }
+        for (int64_t h = 0; h < heads; ++h) {
+          merge_parts(out + (r * heads + h) * d, parts.data() + h * d, stats.data() + h * 2,
+                      count, heads, d);
+        }
+      }
+    });
+    return;
+  }
+  // A few rows: every (row, part, KV head) an item, the parts' results in one buffer
+  // ([row's first part + part][heads][d]), merged once all are done.
+  std::vector<int64_t> first_part(rows + 1, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t count = part_count(span_of(r));
+    first_part[r + 1] = first_part[r] + (count > 1 ? count : 0);
+  }
+  std::vector<float> parts(first_part[rows] * heads * d), stats(first_part[rows] * heads * 2);
+  struct Item {
+    int64_t row, part, kv_head;
+  };
+  std::vector<Item> items;
+  for (int64_t k = 0; k < rows; ++k) {
+    const int64_t r = zigzag(k), count = part_count(span_of(r));
+    for (int64_t i = 0; i < count; ++i) {
+      for (int64_t kh = 0; kh < kv_heads; ++kh) items.push_back({r, i, kh});
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
     Scratch scratch;
     for (int64_t item = begin; item < end; ++item) {
-      // rows zigzag (first, last, second, ...): a chunk's rows see ever more context, and
-      // each thread's contiguous share of items then holds as much of it as another's
-      const int64_t k = item / split, r = k % 2 == 0 ? k / 2 : rows - 1 - k / 2;
-      const int64_t part = item % split, context = context_of[r];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
-      const int64_t kv_begin = part * kv_heads / split, kv_end = (part + 1) * kv_heads / split;
-      const int64_t head0 = r * heads + kv_begin * G;
-      if (widened_of[r] != nullptr) {
-        attend_heads<G>(q + head0 * d, out + head0 * d, *widened_of[r], first, context,
-                        kv_begin, kv_end, scale, softcap, scratch);
+      const auto [r, i, kh] = items[item];
+      const Span span = span_of(r);
+      if (first_part[r + 1] == first_part[r]) {
+        attend(r, span, kh, kh + 1, out + (r * heads + kh * G) * d, nullptr, scratch);
       } else {
-        attend_heads<G>(q + head0 * d, out + head0 * d,
-                        PagedKV<T>{cache, tables + table_of[r] * width, layout}, first, context,
-                        kv_begin, kv_end, scale, softcap, scratch);
+        const int64_t at = (first_part[r] + i) * heads + kh * G;
+        attend(r, part_of(span, i), kh, kh + 1, parts.data() + at * d, stats.data() + at * 2,
+               scratch);
+      }
+    }
+  });
+  if (first_part[rows] == 0) return;  // no row in parts
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r = item / heads, h = item % heads;
+      const int64_t count = first_part[r + 1] - first_part[r];
+      if (count > 0) {
+        merge_parts(out + item * d, parts.data() + (first_part[r] * heads + h) * d,
+                    stats.data() + (first_part[r] * heads + h) * 2, count, heads, d);
       }
     }
   });

@@ -1,8 +1,8 @@
 """`splitserve bench attention`: attention time per decode step, torch against the C++ kernels.
 
 A decode step of B sequences with C tokens of context each, on SmolLM2-135M's shapes
-(30 layers, 9 heads over 3 KV heads, head_dim 64, block 16, fp32): write_kv + attend per
-layer, times the layers. Each sequence's blocks are scattered over the cache at random.
+(30 layers, 9 heads over 3 KV heads, head_dim 64, block 16; fp32 or bf16): write_kv + attend
+per layer, times the layers. Each sequence's blocks are scattered over the cache at random.
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ class AttentionBenchConfig:
     head_dim: int = 64
     block_size: int = 16
     repeats: int = 5
+    dtype: str = "float32"  # of q and the KV cache
 
 
 def decode_step(cfg: AttentionBenchConfig, batch: int, context: int):
     """(q [B, heads, d], kv [B, 2, kvh, d], cache, metadata) of one decode step."""
+    dtype = getattr(torch, cfg.dtype)
     per_seq = -(-context // cfg.block_size)
     num_blocks = batch * per_seq
-    cache = torch.randn(num_blocks, cfg.block_size, 2, cfg.kv_heads, cfg.head_dim)
+    cache = torch.randn(num_blocks, cfg.block_size, 2, cfg.kv_heads, cfg.head_dim).to(dtype)
     tables = torch.randperm(num_blocks).view(batch, per_seq)
     last = tables[:, (context - 1) // cfg.block_size]
     meta = AttentionMetadata(
@@ -43,8 +45,8 @@ def decode_step(cfg: AttentionBenchConfig, batch: int, context: int):
         decode_mask=None if context % cfg.block_size == 0 else _mask(cfg, batch, context),
         prefills=[],
     )
-    q = torch.randn(batch, cfg.heads, cfg.head_dim)
-    kv = torch.randn(batch, 2, cfg.kv_heads, cfg.head_dim)
+    q = torch.randn(batch, cfg.heads, cfg.head_dim).to(dtype)
+    kv = torch.randn(batch, 2, cfg.kv_heads, cfg.head_dim).to(dtype)
     return q, kv, cache, meta
 
 
@@ -68,7 +70,10 @@ def time_step_ms(cfg: AttentionBenchConfig, backend: str, batch: int, context: i
 
 
 def run_attention_bench(cfg: AttentionBenchConfig) -> None:
-    print(f"torch threads: {torch.get_num_threads()}; ms per decode step ({cfg.layers} layers)")
+    print(
+        f"torch threads: {torch.get_num_threads()}; ms per decode step "
+        f"({cfg.layers} layers, {cfg.dtype})"
+    )
     print(f"{'batch':>5} {'context':>7} " + " ".join(f"{b:>9}" for b in cfg.backends))
     for batch in cfg.batches:
         for context in cfg.contexts:
