@@ -336,7 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
         "up_args", nargs="*", help="flags for `splitserve up` (both of our meshes), after --"
     )
     peers.set_defaults(func=_bench_peers)
-    quant = targets.add_parser("quant", help="perplexity, greedy agreement, tok/s: fp32/int8/int4")
+    quant = targets.add_parser(
+        "quant", help="perplexity, greedy agreement, tok/s: fp32/bf16/int8/int4/w8a8"
+    )
     quant.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     quant.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
     quant.add_argument("--threads", type=int, help="torch threads (default: torch's)")

@@ -1,10 +1,13 @@
-"""`splitserve bench quant`: accuracy and speed of weight-only quantization (fp32 / int8 / int4).
+"""`splitserve bench quant`: accuracy and speed of each weight format (fp32, bf16, int8, int4,
+w8a8), each named with the activation dtype it runs in.
 
 (a) perplexity on a fixed public-domain text (shared/models/data/perplexity.txt), in
     independent windows of `window` tokens;
 (b) greedy agreement with fp32 over 20 chat prompts: mean common-prefix fraction of
     `agree_tokens` new tokens, and how many prompts are identical throughout;
-(c) single-stream decode tok/s, beside the memory-bandwidth bound of the bytes a step reads.
+(c) single-stream decode tok/s, beside the memory-bandwidth bound of the bytes a step reads,
+    and the output tok/s of `batch` streams at once (128 prompt tokens each, prefill included):
+    where a format pays, one stream (bytes) or many (multiply-adds).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from services.bench.engine import engine_single_stream, random_prompts
+from services.bench.engine import engine_offline, engine_single_stream, random_prompts
 from shared.engine.attention.metadata import AttentionMetadata, PrefillChunk
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
@@ -51,10 +54,12 @@ QUESTIONS = [
 @dataclass(slots=True, frozen=True)
 class QuantBenchConfig:
     model_dir: Path
-    formats: tuple[str, ...] = ("fp32", "int8", "int4")
+    formats: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "w8a8")
     window: int = 512
     agree_tokens: int = 32
     stream_tokens: int = 64
+    batch: int = 16
+    batch_tokens: int = 32
     num_threads: int | None = None
 
 
@@ -121,6 +126,16 @@ def encode_chat(model_dir: Path, messages: list[str]) -> list[list[int]]:
     return [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
 
 
+# format: (dtype, quantization); the quantized ones are made from fp32 weights
+FORMATS = {
+    "fp32": ("float32", None),
+    "bf16": ("bfloat16", None),
+    "int8": ("float32", "int8"),
+    "int4": ("float32", "int4"),
+    "w8a8": ("float32", "w8a8"),
+}
+
+
 def run_quant_bench(cfg: QuantBenchConfig) -> None:
     from tokenizers import Tokenizer
 
@@ -130,15 +145,17 @@ def run_quant_bench(cfg: QuantBenchConfig) -> None:
     print(f"model {cfg.model_dir}; text {TEXT.name}: {len(text_tokens)} tokens")
     print(
         f"{'format':8} {'MB/step':>8} {'ppl':>8} {'agree':>7} {'identical':>10} "
-        f"{'tok/s':>7} {'bound':>7}"
+        f"{'tok/s':>7} {'bound':>7} {f'x{cfg.batch} tok/s':>11}"
     )
     reference: list[list[int]] | None = None
     for fmt in cfg.formats:
+        dtype, quantization = FORMATS[fmt]
         engine = LLMEngine(
             EngineConfig(
                 model_dir=cfg.model_dir,
                 device="cpu",  # int8/int4 are CPU kernels; the windows are CPU tensors
-                quantization=None if fmt == "fp32" else fmt,
+                dtype=dtype,
+                quantization=quantization,
                 num_kv_blocks=512,
                 num_threads=cfg.num_threads,
             )
@@ -151,8 +168,10 @@ def run_quant_bench(cfg: QuantBenchConfig) -> None:
         stream = random_prompts(1, 128, engine.model_config.vocab_size)[0]
         engine_single_stream(engine, stream[:16], 8)  # warm-up
         tok_s = engine_single_stream(engine, stream, cfg.stream_tokens)
+        batch = random_prompts(cfg.batch, 128, engine.model_config.vocab_size, seed=1)
+        batch_tok_s = engine_offline(engine, batch, cfg.batch_tokens)
         print(
             f"{fmt:8} {nbytes / 1e6:8.1f} {ppl:8.3f} {agree:7.3f} {identical:7d}/20 "
-            f"{tok_s:7.1f} {BANDWIDTH / nbytes:7.1f}"
+            f"{tok_s:7.1f} {BANDWIDTH / nbytes:7.1f} {batch_tok_s:11.1f}"
         )
     print("llama.cpp tg128 on this machine class (ANCHORS.md): Q8_0 92.3, Q4_1 115.9, F32 47.8")
