@@ -89,9 +89,7 @@ class Setting:
         return value
 
 
-def settings(
-    cls: type, skip: Sequence[str] = ()
-) -> list[Setting]:
+def settings(cls: type, skip: Sequence[str] = ()) -> list[Setting]:
     """The flagged fields of dataclass `cls` but `skip`."""
     hints = typing.get_type_hints(cls)
     found = []
@@ -100,9 +98,7 @@ def settings(
         if spec is None or field.name in skip:
             continue
         default = spec.unset if spec.has_unset else field.default
-        found.append(
-            Setting(field.name, spec, _kind(hints[field.name]), default)
-        )
+        found.append(Setting(field.name, spec, _kind(hints[field.name]), default))
     return found
 
 

@@ -151,9 +151,7 @@ def parse_request(
             top_p=float_field(body, "top_p", defaults.top_p),
             top_k=int_field(body, "top_k", defaults.top_k),
             min_p=float_field(body, "min_p", defaults.min_p),
-            repetition_penalty=float_field(
-                body, "repetition_penalty", defaults.repetition_penalty
-            ),
+            repetition_penalty=float_field(body, "repetition_penalty", defaults.repetition_penalty),
             frequency_penalty=float_field(body, "frequency_penalty", 0.0),
             presence_penalty=float_field(body, "presence_penalty", 0.0),
             logit_bias=_logit_bias(body),

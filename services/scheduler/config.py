@@ -21,12 +21,13 @@ class SchedulerConfig:
     namespace: str = DEFAULT_NAMESPACE
     log_level: str = "INFO"
     max_queue: int = flag(
-        256, help="requests being placed or waiting for room; beyond this, submits are refused "
-        "at once (429 with retry_after)"
+        256,
+        help="requests being placed or waiting for room; beyond this, submits are refused "
+        "at once (429 with retry_after)",
     )
     local_prefill_tokens: int = flag(
-        16, help="a prompt with at most this many tokens uncached on its decode worker skips "
-        "prefill"
+        16,
+        help="a prompt with at most this many tokens uncached on its decode worker skips prefill",
     )
     block_size: int = flag(16, help="tokens per KV block (the workers' must match)")
     model_id: str = ""  # block-hash model id until a worker's heartbeat names its model

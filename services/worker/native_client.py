@@ -53,9 +53,7 @@ class NativeEngineClient:
         # No thread count given: share the machine's cores with its other workers.
         shares_cores = config.num_threads is None and config.torch_device.type == "cpu"
         lease = CoreLease(role=role) if shares_cores else None
-        self._thread = EngineThread(
-            lambda: LLMEngine(config), self._on_step, self._on_fatal, lease
-        )
+        self._thread = EngineThread(lambda: LLMEngine(config), self._on_step, self._on_fatal, lease)
         self._copier = ThreadPoolExecutor(KV_COPY_THREADS, thread_name_prefix="kv-copy")
         self._pinned: dict[str, _Pinned] = {}
         self._layout: KVLayout | None = None

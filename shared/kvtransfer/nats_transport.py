@@ -35,7 +35,6 @@ from shared.wire_checks import decode_checked_one_of
 log = logging.getLogger(__name__)
 
 
-
 class KVSender:
     def __init__(
         self, bus: Bus, subject: str, window: int, deadline: float, headers: Headers | None = None

@@ -123,8 +123,13 @@ def test_responses_api(mesh: Mesh, model: str) -> None:
 
 def engine_generation(model_dir: Path, prompt: list[int], max_tokens: int):
     """(token ids, their logprobs) of a greedy run on the engine alone, in chunks of 4."""
-    config = EngineConfig(model_dir=model_dir, dtype="float32", num_kv_blocks=64,
-                          max_num_batched_tokens=4, max_num_seqs=2)  # the mesh's dtype; fmt: skip
+    config = EngineConfig(
+        model_dir=model_dir,
+        dtype="float32",
+        num_kv_blocks=64,
+        max_num_batched_tokens=4,
+        max_num_seqs=2,
+    )  # the mesh's dtype; fmt: skip
     engine = LLMEngine(config)
     engine.add_request(
         "r", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0)

@@ -47,9 +47,7 @@ VNNI = native.load() is not None and native.load().int8_dot_product_kernel()
 # token's log-probability is no measure of it: SmolLM2's outlier channels make a row's step
 # coarse, so a 1e-6 change in a norm's output (fused native norm against torch's) flips
 # roundings and moved "The" below from -1.78 to -0.66. Perplexity and the top-3 are checked.
-W8A8 = pytest.param(
-    "w8a8", 1.15, None, marks=pytest.mark.skipif(not VNNI, reason="no AVX512-VNNI")
-)
+W8A8 = pytest.param("w8a8", 1.15, None, marks=pytest.mark.skipif(not VNNI, reason="no AVX512-VNNI"))
 
 
 @pytest.mark.parametrize(

@@ -94,8 +94,11 @@ def test_engine_variables_are_the_defaults(monkeypatch):
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("SPLITSERVE_DTYPE", "fp8"), ("SPLITSERVE_MAX_NUM_SEQS", "many"),
-     ("SPLITSERVE_ENABLE_PREFIX_CACHING", "maybe")],
+    [
+        ("SPLITSERVE_DTYPE", "fp8"),
+        ("SPLITSERVE_MAX_NUM_SEQS", "many"),
+        ("SPLITSERVE_ENABLE_PREFIX_CACHING", "maybe"),
+    ],
 )
 def test_a_bad_variable_is_refused_by_name(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
