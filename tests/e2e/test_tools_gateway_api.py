@@ -25,7 +25,7 @@ from shared.nats_server import NatsServer
 from shared.protocol import PromptTokenLogprob, TokenLogprob
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
 from tests.integration.conftest import nats_server  # noqa: F401  (fixture)
-from tests.integration.test_gateway import (
+from tests.integration.gateway_harness import (
     MODEL,
     Harness,
     Script,
