@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from services.scheduler.registry import Registry
 from shared.protocol import DecodeTask, Heartbeat, Outcome, PrefillTask
-from tests.integration.test_scheduler import FakeWorker, mesh, place, submit
+from tests.integration.scheduler_harness import FakeWorker, mesh, place, submit
 
 SHORT = list(range(100, 110))  # decode-only: below local_prefill_tokens
 
