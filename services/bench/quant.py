@@ -22,7 +22,7 @@ from services.bench.engine import engine_offline, engine_single_stream, random_p
 from shared.engine.attention.metadata import AttentionMetadata, PrefillChunk
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
-from shared.engine.quantization import weight_bytes
+from shared.engine.quantization import int8_dot_product, weight_bytes
 from shared.engine.sampling_params import SamplingParams
 
 TEXT = Path(__file__).resolve().parents[2] / "shared" / "models" / "data" / "perplexity.txt"
@@ -150,6 +150,9 @@ def run_quant_bench(cfg: QuantBenchConfig) -> None:
     reference: list[list[int]] | None = None
     for fmt in cfg.formats:
         dtype, quantization = FORMATS[fmt]
+        if quantization == "w8a8" and not int8_dot_product():
+            print(f"{fmt:8} skipped: the C++ kernels have no AVX512-VNNI W8A8 kernel here")
+            continue
         engine = LLMEngine(
             EngineConfig(
                 model_dir=cfg.model_dir,
