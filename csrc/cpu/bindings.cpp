@@ -8,6 +8,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "attention of query rows over paged context prefixes (decode and varlen prefill)",
         py::call_guard<py::gil_scoped_release>());
+  m.def("attention_path", &attention_path,
+        "which path paged_attention takes for a dtype and head shape, in words");
   m.def("pack_linear_weight", &pack_linear_weight,
         "lay an [N, K] weight out as linear reads it: [ceil(N / 64), K, 64]",
         py::call_guard<py::gil_scoped_release>());

@@ -22,6 +22,11 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
                      torch::Tensor block_tables, torch::Tensor row_table,
                      torch::Tensor row_context, double scale, int64_t window, double softcap);
 
+// Which of paged_attention's paths a cache of `dtype` with these heads takes, in words (for
+// the start-up log: no silent fallback).
+std::string attention_path(torch::ScalarType dtype, int64_t heads, int64_t kv_heads,
+                           int64_t head_dim);
+
 // Batch-invariant linear (linear.cpp). pack_linear_weight lays an [N, K] float32 or
 // bfloat16 matrix out once as the kernel reads it: [ceil(N / 64), K, 64], zero-padded.
 // linear: y [M, N] = x [M, K] @ w.T (+ bias [N]) in x's dtype (w's dtype), each y[m, n] one

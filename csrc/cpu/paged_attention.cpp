@@ -4,8 +4,9 @@
 // are adjacent, so a thread reuses the group's K/V from its cache across the query heads.
 // With AVX-512, fp32 and bf16 caches take attend_heads below instead (a row's heads by KV
 // group, q.k over 16-token K tiles, a long prefill chunk's context widened to fp32 once for
-// all of its rows, a context of over 512 tokens in parts the threads share); fp16, or a build
-// without AVX-512, takes attend_one.
+// all of its rows, a context of over 512 tokens in parts the threads share); a bf16 cache on a
+// CPU with AVX512-BF16 takes attention_bf16.h's dot products for its heads instead (the same
+// work items and parts, no widened copy); fp16, or a build without AVX-512, takes attend_one.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -15,10 +16,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_bf16.h"
 #include "ops.h"
+#include "paged_layout.h"
 #include "vec_math.h"
 
 namespace {
+
+using paged_kv::Layout;
 
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t d) {
@@ -33,10 +38,6 @@ inline void axpy(float* acc, float p, const T* v, int64_t d) {
 #pragma omp simd
   for (int64_t i = 0; i < d; ++i) acc[i] += p * static_cast<float>(v[i]);
 }
-
-struct Layout {
-  int64_t block_size, block_stride, token_stride, v_offset, head_dim;
-};
 
 // One query head of one row over the paged context tokens [first, context) in `table`.
 template <typename T>
@@ -158,6 +159,9 @@ struct WidenedKV {
 // A thread's buffers, reused across its work items.
 struct Scratch {
   std::vector<float> scores, q, k, parts, stats;
+#ifdef __AVX512BF16__
+  attention_bf16::Scratch bf16;
+#endif
 };
 
 // The scores of one K tile's 16 keys for the G query heads of its KV head (q: G rows of
@@ -376,6 +380,16 @@ void merge_parts(T* out, const float* parts, const float* stats, int64_t count, 
   }
 }
 
+// Whether a cache of T with heads of d dims is read by attention_bf16.h's dot products.
+template <typename T>
+constexpr bool reads_bf16_pairs(int64_t d) {
+#ifdef __AVX512BF16__
+  return std::is_same_v<T, c10::BFloat16> && d <= 32 * attention_bf16::kMaxVectors;
+#else
+  return false;
+#endif
+}
+
 // Work items: whole rows when there are enough of them for the threads (each row's K read
 // in one pass, its parts one after another), else (row, part, KV head). The arithmetic of a
 // head is the same either way, over the cache or a widened copy.
@@ -385,16 +399,24 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
                   int64_t heads, int64_t kv_heads, const Layout& layout, float scale,
                   int64_t window, float softcap) {
   const int64_t d = layout.head_dim;
+  // A bf16 cache read by dot products (attention_bf16.h) needs no fp32 copy: every row reads
+  // the cache itself, and fetches its context ahead unless many rows share it.
+  const bool dot_products = reads_bf16_pairs<T>(d);
   // Runs of >= kWidenRows consecutive rows on one block table (a prefill chunk's rows) share
   // their context: each such run's is widened once, and its rows read the copy.
   std::vector<const WidenedKV*> widened_of(rows, nullptr);
   std::vector<WidenedKV> widened;
   widened.reserve(rows / kWidenRows + 1);  // never reallocated: widened_of points into it
+  std::vector<char> shared_context(rows, 0);
   for (int64_t r = 0; r < rows;) {
     int64_t end = r + 1;
     while (end < rows && table_of[end] == table_of[r]) ++end;
     const int64_t tokens = *std::max_element(context_of + r, context_of + end);
-    if (end - r >= kWidenRows && tokens * layout.token_stride * 4 <= kWidenBytes) {
+    if (end - r >= kWidenRows) {
+      std::fill(shared_context.begin() + r, shared_context.begin() + end, 1);
+    }
+    if (!dot_products && end - r >= kWidenRows &&
+        tokens * layout.token_stride * 4 <= kWidenBytes) {
       widen(widened.emplace_back(), PagedKV<T>{cache, tables + table_of[r] * width, layout},
             tokens);
       std::fill(widened_of.begin() + r, widened_of.begin() + end, &widened.back());
@@ -409,6 +431,17 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
   const auto attend = [&](int64_t r, const Span& span, int64_t kv_begin, int64_t kv_end,
                           auto* o, float* stats, Scratch& scratch) {
     const int64_t head0 = r * heads + kv_begin * G;
+#ifdef __AVX512BF16__
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (dot_products) {
+        attention_bf16::attend_heads<G>(q + head0 * d, o, cache, tables + table_of[r] * width,
+                                        layout, span.first, span.context, kv_begin, kv_end,
+                                        scale, softcap, !shared_context[r], scratch.bf16,
+                                        stats);
+        return;
+      }
+    }
+#endif
     if (widened_of[r] != nullptr) {
       attend_heads<G>(q + head0 * d, o, *widened_of[r], span.first, span.context, kv_begin,
                       kv_end, scale, softcap, scratch, stats);
@@ -528,6 +561,25 @@ bool attend_groups(T* out, const T* q, const T* cache, const int64_t* tables, in
 }
 
 }  // namespace
+
+std::string attention_path(torch::ScalarType dtype, int64_t heads, int64_t kv_heads,
+                           int64_t head_dim) {
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0, "head shape");
+  const int64_t group = heads / kv_heads;
+  const bool grouped = group <= 8 && head_dim <= 512;
+#ifdef __AVX512F__
+  if (grouped && dtype == at::kBFloat16 && reads_bf16_pairs<c10::BFloat16>(head_dim)) {
+    return "bf16 dot products over the cache, its rows fetched ahead (AVX512-BF16)";
+  }
+  if (grouped && (dtype == at::kFloat || dtype == at::kBFloat16)) {
+    return "fp32 multiply-adds over 16-token K tiles widened to fp32 (AVX-512)";
+  }
+  const char* why = grouped ? "no AVX-512 path for this dtype" : "more than 8 heads a KV head";
+#else
+  const char* why = "a build without AVX-512";
+#endif
+  return std::string("one head at a time, scalar loops (") + why + ")";
+}
 
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
                      torch::Tensor block_tables, torch::Tensor row_table,

@@ -11,6 +11,7 @@ import torch
 
 from shared.engine import batch_invariant
 from shared.engine.attention import get_backend
+from shared.engine.attention.cpu_backend import CpuAttention
 from shared.engine.attention.metadata import AttentionMetadata, PrefillChunk
 from shared.engine.engine_config import EngineConfig
 from shared.engine.kv_cache import KVCache
@@ -65,6 +66,16 @@ class ModelRunner:
         if device.type == "cpu":
             log.info("CPU matmuls: %s", batch_invariant.describe_matmuls(config, packed))
         attention = get_backend(config.attention_backend, device)
+        if isinstance(attention, CpuAttention):
+            log.info(
+                "CPU attention: %s",
+                attention.describe(
+                    model_config.num_heads,
+                    model_config.num_kv_heads,
+                    model_config.head_dim,
+                    config.torch_dtype,
+                ),
+            )
         self.model = model_class(model_config)(model_config, weights, attention, max_len)
         log.info("norms, rope, KV write, SiLU: %s", self.model.ops.path)
         self.kv_cache = KVCache(

@@ -22,6 +22,10 @@ class CpuAttention:
         self.kernels = kernels
         self._plan: tuple[AttentionMetadata, RowPlan] | None = None
 
+    def describe(self, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> str:
+        """The kernel's path for this cache dtype and head shape, in words (start-up log)."""
+        return self.kernels.attention_path(dtype, heads, kv_heads, head_dim)
+
     def write_kv(self, cache: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata) -> None:
         self.kernels.write_kv(cache, kv.contiguous(), meta.slot_mapping)
 
