@@ -55,7 +55,6 @@ struct Scratch {
   std::vector<float> scores;            // [heads][padded]
   std::vector<uint16_t> weights;        // [heads][padded]: the softmax weights in bf16
   std::vector<uint16_t> zero;           // one token's row of zeros, for padding
-  std::vector<int64_t> share_begin;     // [KV heads + 1]: each one's share of a prefetch
 };
 
 inline __mmask32 words_below(int64_t n) {
@@ -97,27 +96,10 @@ inline void unpermute(__m512 lo, __m512 hi, __m512& first, __m512& second) {
 }
 
 // The weights of one head from its scores [padded] (0 past n, e left in their place), in
-// bf16; returns (top, sum).
+// bf16; gives (top, sum).
 inline void softmax(float* scores, uint16_t* weights, int64_t n, int64_t padded,
                     float& top_score, float& sum) {
-  using vec_math::lanes_below;
-  __m512 highest = _mm512_set1_ps(-INFINITY);
-  for (int64_t i = 0; i < n; i += 16) {
-    highest = _mm512_max_ps(
-        highest, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes_below(n - i), scores + i));
-  }
-  top_score = _mm512_reduce_max_ps(highest);
-  const __m512 top = _mm512_set1_ps(top_score);
-  __m512 total = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {  // e in place of the scores
-    const __mmask16 m = lanes_below(n - i);
-    __m512 e = vec_math::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + i), top));
-    // weights below 2^-64 (a score 44 under the top) count as 0, as in attend_heads
-    e = _mm512_maskz_mov_ps(m & _mm512_cmp_ps_mask(e, _mm512_set1_ps(0x1p-64f), _CMP_GE_OQ), e);
-    _mm512_storeu_ps(scores + i, e);
-    total = _mm512_add_ps(total, e);
-  }
-  sum = _mm512_reduce_add_ps(total);
+  vec_math::softmax_numerators(scores, n, top_score, sum);
   const __m512 inv = _mm512_set1_ps(1.f / sum);
   for (int64_t i = 0; i < padded; i += 16) {
     const __m512 p = _mm512_mul_ps(_mm512_loadu_ps(scores + i), inv);
@@ -183,7 +165,7 @@ void attend_heads(const c10::BFloat16* q_in, O* out, const c10::BFloat16* cache,
   const int64_t padded = (n + kKeys - 1) / kKeys * kKeys, groups = kv_end - kv_begin;
   const auto* base = reinterpret_cast<const uint16_t*>(cache);
   const auto* q = reinterpret_cast<const uint16_t*>(q_in);
-  s.zero.assign(l.token_stride, 0);
+  if (static_cast<int64_t>(s.zero.size()) != l.token_stride) s.zero.assign(l.token_stride, 0);
   s.tokens.resize(padded + kAhead * kKeys);  // zero rows past the end, for the prefetch
   for (int64_t t = first; t < context;) {  // one run of tokens inside one block
     const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
@@ -194,17 +176,16 @@ void attend_heads(const c10::BFloat16* q_in, O* out, const c10::BFloat16* cache,
   std::fill(s.tokens.begin() + n, s.tokens.end(), s.zero.data());
   s.scores.resize(groups * G * padded);
   s.weights.resize(groups * G * padded);
-  // KV head kh's share of a token's bytes to prefetch: [share_begin[kh], share_begin[kh + 1])
-  const int64_t lines = l.token_stride * 2 / 64;
-  s.share_begin.resize(groups + 1);
-  for (int64_t i = 0; i <= groups; ++i) s.share_begin[i] = lines * i / groups * 64;
+  const int64_t lines = l.token_stride * 2 / 64;  // of a token's row, K and V of every head
   // head h's score of token first + i: scores[h * padded + i]
   for (int64_t i0 = 0; i0 < n; i0 += kKeys) {
     const uint16_t* const* tile = s.tokens.data() + i0;
     for (int64_t kh = kv_begin; kh < kv_end; ++kh) {
       if (prefetch) {
         const char* const* ahead = reinterpret_cast<const char* const*>(tile + kAhead * kKeys);
-        const int64_t from = s.share_begin[kh - kv_begin], to = s.share_begin[kh - kv_begin + 1];
+        // KV head kh's share of each row's lines
+        const int64_t from = lines * (kh - kv_begin) / groups * 64;
+        const int64_t to = lines * (kh - kv_begin + 1) / groups * 64;
         for (int64_t j = 0; j < kKeys; ++j) {
           for (int64_t b = from; b < to; b += 64) _mm_prefetch(ahead[j] + b, _MM_HINT_T1);
         }

@@ -265,23 +265,9 @@ void attend_heads(const T* q_in, O* out, const KV& kv, int64_t first, int64_t co
              });
   for (int64_t h = 0; h < groups * G; ++h) {
     float* s = scores.data() + h * padded + kFront;
-    __m512 highest = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += 16) {
-      highest = _mm512_max_ps(
-          highest, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes_below(n - i), s + i));
-    }
-    const float top_score = _mm512_reduce_max_ps(highest);
-    const __m512 top = _mm512_set1_ps(top_score);
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = lanes_below(n - i);
-      __m512 e = vec_math::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), top));
-      // weights below 2^-64 (a score 44 under the top) count as 0: no denormal products in V
-      e = _mm512_maskz_mov_ps(m & _mm512_cmp_ps_mask(e, _mm512_set1_ps(0x1p-64f), _CMP_GE_OQ), e);
-      _mm512_storeu_ps(s + i, e);
-      total = _mm512_add_ps(total, e);
-    }
-    const float sum = _mm512_reduce_add_ps(total), inv = 1.f / sum;
+    float top_score, sum;
+    vec_math::softmax_numerators(s, n, top_score, sum);
+    const float inv = 1.f / sum;
     if (stats != nullptr) {
       stats[h * 2] = top_score;
       stats[h * 2 + 1] = sum;

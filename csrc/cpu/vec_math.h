@@ -92,6 +92,28 @@ inline __mmask16 lanes_below(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
+// The numerators of an exact softmax over s[0, n), in place: e^(s - top), where weights below
+// 2^-64 (a score 44 under the top) count as 0, so no denormal products follow; the lanes past
+// n up to the next 16 become 0. Gives the top score and the sum (16 lanes, then a fixed tree).
+inline void softmax_numerators(float* s, int64_t n, float& top_score, float& sum) {
+  __m512 highest = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    highest = _mm512_max_ps(
+        highest, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes_below(n - i), s + i));
+  }
+  top_score = _mm512_reduce_max_ps(highest);
+  const __m512 top = _mm512_set1_ps(top_score);
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes_below(n - i);
+    __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), top));
+    e = _mm512_maskz_mov_ps(m & _mm512_cmp_ps_mask(e, _mm512_set1_ps(0x1p-64f), _CMP_GE_OQ), e);
+    _mm512_storeu_ps(s + i, e);
+    total = _mm512_add_ps(total, e);
+  }
+  sum = _mm512_reduce_add_ps(total);
+}
+
 // Sixteen horizontal sums at once: lane j of the result is _mm512_reduce_add_ps(a[j]), bit for
 // bit. The same pairs are added in the same tree (lane i with i + 8, then i + 4, then i + 2, then
 // i + 1), the vectors interleaved so that each level is one shuffle pair and an add for several
