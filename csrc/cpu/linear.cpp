@@ -5,7 +5,8 @@
 // The chain does not depend on M, on how rows, columns and k are blocked, on vector tails or
 // on the thread count (threads split the columns), so row m of the result is bitwise the same
 // whatever other rows share the call. The AVX-512 path and the portable one run the same
-// chain (an FMA is exactly rounded), so they agree bitwise too.
+// chain (an FMA is exactly rounded), so they agree bitwise too; so does the AVX2 path, which
+// splits a tile into passes that fit its 16 registers.
 //
 // w is packed once at load (pack_linear_weight) into panels of 64 columns, [P, K, 64]: one
 // k step of a tile reads contiguous columns, a thread's panels are one contiguous stream,
@@ -22,6 +23,7 @@
 
 #include "linear_tiles.h"
 #include "ops.h"
+#include "vec_math_avx2.h"
 
 namespace {
 
@@ -76,6 +78,77 @@ void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last)
     for (int v = 0; v < NV; ++v) {
       _mm512_mask_storeu_ps(y + r * ldy + v * kLanes, v == NV - 1 ? tail : 0xFFFF, acc[r][v]);
     }
+  }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+// AVX2 has 16 vector registers, not AVX-512's 32: a tile's rows x 64 columns do not fit, so
+// a tile runs as passes over groups of its 16-column vectors, each pass keeping at most 12
+// accumulators (rows x 2 halves of 8 x vectors) in registers; every element's chain is the
+// same as above, only the order in which elements are computed changes.
+constexpr int kAccumulators = 12;
+
+using vec_math::first_lanes;
+using vec_math::load8;
+
+// One k block of rows x[0..MR) against NV vectors (2 NV halves) of a panel; `cols` of them
+// are real (the rest are the panel's padding and are not stored).
+template <typename W, int MR, int NV>
+void fma_pass(const float* x, const W* w, float* y, const Step& s, int64_t cols) {
+  constexpr int H = 2 * NV;
+  const int64_t kc = s.kc, ldx = s.ldx, ldy = s.ldy;
+  const bool whole = cols >= 8 * H;  // masked moves are slow on some CPUs: only for a tail
+  __m256i mask[H];
+  __m256 acc[MR][H];
+#pragma GCC unroll 8
+  for (int h = 0; h < H; ++h) mask[h] = first_lanes(cols - 8 * h);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h) {
+      float* yr = y + r * ldy + 8 * h;
+      acc[r][h] = s.first ? _mm256_setzero_ps()
+                  : whole ? _mm256_loadu_ps(yr)
+                          : _mm256_maskload_ps(yr, mask[h]);
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const W* wk = w + k * kPanel;
+    __m256 wv[H];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h) wv[h] = load8(wk + 8 * h);  // padded panel
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xr = _mm256_broadcast_ss(x + r * ldx + k);
+#pragma GCC unroll 8
+      for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(xr, wv[h], acc[r][h]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h) {
+      float* yr = y + r * ldy + 8 * h;
+      if (whole) {
+        _mm256_storeu_ps(yr, acc[r][h]);
+      } else {
+        _mm256_maskstore_ps(yr, mask[h], acc[r][h]);
+      }
+    }
+  }
+}
+
+template <typename W, int MR, int NV>
+void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last) {
+  constexpr int group = std::max(1, std::min(NV, kAccumulators / (2 * MR)));
+  constexpr int full = NV / group * group;
+  const int64_t cols = (NV - 1) * kLanes + last;
+  for (int v = 0; v < full; v += group) {
+    fma_pass<W, MR, group>(x, w + v * kLanes, y + v * kLanes, s, cols - v * kLanes);
+  }
+  if constexpr (full < NV) {
+    fma_pass<W, MR, NV - full>(x, w + full * kLanes, y + full * kLanes, s, cols - full * kLanes);
   }
 }
 
@@ -149,7 +222,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features
   TORCH_CHECK(packed.is_contiguous() && packed.size(1) == K && packed.size(2) == kPanel &&
                   packed.size(0) == (N + kPanel - 1) / kPanel,
               "packed must come from pack_linear_weight of an [", N, ", ", K, "] matrix");
-  TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "x and w dtypes differ");
+  // x in fp32 (the engine's activations whatever the weights) or in the weights' dtype
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == packed.scalar_type(),
+              "x must be float32 or the weights' dtype");
   auto x32 = x.to(torch::kFloat);
   if (x32.stride(1) != 1 || x32.stride(0) < K) x32 = x32.contiguous();
   auto y = torch::empty({M, N}, x32.options());

@@ -6,7 +6,8 @@
 // group, q.k over 16-token K tiles, a long prefill chunk's context widened to fp32 once for
 // all of its rows, a context of over 512 tokens in parts the threads share); a bf16 cache on a
 // CPU with AVX512-BF16 takes attention_bf16.h's dot products for its heads instead (the same
-// work items and parts, no widened copy); fp16, or a build without AVX-512, takes attend_one.
+// work items and parts, no widened copy); fp16, or a build without AVX-512, takes attend_one,
+// vectorized by attention_avx2.h in an AVX2 build.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -16,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_avx2.h"
 #include "attention_bf16.h"
 #include "ops.h"
 #include "paged_layout.h"
@@ -561,8 +563,13 @@ std::string attention_path(torch::ScalarType dtype, int64_t heads, int64_t kv_he
     return "fp32 multiply-adds over 16-token K tiles widened to fp32 (AVX-512)";
   }
   const char* why = grouped ? "no AVX-512 path for this dtype" : "more than 8 heads a KV head";
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (attention_avx2::takes(head_dim)) {
+    return "one head at a time, 8-lane multiply-adds over 8-key tiles (AVX2)";
+  }
+  const char* why = "an AVX2 build, head_dim not a multiple of 8";
 #else
-  const char* why = "a build without AVX-512";
+  const char* why = "a build without AVX-512 or AVX2";
 #endif
   return std::string("one head at a time, scalar loops (") + why + ")";
 }
@@ -612,9 +619,15 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
           for (int64_t item = begin; item < end; ++item) {
             const int64_t r = item / heads, h = item % heads, context = context_of[r];
             const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
-            attend_one(q_ptr + item * d, out_ptr + item * d, cache_ptr,
-                       tables + table_of[r] * width, first, context, h / q_per_kv, layout,
-                       static_cast<float>(scale), static_cast<float>(softcap), scores);
+            auto* attend = &attend_one<scalar_t>;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+            if constexpr (!std::is_same_v<scalar_t, double>) {  // fp32, bf16, fp16 caches
+              if (attention_avx2::takes(d)) attend = &attention_avx2::attend_one<scalar_t>;
+            }
+#endif
+            attend(q_ptr + item * d, out_ptr + item * d, cache_ptr, tables + table_of[r] * width,
+                   first, context, h / q_per_kv, layout, static_cast<float>(scale),
+                   static_cast<float>(softcap), scores);
           }
         });
       });

@@ -67,14 +67,18 @@ def test_the_start_up_log_names_the_path_each_cache_takes():
     def path(dtype, heads=9, kv_heads=3, d=64) -> str:
         return CpuAttention().describe(heads, kv_heads, d, dtype)
 
-    avx512 = "avx512f" in kernels.cpu_features()
-    bf16 = "bf16 dot products" if DOT_PRODUCTS else ("widened to fp32" if avx512 else "scalar")
-    assert bf16 in path(torch.bfloat16)
-    assert ("widened to fp32" if avx512 else "scalar") in path(torch.float32)
+    features = kernels.cpu_features()
+    avx512, avx2 = "avx512f" in features, "avx2" in features
+    wide = "widened to fp32" if avx512 else "8-key tiles (AVX2)" if avx2 else "scalar"
+    assert ("bf16 dot products" if DOT_PRODUCTS else wide) in path(torch.bfloat16)
+    assert wide in path(torch.float32)
     # past the dot products' 128 dims, a bf16 cache takes the fp32 tiles
-    assert ("widened to fp32" if avx512 else "scalar") in path(torch.bfloat16, 8, 8, 256)
+    assert wide in path(torch.bfloat16, 8, 8, 256)
     assert "one head at a time" in path(torch.float16)
     if avx512:
         assert "more than 8 heads a KV head" in path(torch.bfloat16, 32, 2, 64)
+    elif avx2:  # the AVX2 tiles take whole vectors of 8 dims
+        assert "8-key tiles (AVX2)" in path(torch.float16)
+        assert "not a multiple of 8" in path(torch.float32, 9, 3, 60)
     with pytest.raises(RuntimeError, match="head shape"):
         path(torch.bfloat16, 9, 2, 64)
