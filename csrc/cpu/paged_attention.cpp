@@ -7,7 +7,8 @@
 // all of its rows, a context of over 512 tokens in parts the threads share); a bf16 cache on a
 // CPU with AVX512-BF16 takes attention_bf16.h's dot products for its heads instead (the same
 // work items and parts, no widened copy); fp16, or a build without AVX-512, takes attend_one,
-// vectorized by attention_avx2.h in an AVX2 build.
+// or in an AVX2 build attention_avx2.h (8-key tiles, a row's heads together when rows are
+// many).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -548,6 +549,43 @@ bool attend_groups(T* out, const T* q, const T* cache, const int64_t* tables, in
   return false;
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+
+// The whole call through attention_avx2.h: whole rows as work items when there are at least
+// two a thread, else (row, head) items so that a few rows still spread over the threads; a
+// head's arithmetic is the same either way.
+template <typename T>
+void attend_avx2(T* out, const T* q, const T* cache, const int64_t* tables, int64_t width,
+                 const int64_t* table_of, const int64_t* context_of, int64_t rows, int64_t heads,
+                 const Layout& layout, float scale, int64_t window, float softcap) {
+  const int64_t d = layout.head_dim, group = heads / (layout.v_offset / d);
+  const auto first_of = [&](int64_t r) {
+    return window > 0 ? std::max<int64_t>(0, context_of[r] - window) : 0;
+  };
+  if (rows >= 2 * at::get_num_threads()) {
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      attention_avx2::Scratch<T> scratch;
+      for (int64_t r = begin; r < end; ++r) {
+        attention_avx2::attend_row(q + r * heads * d, out + r * heads * d, cache,
+                                   tables + table_of[r] * width, first_of(r), context_of[r],
+                                   heads, layout, scale, softcap, scratch);
+      }
+    });
+    return;
+  }
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    attention_avx2::Scratch<T> scratch;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r = item / heads, h = item % heads;
+      attention_avx2::attend_one(q + item * d, out + item * d, cache,
+                                 tables + table_of[r] * width, first_of(r), context_of[r],
+                                 h / group, layout, scale, softcap, scratch);
+    }
+  });
+}
+
+#endif
+
 }  // namespace
 
 std::string attention_path(torch::ScalarType dtype, int64_t heads, int64_t kv_heads,
@@ -614,20 +652,24 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
                           heads, kv_heads, layout, scale, window, softcap)) {
           return;
         }
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+        if constexpr (!std::is_same_v<scalar_t, double>) {  // fp32, bf16, fp16 caches
+          if (attention_avx2::takes(d)) {
+            attend_avx2(out_ptr, q_ptr, cache_ptr, tables, width, table_of, context_of, rows,
+                        heads, layout, static_cast<float>(scale), window,
+                        static_cast<float>(softcap));
+            return;
+          }
+        }
+#endif
         at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
           std::vector<float> scores;
           for (int64_t item = begin; item < end; ++item) {
             const int64_t r = item / heads, h = item % heads, context = context_of[r];
             const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
-            auto* attend = &attend_one<scalar_t>;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
-            if constexpr (!std::is_same_v<scalar_t, double>) {  // fp32, bf16, fp16 caches
-              if (attention_avx2::takes(d)) attend = &attention_avx2::attend_one<scalar_t>;
-            }
-#endif
-            attend(q_ptr + item * d, out_ptr + item * d, cache_ptr, tables + table_of[r] * width,
-                   first, context, h / q_per_kv, layout, static_cast<float>(scale),
-                   static_cast<float>(softcap), scores);
+            attend_one(q_ptr + item * d, out_ptr + item * d, cache_ptr,
+                       tables + table_of[r] * width, first, context, h / q_per_kv, layout,
+                       static_cast<float>(scale), static_cast<float>(softcap), scores);
           }
         });
       });

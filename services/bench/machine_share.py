@@ -13,10 +13,11 @@ server starts:
 
 The work is the model's (`ModelWork`): 2 ops per multiply-add of the layers' matmuls and
 attention for every token computed, of the LM head for every token sampled; a decode step
-of one sequence reads every weight its token passes (bf16: 2 bytes each) and its context's
-KV once. Part of a small model's weights stays in the last-level cache from one step to the
-next, so a decode figure can exceed the bandwidth: these say how near a server is to the
-machine, not an exact budget.
+of one sequence reads every weight its token passes and its context's KV once, in the
+server's dtype (bf16: 2 bytes each, as vLLM runs; ours is fp32 where `--dtype auto` picks
+it). Part of a small model's weights stays in the last-level cache from one step to the next,
+so a decode figure can exceed the bandwidth: these say how near a server is to the machine,
+not an exact budget.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from shared.engine.model_config import ModelConfig
 
-BYTES_PER_VALUE = 2  # bf16 weights and KV, as both servers run by default
+BF16_BYTES = 2  # a weight or KV value in bf16, vLLM's dtype here
 READ_BUFFER_BYTES = 1 << 30
 PEAK_ITERATIONS = 50_000_000  # 600M instructions: ~0.2 s on one core
 
@@ -41,9 +42,10 @@ class ModelWork:
     head_macs: int  # the LM head's, for a sampled token
     attention_macs_per_context: int  # QK and PV, every layer, per context token attended
     kv_bytes_per_token: int  # K and V of one token, every layer
+    bytes_per_value: int = BF16_BYTES  # of a weight or a KV value: 2 for bf16, 4 for fp32
 
     @classmethod
-    def of(cls, config: ModelConfig) -> ModelWork:
+    def of(cls, config: ModelConfig, bytes_per_value: int = BF16_BYTES) -> ModelWork:
         hidden, q, kv = (
             config.hidden_size,
             config.num_heads * config.head_dim,
@@ -60,7 +62,8 @@ class ModelWork:
             layer_macs=layers,
             head_macs=config.vocab_size * hidden,
             attention_macs_per_context=2 * config.num_layers * q,
-            kv_bytes_per_token=2 * config.num_layers * kv * BYTES_PER_VALUE,
+            kv_bytes_per_token=2 * config.num_layers * kv * bytes_per_value,
+            bytes_per_value=bytes_per_value,
         )
 
     def ops_per_output_token(self, prompt_len: float, output_len: float) -> float:
@@ -75,7 +78,7 @@ class ModelWork:
 
     def decode_step_bytes(self, context: float) -> float:
         """What one sequence's decode step reads: its token's weights and its KV."""
-        weights = (self.layer_macs + self.head_macs) * BYTES_PER_VALUE
+        weights = (self.layer_macs + self.head_macs) * self.bytes_per_value
         return weights + context * self.kv_bytes_per_token
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from services.bench.machine_share import (
+    BF16_BYTES,
     MachinePeaks,
     ModelWork,
     ServerFigures,
@@ -41,7 +42,7 @@ from services.bench.peer_figures import (
     ratios,
 )
 from services.bench.peer_offline import OfflineConfig, OfflineResult
-from shared.engine.model_config import ModelConfig
+from shared.engine.model_config import ModelConfig, cpu_runs_bf16
 
 if TYPE_CHECKING:
     from loadtest.request import BenchRequest
@@ -123,6 +124,22 @@ def _run_turn(cfg: PeersConfig, turn: Turn, server: Server) -> list[RunFigures]:
     return figures
 
 
+def _bytes_per_value(server: str, up_args: tuple[str, ...]) -> int:
+    """What a weight or KV value of `server` takes: our mesh's dtype from its flags, or `auto`
+    on this CPU (bf16 with AVX512-BF16, else fp32); bf16 for the peers, as they are run."""
+    if server != OURS:
+        return BF16_BYTES
+    dtype = "auto"
+    for i, arg in enumerate(up_args):
+        if arg == "--dtype" and i + 1 < len(up_args):
+            dtype = up_args[i + 1]
+        elif arg.startswith("--dtype="):
+            dtype = arg.split("=", 1)[1]
+    if dtype == "auto":
+        dtype = "bfloat16" if cpu_runs_bf16() else "float32"
+    return BF16_BYTES if dtype in ("bfloat16", "float16") else 4
+
+
 def _server_figures(
     server: str,
     runs: list[RunFigures],
@@ -193,9 +210,10 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
         print(offline.line())
     machine_shares = {}
     if machine:
-        work = ModelWork.of(ModelConfig.from_dir(model_dir))
+        model = ModelConfig.from_dir(model_dir)
         for server in by_server:
             figures = _server_figures(server, runs, by_server[server], marks, cfg, offline)
+            work = ModelWork.of(model, _bytes_per_value(server, cfg.up_args))
             machine_shares[server] = shares(figures, work, machine)
         print(format_shares(machine_shares, machine, cfg.concurrencies))
     for name, reason in peers.skipped.items():

@@ -20,7 +20,7 @@ from services.bench.machine_share import (
     shares,
 )
 from shared.engine import native
-from shared.engine.model_config import ModelConfig
+from shared.engine.model_config import ModelConfig, cpu_runs_bf16
 
 TINY = ModelConfig(
     architecture="LlamaForCausalLM",
@@ -49,6 +49,23 @@ def test_the_work_of_a_token_counts_every_matmul_once():
     assert work.head_macs == 100 * 8
     assert work.attention_macs_per_context == 2 * 2 * 8  # QK and PV, 2 layers, 4 heads x 2
     assert work.kv_bytes_per_token == 2 * 2 * 4 * 2  # K and V, 2 layers, 2 heads x 2, bf16
+
+
+def test_an_fp32_server_reads_twice_the_bytes_of_a_bf16_one():
+    bf16, fp32 = ModelWork.of(TINY), ModelWork.of(TINY, bytes_per_value=4)
+    assert fp32.kv_bytes_per_token == 2 * bf16.kv_bytes_per_token
+    assert fp32.decode_step_bytes(context=7) == 2 * bf16.decode_step_bytes(context=7)
+    assert fp32.layer_macs == bf16.layer_macs  # the same work, more bytes
+
+
+def test_our_mesh_is_counted_in_the_dtype_its_flags_or_this_cpu_give():
+    from services.bench.peers import _bytes_per_value
+
+    auto = 2 if cpu_runs_bf16() else 4
+    assert _bytes_per_value("splitserve", ()) == auto
+    assert _bytes_per_value("splitserve", ("--dtype", "float32")) == 4
+    assert _bytes_per_value("splitserve", ("--prefill", "2", "--dtype=bfloat16")) == 2
+    assert _bytes_per_value("vllm", ("--dtype", "float32")) == 2  # our flags are not vLLM's
 
 
 def test_a_moe_layer_counts_the_experts_a_token_is_routed_to():
