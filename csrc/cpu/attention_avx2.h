@@ -10,7 +10,7 @@
 //           then times 1 / sum.
 // Two ways through the same arithmetic: attend_row takes every head of a row, a tile of keys
 // over all of them (the work item when rows are many: a prefill of 256 rows took 20-30% less
-// time than head by head), attend_one a single head (when rows are fewer than the threads).
+// time than head by head), attend_one a single head (when rows are fewer than two a thread).
 // Prefetching the rows of the tile two or four on into L2, as attention_bf16.h does, gave
 // nothing measurable here (64 decode rows x 192 tokens x 30 layers, 96-147 ms with and
 // 102-125 without, on the 2-core AMD EPYC AVX2 host), so there is none.
@@ -19,6 +19,7 @@
 #include "vec_math_avx2.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#include <algorithm>
 #include <cmath>
 #include <vector>
 

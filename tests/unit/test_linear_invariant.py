@@ -52,6 +52,10 @@ def test_half_precision_weights_round_the_fp32_sum_once(dtype):
     reference = F.linear(x.double(), w.double(), bias.double())
     assert y.dtype == dtype
     assert torch.allclose(y.double(), reference, rtol=1e-2, atol=1e-2)
+    # the engine's way: fp32 activations against 16-bit weights, an fp32 result
+    y32 = packed_linear(x.float(), w, bias)
+    assert y32.dtype == torch.float32
+    assert torch.allclose(y32.double(), reference, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("shape", [(67, 130), (576, 960)], ids=["K67-N130", "K576-N960"])

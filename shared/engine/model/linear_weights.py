@@ -46,7 +46,8 @@ class PackedLinear:
         return cls(_kernels().pack_linear_weight(w), w.shape[0])
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [T, K] in the weight's dtype -> [T, N]; bias [N] added once, after the sum."""
+        """x: [T, K] in fp32 (the engine's activations) or the weight's dtype -> [T, N] in
+        x's dtype; bias [N] added once, after the sum."""
         return _kernels().linear(x, self.packed, self.out_features, bias)
 
 
