@@ -8,9 +8,9 @@
 //           sum8's tree;
 //   output: V accumulated in fp32 over the tokens in order, 64 dims (8 registers) at a time,
 //           then times 1 / sum.
-// Two ways through the same arithmetic: attend_row takes every head of a row, a tile of keys
-// over all of them (the work item when rows are many: a prefill of 256 rows took 20-30% less
-// time than head by head), attend_one a single head (when rows are fewer than two a thread).
+// attend_heads takes a tile of keys over all of a row's heads when rows are many (a prefill of
+// 256 rows took 20-30% less time than head by head), a single head when rows are fewer than
+// two a thread; a head's arithmetic is the same either way.
 // Prefetching the rows of the tile two or four on into L2, as attention_bf16.h does, gave
 // nothing measurable here (64 decode rows x 192 tokens x 30 layers, 96-147 ms with and
 // 102-125 without, on the 2-core AMD EPYC AVX2 host), so there is none.
@@ -18,7 +18,7 @@
 
 #include "vec_math_avx2.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#ifdef SPLITSERVE_AVX2
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -142,49 +142,29 @@ void head_output(T* out, const T* const* rows, const Layout& l, int64_t kv_head,
   for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(result[i]);
 }
 
+// Heads [h0, h1) of a row (q_in, out: (h1 - h0) x d) over the tokens [first, context), a
+// tile of keys over all of them; head h reads KV head h / group.
 template <typename T>
-inline void scale_q(float* q, const T* q_in, int64_t count, float scale) {
-  for (int64_t i = 0; i < count; ++i) q[i] = static_cast<float>(q_in[i]) * scale;
-}
-
-// One query head (q_in: d values) of KV head kv_head over the tokens [first, context).
-template <typename T>
-void attend_one(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t first,
-                int64_t context, int64_t kv_head, const Layout& l, float scale, float softcap,
-                Scratch<T>& s) {
-  const int64_t d = l.head_dim, n = context - first, padded = (n + kKeys - 1) / kKeys * kKeys;
-  gather_tokens(s, cache, table, l, first, context);
-  s.q.resize(d);
-  s.scores.resize(padded);
-  scale_q(s.q.data(), q_in, d, scale);
-  for (int64_t i = 0; i < n; i += kKeys) {
-    score_tile(s.q.data(), s.tokens.data() + i, kv_head * d, d / 8, s.scores.data() + i);
-  }
-  const float inv = softmax_numerators(s.scores.data(), n, softcap);
-  head_output(out, s.tokens.data(), l, kv_head, s.scores.data(), n, inv);
-}
-
-// Every head of a row (q_in, out: heads x d) over the tokens [first, context).
-template <typename T>
-void attend_row(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t first,
-                int64_t context, int64_t heads, const Layout& l, float scale, float softcap,
-                Scratch<T>& s) {
-  const int64_t d = l.head_dim, kv_heads = l.v_offset / d, group = heads / kv_heads;
+void attend_heads(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t first,
+                  int64_t context, int64_t h0, int64_t h1, int64_t group, const Layout& l,
+                  float scale, float softcap, Scratch<T>& s) {
+  const int64_t d = l.head_dim, heads = h1 - h0;
   const int64_t n = context - first, padded = (n + kKeys - 1) / kKeys * kKeys;
   gather_tokens(s, cache, table, l, first, context);
   s.q.resize(heads * d);
   s.scores.resize(heads * padded);
-  scale_q(s.q.data(), q_in, heads * d, scale);
+  for (int64_t i = 0; i < heads * d; ++i) s.q[i] = static_cast<float>(q_in[i]) * scale;
   for (int64_t i = 0; i < n; i += kKeys) {
     const T* const* tile = s.tokens.data() + i;
     for (int64_t h = 0; h < heads; ++h) {
-      score_tile(s.q.data() + h * d, tile, h / group * d, d / 8, s.scores.data() + h * padded + i);
+      score_tile(s.q.data() + h * d, tile, (h0 + h) / group * d, d / 8,
+                 s.scores.data() + h * padded + i);
     }
   }
   for (int64_t h = 0; h < heads; ++h) {
     float* p = s.scores.data() + h * padded;
     const float inv = softmax_numerators(p, n, softcap);
-    head_output(out + h * d, s.tokens.data(), l, h / group, p, n, inv);
+    head_output(out + h * d, s.tokens.data(), l, (h0 + h) / group, p, n, inv);
   }
 }
 

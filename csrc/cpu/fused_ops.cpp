@@ -82,7 +82,7 @@ void silu_mul_row(T* out, const T* gate, const T* up, int64_t n) {
     }
     return;
   }
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(SPLITSERVE_AVX2)
   if constexpr (std::is_same_v<T, float>) {  // the engine's activations: fp32
     using namespace vec_math;
     const __m256 one = _mm256_set1_ps(1.0f);

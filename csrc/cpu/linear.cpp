@@ -81,7 +81,7 @@ void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last)
   }
 }
 
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(SPLITSERVE_AVX2)
 
 // AVX2 has 16 vector registers, not AVX-512's 32: a tile's rows x 64 columns do not fit, so
 // a tile runs as passes over groups of its 16-column vectors, each pass keeping at most 12

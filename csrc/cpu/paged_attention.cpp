@@ -549,37 +549,24 @@ bool attend_groups(T* out, const T* q, const T* cache, const int64_t* tables, in
   return false;
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#ifdef SPLITSERVE_AVX2
 
 // The whole call through attention_avx2.h: whole rows as work items when there are at least
-// two a thread, else (row, head) items so that a few rows still spread over the threads; a
-// head's arithmetic is the same either way.
+// two a thread, else (row, head) items so that a few rows still spread over the threads.
 template <typename T>
 void attend_avx2(T* out, const T* q, const T* cache, const int64_t* tables, int64_t width,
                  const int64_t* table_of, const int64_t* context_of, int64_t rows, int64_t heads,
                  const Layout& layout, float scale, int64_t window, float softcap) {
   const int64_t d = layout.head_dim, group = heads / (layout.v_offset / d);
-  const auto first_of = [&](int64_t r) {
-    return window > 0 ? std::max<int64_t>(0, context_of[r] - window) : 0;
-  };
-  if (rows >= 2 * at::get_num_threads()) {
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      attention_avx2::Scratch<T> scratch;
-      for (int64_t r = begin; r < end; ++r) {
-        attention_avx2::attend_row(q + r * heads * d, out + r * heads * d, cache,
-                                   tables + table_of[r] * width, first_of(r), context_of[r],
-                                   heads, layout, scale, softcap, scratch);
-      }
-    });
-    return;
-  }
-  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t per_item = rows >= 2 * at::get_num_threads() ? heads : 1;
+  at::parallel_for(0, rows * heads / per_item, 1, [&](int64_t begin, int64_t end) {
     attention_avx2::Scratch<T> scratch;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t r = item / heads, h = item % heads;
-      attention_avx2::attend_one(q + item * d, out + item * d, cache,
-                                 tables + table_of[r] * width, first_of(r), context_of[r],
-                                 h / group, layout, scale, softcap, scratch);
+      const int64_t head = item * per_item, r = head / heads, h0 = head % heads;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, context_of[r] - window) : 0;
+      attention_avx2::attend_heads(q + head * d, out + head * d, cache,
+                                   tables + table_of[r] * width, first, context_of[r], h0,
+                                   h0 + per_item, group, layout, scale, softcap, scratch);
     }
   });
 }
@@ -601,7 +588,7 @@ std::string attention_path(torch::ScalarType dtype, int64_t heads, int64_t kv_he
     return "fp32 multiply-adds over 16-token K tiles widened to fp32 (AVX-512)";
   }
   const char* why = grouped ? "no AVX-512 path for this dtype" : "more than 8 heads a KV head";
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(SPLITSERVE_AVX2)
   if (attention_avx2::takes(head_dim)) {
     return "one head at a time, 8-lane multiply-adds over 8-key tiles (AVX2)";
   }
@@ -652,7 +639,7 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor cache,
                           heads, kv_heads, layout, scale, window, softcap)) {
           return;
         }
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#ifdef SPLITSERVE_AVX2
         if constexpr (!std::is_same_v<scalar_t, double>) {  // fp32, bf16, fp16 caches
           if (attention_avx2::takes(d)) {
             attend_avx2(out_ptr, q_ptr, cache_ptr, tables, width, table_of, context_of, rows,

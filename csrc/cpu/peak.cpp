@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "ops.h"
+#include "vec_math_avx2.h"
 
 namespace {
 
@@ -73,7 +74,7 @@ double core_peak_gops(const std::string& numerics, int64_t iterations) {
     });
   }
 #endif
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(SPLITSERVE_AVX2)
   if (numerics == "fp32") {  // the instruction linear.cpp's AVX2 tiles are built on
     const __m256 a = _mm256_set1_ps(1.0001f), b = _mm256_set1_ps(0.9999f);
     return giga_ops_per_second(iterations, 16, _mm256_set1_ps(1e-3f),

@@ -3,7 +3,13 @@
 // (linear.cpp) and attention (attention_avx2.h) are built on them.
 #pragma once
 
+// An AVX2 build: the code guarded by this takes the place of the portable loops (an AVX-512
+// build has its own paths).
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#define SPLITSERVE_AVX2 1
+#endif
+
+#ifdef SPLITSERVE_AVX2
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>

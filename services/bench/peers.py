@@ -11,6 +11,7 @@ our engine against vLLM's `LLM.generate` (peer_offline).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -129,12 +130,9 @@ def _bytes_per_value(server: str, up_args: tuple[str, ...]) -> int:
     on this CPU (bf16 with AVX512-BF16, else fp32); bf16 for the peers, as they are run."""
     if server != OURS:
         return BF16_BYTES
-    dtype = "auto"
-    for i, arg in enumerate(up_args):
-        if arg == "--dtype" and i + 1 < len(up_args):
-            dtype = up_args[i + 1]
-        elif arg.startswith("--dtype="):
-            dtype = arg.split("=", 1)[1]
+    flags = argparse.ArgumentParser(add_help=False)  # `up` parses its flags with argparse too
+    flags.add_argument("--dtype", default="auto")
+    dtype = flags.parse_known_args(list(up_args))[0].dtype
     if dtype == "auto":
         dtype = "bfloat16" if cpu_runs_bf16() else "float32"
     return BF16_BYTES if dtype in ("bfloat16", "float16") else 4
