@@ -42,11 +42,17 @@ namespace attention_bf16 {
 
 constexpr int64_t kMaxVectors = 4;  // head_dim <= 128: up to four 32-wide bf16 vectors
 constexpr int64_t kKeys = 16;       // tokens per tile: the 16 sums reduce_add16 takes
-// The tile prefetched: two on, into L2 (prefetcht1), a KV head's share of its lines at each
-// KV head of this tile. On the 2-core AMD EPYC host (64 rows x 192 tokens x 30 layers, one
+// The tile prefetched: two on, into L2 (prefetcht1), its lines in address order and shared out
+// over the tile's score calls (one per query head), so that no call waits behind a burst of
+// prefetches. On the 2-core AMD EPYC host with AVX-512 (64 rows x 192 tokens x 30 layers, one
 // thread, a one-pass variant of this kernel) no prefetch took 54-66 ms; the whole next tile
 // at once into L1 54-68, into L2 45; the tile two on in shares into L1 57-64, into L2 36-38
-// (three on 40, four on 42, prefetchnta 54).
+// (three on 40, four on 42, prefetchnta 54). On a later host of the class with full-width
+// AVX-512 (2026-12-02, `bench attention`'s step, bf16, one thread, 3 rounds alternated): a KV
+// head's share at once before its score calls 27.3-29.8 ms, spread over its calls 23.1-23.9,
+// the whole tile spread in address order over all the tile's calls 21.4-26.5 (16 rows x 1024
+// tokens: 34.8-37.9, 28.0-29.0, 24.6-32.4); on two threads, 4 rounds, 16.4-17.6 -> 14.0-15.6
+// (16 x 1024: 19.8-21.8 -> 16.5-18.4).
 constexpr int64_t kAhead = 2;
 
 // A thread's buffers, reused across its work items.
@@ -57,7 +63,7 @@ struct Scratch {
   std::vector<uint16_t> zero;           // one token's row of zeros, for padding
 };
 
-inline __mmask32 words_below(int64_t n) {
+inline __mmask32 words_below(int64_t n) {  // n > 0: a vector that holds part of the head
   return n >= 32 ? ~static_cast<__mmask32>(0) : static_cast<__mmask32>((1u << n) - 1u);
 }
 
@@ -73,6 +79,16 @@ inline void unpermute(__m512 lo, __m512 hi, __m512& first, __m512& second) {
   const __m512i b = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
   first = _mm512_permutex2var_ps(lo, a, hi);
   second = _mm512_permutex2var_ps(lo, b, hi);
+}
+
+// Share `call` of `calls` of a tile's lines (16 token rows of `lines` lines each, row by row)
+// fetched into L2.
+inline void fetch_share(const uint16_t* const* rows, int64_t lines, int64_t call,
+                        int64_t calls) {
+  const int64_t all = kKeys * lines;
+  for (int64_t f = all * call / calls; f < all * (call + 1) / calls; ++f) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[f / lines]) + (f % lines) * 64, _MM_HINT_T1);
+  }
 }
 
 // The 16 scores of one tile's keys for query head q (scale and soft cap applied).
@@ -144,9 +160,10 @@ template <int G, int C, typename O>
     for (int v = 0; v < C; ++v) {
       __m512 first, second;
       unpermute(acc[g][v][0], acc[g][v][1], first, second);
-      const int64_t at = c + v * 32;
+      const int64_t at = c + v * 32;  // a head of d <= at + 16 dims leaves `second` unstored
       vec_math::store16(out + g * d + at, first, vec_math::lanes_below(d - at));
-      vec_math::store16(out + g * d + at + 16, second, vec_math::lanes_below(d - at - 16));
+      vec_math::store16(out + g * d + at + 16, second,
+                        vec_math::lanes_below(std::max<int64_t>(d - at - 16, 0)));
     }
   }
 }
@@ -177,21 +194,14 @@ void attend_heads(const c10::BFloat16* q_in, O* out, const c10::BFloat16* cache,
   s.scores.resize(groups * G * padded);
   s.weights.resize(groups * G * padded);
   const int64_t lines = l.token_stride * 2 / 64;  // of a token's row, K and V of every head
+  const int64_t calls = groups * G;                // score calls a tile: one per query head
   // head h's score of token first + i: scores[h * padded + i]
   for (int64_t i0 = 0; i0 < n; i0 += kKeys) {
     const uint16_t* const* tile = s.tokens.data() + i0;
     for (int64_t kh = kv_begin; kh < kv_end; ++kh) {
-      if (prefetch) {
-        const char* const* ahead = reinterpret_cast<const char* const*>(tile + kAhead * kKeys);
-        // KV head kh's share of each row's lines
-        const int64_t from = lines * (kh - kv_begin) / groups * 64;
-        const int64_t to = lines * (kh - kv_begin + 1) / groups * 64;
-        for (int64_t j = 0; j < kKeys; ++j) {
-          for (int64_t b = from; b < to; b += 64) _mm_prefetch(ahead[j] + b, _MM_HINT_T1);
-        }
-      }
       const int64_t h0 = (kh - kv_begin) * G;  // the group's first head, within q_in and out
       for (int g = 0; g < G; ++g) {
+        if (prefetch) fetch_share(tile + kAhead * kKeys, lines, h0 + g, calls);
         score_tile(q + (h0 + g) * d, tile, kh * d, d, vectors, scale, softcap,
                    s.scores.data() + (h0 + g) * padded + i0);
       }

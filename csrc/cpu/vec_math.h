@@ -88,7 +88,7 @@ inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
-inline __mmask16 lanes_below(int64_t n) {
+inline __mmask16 lanes_below(int64_t n) {  // n >= 0
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
 }
 

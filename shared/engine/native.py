@@ -31,6 +31,7 @@ HEADERS = sorted((ROOT / "csrc" / "cpu").glob("*.h"))
 BUILD_DIR = Path(sys.prefix) / "lib" / "splitserve-native"
 NAME = "splitserve_cpu"
 # -march=native: the kernels are built on the host that runs them (make install, image build).
+TORCH_BUILD_LOCK = "lock"  # cpp_extension's file baton in the build directory
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"]
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ def build(verbose: bool = False) -> Path:
             return library_path()
         digest = source_digest()  # of the sources as they are when the compile starts
         digest_path().unlink(missing_ok=True)
+        # torch's own lock file, left behind by a build that was killed, would make
+        # cpp_extension wait for it forever; holding build.lock, no other build is running
+        (BUILD_DIR / TORCH_BUILD_LOCK).unlink(missing_ok=True)
         cpp_extension.load(
             name=NAME,
             sources=[str(s) for s in SOURCES],

@@ -1,6 +1,7 @@
 """The native build's staleness check: a library whose recorded digest no longer matches
 csrc is rebuilt on load, and a failing rebuild leaves torch (None) with a warning rather
-than the stale kernels. No compiler runs here: the sources and the library are stand-ins."""
+than the stale kernels, and a build killed midway never blocks the next. No compiler runs
+here: the sources and the library are stand-ins."""
 
 from __future__ import annotations
 
@@ -54,3 +55,18 @@ def test_a_failing_rebuild_warns_and_loads_nothing(fake_build, monkeypatch, capl
     with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert native.load() is None
     assert "rebuilding" in caplog.text and "compiler says no" in caplog.text
+
+
+def test_a_killed_builds_torch_lock_does_not_block_the_next_build(fake_build, monkeypatch):
+    """cpp_extension waits, without end, for its lock file to go; one left by a killed build
+    (seen: a benchmark stopped while its workers rebuilt) is removed under build.lock."""
+    from torch.utils import cpp_extension
+
+    stale = native.BUILD_DIR / native.TORCH_BUILD_LOCK
+    stale.write_text("")
+    seen = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: seen.append(stale.exists()))
+    fake_build.write_text("// v2\n")
+    native.build()
+    assert seen == [False]
+    assert native.is_current()
