@@ -87,11 +87,12 @@ void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K
           // the block after this one in memory (this panel's next, or the next panel's first)
           const int64_t next_step = (v / kPanelVectors) * steps + k0 + s.kc;
           const char* next = reinterpret_cast<const char*>(w + next_step * kPanel * pack);
-          const int64_t tiles = next_step < all_steps ? (m1 - m0 + kMaxRows - 1) / kMaxRows : 0;
+          const int64_t tiles = (m1 - m0 + kMaxRows - 1) / kMaxRows;
+          const bool fetch = next_step < all_steps && tiles >= kFetchTiles;
           int64_t line = 0, tile = 0;
           for (int64_t m = m0; m < m1; m += kMaxRows) {
             const int64_t mr = std::min<int64_t>(kMaxRows, m1 - m);
-            if (tiles >= kFetchTiles) {  // this tile's share of the next block's lines
+            if (fetch) {  // this tile's share of the next block's lines
               for (const int64_t until = block_lines * ++tile / tiles; line < until; ++line) {
                 __builtin_prefetch(next + line * 64, 0, 2);  // prefetcht1
               }
