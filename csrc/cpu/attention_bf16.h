@@ -22,7 +22,7 @@
 // the time. The scores go 16 tokens (a tile) at a time over every KV head, and meanwhile the
 // whole rows (K and V) of the tile two on are prefetched into L2, so the p.V pass, one KV head
 // at a time over the context, reads from L2 (a part of a split context, at most 512 tokens,
-// fits there).
+// fits there). A thread's last two tiles of a row fetch the first two of its next row.
 #pragma once
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -52,7 +52,9 @@ constexpr int64_t kKeys = 16;       // tokens per tile: the 16 sums reduce_add16
 // head's share at once before its score calls 27.3-29.8 ms, spread over its calls 23.1-23.9,
 // the whole tile spread in address order over all the tile's calls 21.4-26.5 (16 rows x 1024
 // tokens: 34.8-37.9, 28.0-29.0, 24.6-32.4); on two threads, 4 rounds, 16.4-17.6 -> 14.0-15.6
-// (16 x 1024: 19.8-21.8 -> 16.5-18.4).
+// (16 x 1024: 19.8-21.8 -> 16.5-18.4). Fetching the next row's first two tiles during a row's
+// last two (same host, 2 threads, 4 rounds alternated): 64 x 192 14.8-19.8 -> 11.6-13.8 ms,
+// 16 x 192 4.7-5.5 -> 3.0-6.2, 16 x 1024 unchanged (17.4-18.9 against 17.9-19.1).
 constexpr int64_t kAhead = 2;
 
 // A thread's buffers, reused across its work items.
@@ -168,29 +170,44 @@ template <int G, int C, typename O>
   }
 }
 
+// rows[i]: the cache row (K and V of every head) of token first + i, for i < context - first.
+inline void token_rows(const uint16_t* base, const int64_t* table, const paged_kv::Layout& l,
+                       int64_t first, int64_t context, const uint16_t** rows) {
+  for (int64_t t = first; t < context;) {  // one run of tokens inside one block
+    const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
+    const uint16_t* row = base + table[t / l.block_size] * l.block_stride + offset * l.token_stride;
+    for (int64_t j = 0; j < run; ++j) rows[t - first + j] = row + j * l.token_stride;
+    t += run;
+  }
+}
+
 // KV heads [kv_begin, kv_end) of one query row over the context tokens [first, context), each
 // with its G = heads / kv_heads query heads (q_in: those heads, [heads][d]; out likewise, O =
 // bf16, or fp32 for a part of a split context, whose top score and sum of weights per head
 // go to stats [h][2]). prefetch: whether the context is fetched ahead (not when many rows
-// share it, as a prefill chunk's do: it is in cache then).
+// share it, as a prefill chunk's do: it is in cache then); upcoming: the context the thread
+// attends next, whose first two tiles are then fetched during this one's last two.
 template <int G, typename O>
 void attend_heads(const c10::BFloat16* q_in, O* out, const c10::BFloat16* cache,
                   const int64_t* table, const paged_kv::Layout& l, int64_t first,
                   int64_t context, int64_t kv_begin, int64_t kv_end, float scale, float softcap,
-                  bool prefetch, Scratch& s, float* stats = nullptr) {
+                  bool prefetch, Scratch& s, float* stats = nullptr,
+                  const paged_kv::Context& upcoming = {}) {
   const int64_t d = l.head_dim, n = context - first, vectors = (d + 31) / 32;
   const int64_t padded = (n + kKeys - 1) / kKeys * kKeys, groups = kv_end - kv_begin;
   const auto* base = reinterpret_cast<const uint16_t*>(cache);
   const auto* q = reinterpret_cast<const uint16_t*>(q_in);
   if (static_cast<int64_t>(s.zero.size()) != l.token_stride) s.zero.assign(l.token_stride, 0);
-  s.tokens.resize(padded + kAhead * kKeys);  // zero rows past the end, for the prefetch
-  for (int64_t t = first; t < context;) {  // one run of tokens inside one block
-    const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
-    const uint16_t* row = base + table[t / l.block_size] * l.block_stride + offset * l.token_stride;
-    for (int64_t j = 0; j < run; ++j) s.tokens[t - first + j] = row + j * l.token_stride;
-    t += run;
-  }
+  // the context's rows, zero rows up to the tile's end, then the rows fetched during the last
+  // two tiles: zero rows, or the upcoming context's first ones
+  s.tokens.resize(padded + kAhead * kKeys);
+  token_rows(base, table, l, first, context, s.tokens.data());
   std::fill(s.tokens.begin() + n, s.tokens.end(), s.zero.data());
+  if (prefetch && upcoming.table != nullptr) {
+    token_rows(base, upcoming.table, l, upcoming.first,
+               std::min(upcoming.context, upcoming.first + kAhead * kKeys),
+               s.tokens.data() + padded);
+  }
   s.scores.resize(groups * G * padded);
   s.weights.resize(groups * G * padded);
   const int64_t lines = l.token_stride * 2 / 64;  // of a token's row, K and V of every head

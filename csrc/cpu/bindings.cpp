@@ -31,6 +31,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "batch-invariant x @ w.T (+ bias) over a packed weight",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());
+  m.def("linear_silu_mul", &linear_silu_mul,
+        "silu(gate) * up of x @ w.T over a gate_up weight packed as pairs of panels",
+        py::arg("x"), py::arg("packed"), py::arg("inter"), py::call_guard<py::gil_scoped_release>());
+  m.def("argmax_rows", &argmax_rows, "each row's first maximum, as torch.argmax",
+        py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &rms_norm, "per-row RMSNorm times weight",
         py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm", &add_rms_norm, "residual += delta in place; returns its RMSNorm",

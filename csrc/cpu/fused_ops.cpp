@@ -15,8 +15,8 @@
 #include <type_traits>
 
 #include "ops.h"
+#include "silu_mul.h"
 #include "vec_math.h"
-#include "vec_math_avx2.h"
 
 namespace {
 
@@ -62,45 +62,6 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& weight, const char*
 
 // Rows per task: enough work (~16K elements) that a thread is worth waking.
 int64_t row_grain(int64_t n) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(n, 1)); }
-
-// One row: SiLU rounded to T, then the product with up, as torch. With AVX-512 (fp32, bf16)
-// every element takes the 16-lane code (a masked last vector); with AVX2, fp32 rows take 8
-// lanes at a time and their tail the scalar loop, which computes the same bits; else the
-// scalar loop.
-template <typename T>
-void silu_mul_row(T* out, const T* gate, const T* up, int64_t n) {
-#ifdef __AVX512F__
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-    using namespace vec_math;
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = lanes_below(n - i);
-      const __m512 g = load16(gate + i, m);
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-      const __m512 act = round_to(out, _mm512_div_ps(g, _mm512_add_ps(one, e)));
-      store16(out + i, _mm512_mul_ps(act, load16(up + i, m)), m);
-    }
-    return;
-  }
-#elif defined(SPLITSERVE_AVX2)
-  if constexpr (std::is_same_v<T, float>) {  // the engine's activations: fp32
-    using namespace vec_math;
-    const __m256 one = _mm256_set1_ps(1.0f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const __m256 g = _mm256_loadu_ps(gate + i);
-      const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-      const __m256 act = _mm256_div_ps(g, _mm256_add_ps(one, e));
-      _mm256_storeu_ps(out + i, _mm256_mul_ps(act, _mm256_loadu_ps(up + i)));
-    }
-    gate += i, up += i, out += i, n -= i;  // the tail: the scalar loop, the same operations
-  }
-#endif
-  for (int64_t i = 0; i < n; ++i) {
-    const T act = static_cast<T>(vec_math::silu(static_cast<float>(gate[i])));
-    out[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(up[i]));
-  }
-}
 
 }  // namespace
 

@@ -14,6 +14,11 @@
 //
 // bf16 weights on a CPU with AVX512-BF16 take linear_bf16.cpp's dot-product kernel instead
 // (packed [P, ceil(K / 2), 128]); `linear` tells the two layouts apart by their last axis.
+//
+// linear_silu_mul is the gated MLP's gate_up matmul with silu(gate) * up applied as each
+// thread finishes a pair of panels (the weights interleave 64 rows of gate with the same 64
+// of up, PackedGateUp), while the product is still in cache: the same bits as linear, then
+// silu_mul.
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
@@ -23,6 +28,7 @@
 
 #include "linear_tiles.h"
 #include "ops.h"
+#include "silu_mul.h"
 #include "vec_math_avx2.h"
 
 namespace {
@@ -194,9 +200,41 @@ struct Fma {
   }
 };
 
-template <typename W>
-void run(const float* x, int64_t ldx, const W* w, float* y, int64_t M, int64_t N, int64_t K) {
-  linear_tiles::run<Fma<W>>(x, ldx, w, y, M, N, K);
+// y [M, N] = x32 @ w.T over an FMA-packed w of any float dtype, then the epilogue.
+template <typename Epilogue = linear_tiles::NoEpilogue>
+void run(const torch::Tensor& x32, const torch::Tensor& packed, float* y, int64_t M, int64_t N,
+         const Epilogue& epilogue = {}) {
+  const int64_t K = x32.size(1), ldx = x32.stride(0);
+  const float* x = x32.data_ptr<float>();
+  switch (packed.scalar_type()) {
+    case torch::kFloat:
+      linear_tiles::run<Fma<float>>(x, ldx, packed.data_ptr<float>(), y, M, N, K, epilogue);
+      break;
+    case torch::kBFloat16:
+      linear_tiles::run<Fma<c10::BFloat16>>(x, ldx, packed.data_ptr<c10::BFloat16>(), y, M, N, K,
+                                            epilogue);
+      break;
+    case torch::kHalf:
+      linear_tiles::run<Fma<c10::Half>>(x, ldx, packed.data_ptr<c10::Half>(), y, M, N, K,
+                                        epilogue);
+      break;
+    default:
+      TORCH_CHECK(false, "packed: float32, bfloat16 or float16");
+  }
+}
+
+// x as the FMA kernel reads it: fp32, unit column stride, after checking it fits packed.
+torch::Tensor fma_input(const torch::Tensor& x, const torch::Tensor& packed, int64_t N) {
+  const int64_t K = x.size(1);
+  TORCH_CHECK(packed.is_contiguous() && packed.size(1) == K && packed.size(2) == kPanel &&
+                  packed.size(0) == (N + kPanel - 1) / kPanel,
+              "packed must come from pack_linear_weight of an [", N, ", ", K, "] matrix");
+  // x in fp32 (the engine's activations whatever the weights) or in the weights' dtype
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == packed.scalar_type(),
+              "x must be float32 or the weights' dtype");
+  auto x32 = x.to(torch::kFloat);
+  if (x32.stride(1) != 1 || x32.stride(0) < K) x32 = x32.contiguous();
+  return x32;
 }
 
 }  // namespace
@@ -219,31 +257,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, K, 64]");
   if (packed.size(2) == 2 * kPanel) return linear_bf16_pairs(x, packed, out_features, bias);
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  TORCH_CHECK(packed.is_contiguous() && packed.size(1) == K && packed.size(2) == kPanel &&
-                  packed.size(0) == (N + kPanel - 1) / kPanel,
-              "packed must come from pack_linear_weight of an [", N, ", ", K, "] matrix");
-  // x in fp32 (the engine's activations whatever the weights) or in the weights' dtype
-  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == packed.scalar_type(),
-              "x must be float32 or the weights' dtype");
-  auto x32 = x.to(torch::kFloat);
-  if (x32.stride(1) != 1 || x32.stride(0) < K) x32 = x32.contiguous();
+  const auto x32 = fma_input(x, packed, N);
   auto y = torch::empty({M, N}, x32.options());
   if (M > 0 && N > 0 && K > 0) {
-    const float* x_ptr = x32.data_ptr<float>();
-    float* y_ptr = y.data_ptr<float>();
-    switch (packed.scalar_type()) {
-      case torch::kFloat:
-        run(x_ptr, x32.stride(0), packed.data_ptr<float>(), y_ptr, M, N, K);
-        break;
-      case torch::kBFloat16:
-        run(x_ptr, x32.stride(0), packed.data_ptr<c10::BFloat16>(), y_ptr, M, N, K);
-        break;
-      case torch::kHalf:
-        run(x_ptr, x32.stride(0), packed.data_ptr<c10::Half>(), y_ptr, M, N, K);
-        break;
-      default:
-        TORCH_CHECK(false, "packed: float32, bfloat16 or float16");
-    }
+    run(x32, packed, y.data_ptr<float>(), M, N);
   } else {
     y.zero_();
   }
@@ -252,4 +269,23 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features
     y.add_(bias->to(torch::kFloat));  // one rounding per element, after the whole chain
   }
   return y.to(x.scalar_type());
+}
+
+torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter) {
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, K, 64]");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear_silu_mul: x must be float32");
+  TORCH_CHECK(inter > 0 && inter % kPanel == 0,
+              "linear_silu_mul: inter must be a multiple of ", kPanel);
+  if (packed.size(2) == 2 * kPanel) return linear_silu_mul_bf16_pairs(x, packed, inter);
+  const int64_t M = x.size(0), N = 2 * inter;
+  const auto x32 = fma_input(x, packed, N);
+  auto y = torch::empty({M, N}, x32.options());
+  auto out = torch::empty({M, inter}, x32.options());
+  if (M > 0 && x.size(1) > 0) {
+    float* y_ptr = y.data_ptr<float>();
+    run(x32, packed, y_ptr, M, N, SiluMulPanels{y_ptr, out.data_ptr<float>(), inter});
+  } else {
+    out.zero_();  // silu(0) * 0
+  }
+  return out;
 }

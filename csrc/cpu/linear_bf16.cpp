@@ -18,6 +18,7 @@
 
 #include "linear_tiles.h"
 #include "ops.h"
+#include "silu_mul.h"
 
 using linear_tiles::kLanes;
 using linear_tiles::kPanel;
@@ -98,36 +99,68 @@ torch::Tensor pack_bf16_pairs(torch::Tensor w) {
       .view({panels, pairs, kPanel * 2});
 }
 
-torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                                c10::optional<torch::Tensor> bias) {
-  const int64_t M = x.size(0), K = x.size(1), N = out_features, pairs = packed.size(1);
-  // fp32 activations (the engine's residual stream beside bf16 weights) are rounded to bf16
-  // here, element by element; y comes back in x's dtype, unrounded for fp32.
-  const auto out_dtype = x.scalar_type();
-  TORCH_CHECK(out_dtype == torch::kBFloat16 || out_dtype == torch::kFloat,
+namespace {
+
+// x as the kernel reads it: bf16 (fp32 activations, the engine's residual stream beside bf16
+// weights, rounded here element by element), whole k pairs, unit column stride; after
+// checking that it fits packed.
+torch::Tensor pairs_input(torch::Tensor x, const torch::Tensor& packed, int64_t N) {
+  const int64_t K = x.size(1), pairs = packed.size(1);
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat,
               "x must be bfloat16 or float32 for bfloat16 weights");
-  if (out_dtype == torch::kFloat) x = x.to(torch::kBFloat16);
   TORCH_CHECK(packed.is_contiguous() && pairs == (K + 1) / 2 &&
                   packed.size(0) == (N + kPanel - 1) / kPanel,
               "packed must come from pack_linear_weight of an [", N, ", ", K, "] matrix");
+  if (x.scalar_type() == torch::kFloat) x = x.to(torch::kBFloat16);
   if (K % 2 || x.stride(1) != 1 || x.stride(0) < K) {
     x = torch::constant_pad_nd(x, {0, pairs * 2 - K}).contiguous();  // a zero k closes the pair
   }
-  auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
+  return x;
+}
+
+// y [M, N] fp32 = x @ w.T, then the epilogue; y zero when there is nothing to sum.
+template <typename Epilogue = linear_tiles::NoEpilogue>
+void run_pairs(const torch::Tensor& x, const torch::Tensor& packed, float* y, int64_t N,
+               const Epilogue& epilogue = {}) {
 #ifdef __AVX512BF16__
-  if (M > 0 && N > 0 && K > 0) {
-    linear_tiles::run<Bf16Pairs>(x.data_ptr<c10::BFloat16>(), x.stride(0),
-                                 packed.data_ptr<c10::BFloat16>(), y.data_ptr<float>(), M, N,
-                                 pairs);
-  } else {
-    y.zero_();
-  }
+  linear_tiles::run<Bf16Pairs>(x.data_ptr<c10::BFloat16>(), x.stride(0),
+                               packed.data_ptr<c10::BFloat16>(), y, x.size(0), N,
+                               packed.size(1), epilogue);
 #else
   TORCH_CHECK(false, "this build has no AVX512-BF16 kernel");
 #endif
+}
+
+}  // namespace
+
+torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
+                                c10::optional<torch::Tensor> bias) {
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  const auto out_dtype = x.scalar_type();  // y comes back in x's dtype, unrounded for fp32
+  x = pairs_input(x, packed, N);
+  auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
+  if (M > 0 && N > 0 && K > 0) {
+    run_pairs(x, packed, y.data_ptr<float>(), N);
+  } else {
+    y.zero_();
+  }
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == N, "bias: [N]");
     y.add_(bias->to(torch::kFloat));  // one rounding per element, after the whole chain
   }
   return y.to(out_dtype);
+}
+
+torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter) {
+  const int64_t M = x.size(0), K = x.size(1);
+  x = pairs_input(x, packed, 2 * inter);
+  auto y = torch::empty({M, 2 * inter}, x.options().dtype(torch::kFloat));
+  auto out = torch::empty({M, inter}, y.options());
+  if (M > 0 && K > 0) {
+    float* y_ptr = y.data_ptr<float>();
+    run_pairs(x, packed, y_ptr, 2 * inter, SiluMulPanels{y_ptr, out.data_ptr<float>(), inter});
+  } else {
+    out.zero_();  // silu(0) * 0
+  }
+  return out;
 }

@@ -12,6 +12,9 @@
 // Every y[m, n] is one chain of dot-product steps over k in order, whatever M, the row or
 // column blocking, vector tails or the thread count (threads split the columns): row m of
 // the result is bitwise the same whatever other rows share the call.
+//
+// An epilogue may take each unit of columns (kUnitVectors vectors, handed to one thread whole)
+// once a row block's sums over them are complete, while they are still in cache.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -56,11 +59,19 @@ template <typename K>
 constexpr const TileFn<K>* kTiles[kMaxRows] = {kRowTiles<K, 1>, kRowTiles<K, 2>, kRowTiles<K, 3>,
                                                kRowTiles<K, 4>, kRowTiles<K, 5>, kRowTiles<K, 6>};
 
+// The plain product: no epilogue, units of one vector.
+struct NoEpilogue {
+  static constexpr int64_t kUnitVectors = 1;
+  void operator()(int64_t, int64_t, int64_t) const {}
+};
+
 // y [M, N] (row stride N) over x [M, steps * kPack] (row stride ldx) and w packed
-// [ceil(N / 64), steps, 64 * kPack].
-template <typename K>
+// [ceil(N / 64), steps, 64 * kPack]; epilogue(m0, m1, unit) once rows [m0, m1) of a unit
+// are summed.
+template <typename K, typename Epilogue = NoEpilogue>
 void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K::Acc* y,
-         int64_t M, int64_t N, int64_t steps) {
+         int64_t M, int64_t N, int64_t steps, const Epilogue& epilogue = {}) {
+  constexpr int64_t unit = Epilogue::kUnitVectors;
   constexpr int64_t pack = K::kPack;
   constexpr int64_t step_bytes = kPanel * pack * sizeof(typename K::W);
   constexpr int64_t block = std::max<int64_t>(1, kBlockBytes / step_bytes);
@@ -70,10 +81,12 @@ void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K
   const int64_t row_bytes = steps * pack * static_cast<int64_t>(sizeof(typename K::X));
   const int64_t row_block =
       std::max<int64_t>(kMaxRows, kRowBlockBytes / row_bytes / kMaxRows * kMaxRows);
-  // Enough multiply-adds per task (~256K) that a thread is worth waking.
+  // Enough multiply-adds per task (~256K) that a thread is worth waking, in whole units.
   const int64_t grain =
-      std::max<int64_t>(1, (1 << 18) / (std::min(M, row_block) * steps * pack * kLanes));
-  at::parallel_for(0, vectors, grain, [&](int64_t v0, int64_t v1) {
+      (std::max<int64_t>(1, (1 << 18) / (std::min(M, row_block) * steps * pack * kLanes)) +
+       unit - 1) / unit;
+  at::parallel_for(0, (vectors + unit - 1) / unit, grain, [&](int64_t u0, int64_t u1) {
+    const int64_t v0 = u0 * unit, v1 = std::min(vectors, u1 * unit);
     for (int64_t m0 = 0; m0 < M; m0 += row_block) {
       const int64_t m1 = std::min(M, m0 + row_block);
       for (int64_t v = v0; v < v1;) {
@@ -102,6 +115,9 @@ void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K
           }
         }
         v += nv;
+        if constexpr (unit > 1) {
+          if (v % unit == 0 || v == v1) epilogue(m0, m1, (v - 1) / unit);
+        }
       }
     }
   });

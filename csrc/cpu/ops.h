@@ -36,12 +36,17 @@ std::string attention_path(torch::ScalarType dtype, int64_t heads, int64_t kv_he
 torch::Tensor pack_linear_weight(torch::Tensor w);
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
                      c10::optional<torch::Tensor> bias);
+// linear_silu_mul: silu(gate) * up [M, inter] of x [M, K] (fp32) and a gate_up matrix packed
+// as pairs of panels (64 rows of gate, then the same 64 of up; inter a multiple of 64): the
+// bits of silu_mul over the plain product, taken from each part of it while it is in cache.
+torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter);
 
 // linear_bf16.cpp: whether this build has the AVX512-BF16 kernel, its packing and its linear.
 bool bf16_dot_product_kernel();
 torch::Tensor pack_bf16_pairs(torch::Tensor w);
 torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
                                 c10::optional<torch::Tensor> bias);
+torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter);
 
 // linear_int8.cpp: W8A8 with AVX512-VNNI. pack_int8_quads(q [N, K] int8) -> (packed
 // [ceil(N / 64), ceil(K / 4), 256], colsums [N] int32); linear_int8 quantizes x per row and
@@ -71,3 +76,7 @@ torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::T
 torch::Tensor silu_mul(torch::Tensor fused);
 void rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::Tensor positions,
                    torch::Tensor cache, torch::Tensor slot_mapping, int64_t heads);
+
+// argmax.cpp: argmax_rows(logits [rows, n] fp32) -> [rows] int64, each row's first maximum
+// (a NaN counts as the maximum), as torch.argmax.
+torch::Tensor argmax_rows(torch::Tensor logits);

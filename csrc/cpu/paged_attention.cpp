@@ -418,7 +418,8 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
   };
   // KV heads [kv_begin, kv_end) of row r over `span` into out (O: T or a part's fp32)
   const auto attend = [&](int64_t r, const Span& span, int64_t kv_begin, int64_t kv_end,
-                          auto* o, float* stats, Scratch& scratch) {
+                          auto* o, float* stats, Scratch& scratch,
+                          const paged_kv::Context& upcoming = {}) {
     const int64_t head0 = r * heads + kv_begin * G;
 #ifdef __AVX512BF16__
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -426,7 +427,7 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
         attention_bf16::attend_heads<G>(q + head0 * d, o, cache, tables + table_of[r] * width,
                                         layout, span.first, span.context, kv_begin, kv_end,
                                         scale, softcap, !shared_context[r], scratch.bf16,
-                                        stats);
+                                        stats, upcoming);
         return;
       }
     }
@@ -443,6 +444,10 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
   // rows zigzag (first, last, second, ...): a chunk's rows see ever more context, and each
   // thread's contiguous share of items then holds as much of it as another's
   const auto zigzag = [rows](int64_t k) { return k % 2 == 0 ? k / 2 : rows - 1 - k / 2; };
+  const auto context_of_part = [&](int64_t r, int64_t part) {
+    const Span span = part_of(span_of(r), part);
+    return paged_kv::Context{tables + table_of[r] * width, span.first, span.context};
+  };
   if (rows >= 4 * at::get_num_threads()) {
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       Scratch scratch;
@@ -450,8 +455,13 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
         const int64_t r = zigzag(k);
         const Span span = span_of(r);
         const int64_t count = part_count(span);
+        // what this thread attends after part i of row r
+        const auto upcoming = [&](int64_t i) {
+          if (i + 1 < count) return context_of_part(r, i + 1);
+          return k + 1 < end ? context_of_part(zigzag(k + 1), 0) : paged_kv::Context{};
+        };
         if (count == 1) {
-          attend(r, span, 0, kv_heads, out + r * heads * d, nullptr, scratch);
+          attend(r, span, 0, kv_heads, out + r * heads * d, nullptr, scratch, upcoming(0));
           continue;
         }
         std::vector<float>&parts = scratch.parts, &stats = scratch.stats;
@@ -459,7 +469,7 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
         stats.resize(count * heads * 2);
         for (int64_t i = 0; i < count; ++i) {
           attend(r, part_of(span, i), 0, kv_heads, parts.data() + i * heads * d,
-                 stats.data() + i * heads * 2, scratch);
+                 stats.data() + i * heads * 2, scratch, upcoming(i));
         }
         for (int64_t h = 0; h < heads; ++h) {
           merge_parts(out + (r * heads + h) * d, parts.data() + h * d, stats.data() + h * 2,

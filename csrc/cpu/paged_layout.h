@@ -10,4 +10,10 @@ struct Layout {
   int64_t block_size, block_stride, token_stride, v_offset, head_dim;
 };
 
+// The context tokens [first, context) of one row, through its block table (none: nullptr).
+struct Context {
+  const int64_t* table = nullptr;
+  int64_t first = 0, context = 0;
+};
+
 }  // namespace paged_kv

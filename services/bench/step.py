@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from shared.engine.engine_config import EngineConfig
-from shared.engine.model.linear_weights import LinearWeight
+from shared.engine.model.linear_weights import LinearWeight, PackedGateUp
 from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner, Span
 from shared.engine.sampler import SamplingRow
@@ -71,6 +71,17 @@ class TimedLinear:
         return self.call(x)
 
 
+@dataclass(slots=True, frozen=True)
+class TimedGateUp(PackedGateUp):
+    """A PackedGateUp whose matmul with SiLU·up is timed."""
+
+    clock: StageClock | None = None
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        run = PackedGateUp.silu_mul
+        return self.clock.wrap("matmul gate_up + silu * up", run)(self, x)
+
+
 def instrument(runner: ModelRunner, clock: StageClock) -> None:
     """Wraps the model's stages in `clock` (matmuls, attention, per-row ops, sampling)."""
     model, weights = runner.model, runner.model.weights
@@ -78,7 +89,11 @@ def instrument(runner: ModelRunner, clock: StageClock) -> None:
         matrices = {"qkv": layer.qkv, "o_proj": layer.o_proj}
         if layer.gate_up is not None:
             matrices |= {"gate_up": layer.gate_up, "down": layer.down}
-        timed = {name: TimedLinear(w, f"matmul {name}", clock) for name, w in matrices.items()}
+        timed: dict[str, object] = {
+            name: TimedLinear(w, f"matmul {name}", clock) for name, w in matrices.items()
+        }
+        if isinstance(layer.gate_up, PackedGateUp):
+            timed["gate_up"] = TimedGateUp(layer.gate_up.packed, layer.gate_up.inter, clock)
         weights.layers[i] = replace(layer, **timed)
     head = TimedLinear(weights.lm_head, "matmul lm_head", clock)
     head_small = TimedLinear(weights.lm_head_column_major, "matmul lm_head", clock)

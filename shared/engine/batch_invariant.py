@@ -26,7 +26,7 @@ import torch
 from shared.engine import native
 from shared.engine.attention import resolve_backend
 from shared.engine.engine_config import EngineConfig
-from shared.engine.model.linear_weights import PackedLinear
+from shared.engine.model.linear_weights import LinearWeight, PackedGateUp, PackedLinear
 from shared.engine.model.weights import ModelWeights
 from shared.engine.quantization import int8_dot_product
 
@@ -52,10 +52,11 @@ def resolve(config: EngineConfig) -> bool:
     return config.batch_invariant
 
 
-def pack_weights(weights: ModelWeights) -> ModelWeights:
+def pack_weights(weights: ModelWeights, silu_mlp: bool = False) -> ModelWeights:
     """Packs the matrices of `weights` in place, one layer at a time (so the float copies go
     as it goes), and returns it. The embedding stays as it is (a lookup); a tied head is
-    packed as a copy of it.
+    packed as a copy of it. silu_mlp: the MLPs are SiLU-gated, so a gate_up that fits becomes
+    a `PackedGateUp` (SiLU·up applied by the matmul itself).
 
     The kernels sum in fp32 and take fp32 activations whatever the weights' dtype, so the
     norms and biases become fp32 too: the model then keeps its residual stream, norms, rope
@@ -74,7 +75,7 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
             qkv_bias=_fp32(layer.qkv_bias),
             qkv=PackedLinear.pack(layer.qkv),
             o_proj=PackedLinear.pack(layer.o_proj),
-            gate_up=layer.gate_up if layer.gate_up is None else PackedLinear.pack(layer.gate_up),
+            gate_up=_pack_gate_up(layer.gate_up, silu_mlp),
             down=layer.down if layer.down is None else PackedLinear.pack(layer.down),
             experts=layer.experts and layer.experts.map(PackedLinear.pack),  # MoE layers
         )
@@ -82,6 +83,12 @@ def pack_weights(weights: ModelWeights) -> ModelWeights:
     head = PackedLinear.pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows
     weights.lm_head = weights.lm_head_column_major = head
     return weights
+
+
+def _pack_gate_up(w: torch.Tensor | None, silu_mlp: bool) -> LinearWeight | None:
+    if w is None:
+        return None
+    return PackedGateUp.pack(w) if silu_mlp and PackedGateUp.fits(w) else PackedLinear.pack(w)
 
 
 def _fp32(vector: torch.Tensor | None) -> torch.Tensor | None:

@@ -62,7 +62,7 @@ class ModelRunner:
         if config.quantization:
             weights = quantize_weights(weights, config.quantization)
         elif packed:
-            weights = batch_invariant.pack_weights(weights)
+            weights = batch_invariant.pack_weights(weights, model_config.hidden_act == "silu")
         if device.type == "cpu":
             log.info("CPU matmuls: %s", batch_invariant.describe_matmuls(config, packed))
         attention = get_backend(config.attention_backend, device)
@@ -81,7 +81,7 @@ class ModelRunner:
         self.kv_cache = KVCache(
             model_config, num_blocks, config.block_size, config.torch_dtype, device
         )
-        self.sampler = Sampler(vocab_size, model_config.eos_token_ids)
+        self.sampler = Sampler(vocab_size, model_config.eos_token_ids, self.model.ops.native)
 
     def run(self, chunks: list[ScheduledChunk]) -> list[list[SampledToken]]:
         """Compute `chunks` (decodes first) and sample for those that complete, in order: one

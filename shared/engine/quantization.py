@@ -26,6 +26,7 @@ from shared.engine.model.linear_weights import (
     Int8DotLinear,
     Int8Linear,
     LinearWeight,
+    PackedGateUp,
     PackedLinear,
     QuantizedLinear,
 )
@@ -92,7 +93,7 @@ def _tensors_of(layer: LayerWeights) -> list[torch.Tensor]:
 def _flat(w: LinearWeight) -> list[torch.Tensor]:
     if isinstance(w, torch.Tensor):
         return [w]
-    if isinstance(w, PackedLinear):
+    if isinstance(w, PackedLinear | PackedGateUp):
         return [w.packed]
     if isinstance(w, Int8DotLinear):
         return [w.packed, w.colsums, w.scales]

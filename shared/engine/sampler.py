@@ -11,6 +11,7 @@ Rows with nothing to process never leave the batched path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
@@ -51,11 +52,21 @@ class SampledToken:
 class Sampler:
     """Picks the next token for each row; stateless between calls."""
 
-    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, vocab_size: int, eos_token_ids: tuple[int, ...], kernels: ModuleType | None = None
+    ) -> None:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be positive, got {vocab_size}")
         self.vocab_size = vocab_size  # logits columns from here on are padding, never sampled
         self.eos_token_ids = tuple(eos_token_ids)
+        self.kernels = kernels  # the C++ kernels (argmax_rows for CPU logits), or None
+
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """[R, V] -> [R] int64: each row's first maximum (ties: the lowest token id)."""
+        native = self.kernels is not None and logits.is_cpu and logits.dtype == torch.float32
+        if native and logits.stride(-1) == 1 and logits.shape[-1] > 0:
+            return self.kernels.argmax_rows(logits)  # as torch's, 4-8x faster (argmax.cpp)
+        return logits.argmax(dim=-1)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """logits: [N, V'] float32 with V' >= vocab_size; rows: N rows, in the same order."""
@@ -107,7 +118,7 @@ class Sampler:
         """logits: [N, V] processed. Returns [N] int64 token ids."""
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         if len(greedy) == len(rows):
-            return logits.argmax(dim=-1)  # ties: the lowest token id
+            return self._argmax(logits)
         sampling = [i for i, r in enumerate(rows) if not r.params.greedy]
         u = torch.tensor(
             [uniform(rows[i].seed, rows[i].position) for i in sampling],
@@ -118,7 +129,7 @@ class Sampler:
             return draw(truncated_weights(logits, [r.params for r in rows]), u)
         token_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # [N]
         greedy_index = torch.tensor(greedy, device=logits.device)  # [G]
-        token_ids[greedy_index] = logits[greedy_index].argmax(dim=-1)
+        token_ids[greedy_index] = self._argmax(logits[greedy_index])
         sampling_index = torch.tensor(sampling, device=logits.device)  # [S]
         weights = truncated_weights(logits[sampling_index], [rows[i].params for i in sampling])
         token_ids[sampling_index] = draw(weights, u)

@@ -13,7 +13,7 @@ from shared.engine.attention import AttentionBackend
 from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.model.layer_ops import LayerOps, StepRope, layer_ops
-from shared.engine.model.linear_weights import LinearWeight, PackedLinear
+from shared.engine.model.linear_weights import LinearWeight, PackedGateUp, PackedLinear
 from shared.engine.model.rope import rope_table
 from shared.engine.model.weights import LayerWeights, ModelWeights
 from shared.engine.model_config import ModelConfig
@@ -103,6 +103,8 @@ def gated_mlp(
     ops: LayerOps | None = None,  # None: torch's SiLU
 ) -> torch.Tensor:
     """x: [T, hidden] -> [T, hidden]: down(act(gate(x)) * up(x)), gate and up fused."""
+    if isinstance(gate_up, PackedGateUp):  # a SiLU MLP's, SiLU·up inside the matmul
+        return linear(gate_up.silu_mul(x), down)
     fused = linear(x, gate_up)
     if act == "silu" and ops is not None:
         return linear(ops.silu_mul(fused), down)

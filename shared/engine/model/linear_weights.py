@@ -2,11 +2,13 @@
 
 `PackedLinear` runs the batch-invariant C++ kernel (see batch_invariant.py): an FMA chain in
 fp32, or for bf16 weights on a CPU with AVX512-BF16 bf16 dot products (csrc/cpu/linear_bf16.cpp).
+`PackedGateUp` is a SiLU MLP's gate_up for the same kernel with SiLU·up applied on the way out.
 `Int8DotLinear` is W8A8 through AVX512-VNNI (csrc/cpu/linear_int8.cpp: activations quantized
 per row, int32 sums), batch-invariant too; `Int8Linear` and `Int4Linear` are weight-only
-quantized matrices through torch's kernels (see quantization.py). Every one is called
-as `w(x)`: x [T, K] -> [T, N]. They live here, apart from the code that makes them, so the
-weight layout (model/weights.py) can name them without importing that code.
+quantized matrices through torch's kernels (see quantization.py). Every one but
+PackedGateUp (`w.silu_mul(x)`) is called as `w(x)`: x [T, K] -> [T, N]. They live here,
+apart from the code that makes them, so the weight layout (model/weights.py) can name them
+without importing that code.
 
 Quantized kernels:
 - int8: symmetric per output channel, w ≈ q * scale, q in [-127, 127].
@@ -30,6 +32,7 @@ import torch
 from shared.engine import native
 
 INT4_GROUP_SIZES = (32, 64)
+PANEL = 64  # columns per panel of the packed kernels (csrc/cpu/linear_tiles.h)
 _ACT = torch.bfloat16  # activation dtype the packed kernels are fast with
 
 
@@ -49,6 +52,33 @@ class PackedLinear:
         """x: [T, K] in fp32 (the engine's activations) or the weight's dtype -> [T, N] in
         x's dtype; bias [N] added once, after the sum."""
         return _kernels().linear(x, self.packed, self.out_features, bias)
+
+
+@dataclass(slots=True, frozen=True)
+class PackedGateUp:
+    """A fused gate_up [2 * inter, K] float matrix packed for `linear_silu_mul`: the kernel's
+    panels of 64 columns in pairs, gate's 64 then up's same 64, so that one call gives
+    silu(gate) * up [T, inter] (the bits of SiLU·up over `PackedLinear`'s product) while each
+    pair of panels is in cache, instead of a [T, 2 * inter] product and a second pass over it.
+    For SiLU MLPs whose inter is a multiple of 64 (`fits`)."""
+
+    packed: torch.Tensor
+    inter: int
+
+    @staticmethod
+    def fits(w: torch.Tensor) -> bool:
+        return w.shape[0] % (2 * PANEL) == 0
+
+    @classmethod
+    def pack(cls, w: torch.Tensor) -> PackedGateUp:
+        """w: [2 * inter, K] (gate's rows, then up's), as PackedLinear.pack takes."""
+        inter = w.shape[0] // 2
+        pairs = w.reshape(2, inter // PANEL, PANEL, w.shape[1]).transpose(0, 1)
+        return cls(_kernels().pack_linear_weight(pairs.reshape(2 * inter, w.shape[1])), inter)
+
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, K] fp32 -> silu(gate) * up [T, inter] fp32."""
+        return _kernels().linear_silu_mul(x, self.packed, self.inter)
 
 
 def _kernels() -> ModuleType:
@@ -169,4 +199,4 @@ class Int4Linear:
 
 
 QuantizedLinear = Int8DotLinear | Int8Linear | Int4Linear
-LinearWeight = torch.Tensor | PackedLinear | QuantizedLinear  # what a layer's matrix may be
+LinearWeight = torch.Tensor | PackedLinear | PackedGateUp | QuantizedLinear  # a layer's matrix
