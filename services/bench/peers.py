@@ -127,7 +127,7 @@ def _run_turn(cfg: PeersConfig, turn: Turn, server: Server) -> list[RunFigures]:
 
 def _bytes_per_value(server: str, up_args: tuple[str, ...]) -> int:
     """What a weight or KV value of `server` takes: our mesh's dtype from its flags, or `auto`
-    on this CPU (bf16 with AVX512-BF16, else fp32); bf16 for the peers, as they are run."""
+    on this CPU (bf16 where the kernels have AVX2, else fp32); bf16 for the peers, as run."""
     if server != OURS:
         return BF16_BYTES
     flags = argparse.ArgumentParser(add_help=False)  # `up` parses its flags with argparse too

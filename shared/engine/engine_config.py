@@ -30,7 +30,7 @@ GPU_TOKEN_BUDGET = 2048
 class EngineConfig:
     model_dir: Path = flag(help="HF-layout model directory")
     # Weights and KV cache. auto: the checkpoint's own dtype on a GPU; on a CPU bfloat16
-    # where the kernels have bf16 dot products and the weights are not quantized, else
+    # where the kernels have an AVX2 or AVX-512 path and the weights are not quantized, else
     # float32 (model_config.auto_dtype). On a CPU, bf16 weights keep an fp32 residual stream
     # (batch_invariant.pack_weights): greedy text agrees with fp32's more often than
     # transformers' own bf16 does (docs/numerics.md).
@@ -38,7 +38,7 @@ class EngineConfig:
         "auto",
         choices=("auto", *DTYPE_NAMES),
         help="weights and KV cache; auto: the checkpoint's on a GPU, bf16 on a CPU with "
-        "AVX512-BF16 (unquantized), else float32",
+        "AVX2 or AVX-512 (unquantized), else float32",
     )
     # Where weights, KV cache and step tensors live: auto (cuda when torch sees a CUDA
     # device, else cpu) | cpu | cuda | cuda:N. On CUDA, attention auto resolves to triton.

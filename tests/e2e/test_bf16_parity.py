@@ -1,4 +1,4 @@
-"""bf16 on a CPU (the default where the kernels have AVX512-BF16) against transformers.
+"""bf16 on a CPU (the default where the kernels have AVX2 or AVX-512) against transformers.
 
 Our bf16 keeps the weights and the KV cache in bf16 but the residual stream, norms, rope and
 logits in fp32 (batch_invariant.pack_weights); transformers' bf16 rounds every activation to
@@ -25,7 +25,7 @@ from tests.engine_harness import LogitsRecorder, hf_greedy, hf_logits, run_to_co
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.skipif(not cpu_runs_bf16(), reason="no bf16 dot-product kernel on this CPU"),
+    pytest.mark.skipif(not cpu_runs_bf16(), reason="dtype auto is float32 on this CPU"),
 ]
 
 CHATS = [
