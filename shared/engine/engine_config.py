@@ -30,15 +30,15 @@ GPU_TOKEN_BUDGET = 2048
 class EngineConfig:
     model_dir: Path = flag(help="HF-layout model directory")
     # Weights and KV cache. auto: the checkpoint's own dtype on a GPU; on a CPU bfloat16
-    # where the kernels have an AVX2 or AVX-512 path and the weights are not quantized, else
-    # float32 (model_config.auto_dtype). On a CPU, bf16 weights keep an fp32 residual stream
-    # (batch_invariant.pack_weights): greedy text agrees with fp32's more often than
-    # transformers' own bf16 does (docs/numerics.md).
+    # where the kernels have AVX512-BF16, or an AVX2 / AVX-512 path and run the matmuls, and
+    # the weights are not quantized; else float32 (model_config.auto_dtype). On a CPU, bf16
+    # weights keep an fp32 residual stream (batch_invariant.pack_weights): greedy text
+    # agrees with fp32's more often than transformers' own bf16 does (docs/numerics.md).
     dtype: str = flag(
         "auto",
         choices=("auto", *DTYPE_NAMES),
         help="weights and KV cache; auto: the checkpoint's on a GPU, bf16 on a CPU with "
-        "AVX2 or AVX-512 (unquantized), else float32",
+        "AVX512-BF16, or AVX2 and the C++ matmuls (unquantized), else float32",
     )
     # Where weights, KV cache and step tensors live: auto (cuda when torch sees a CUDA
     # device, else cpu) | cpu | cuda | cuda:N. On CUDA, attention auto resolves to triton.
@@ -92,9 +92,15 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":  # resolved once: workers and KV layouts see a real name
+            from shared.engine.attention import resolve_backend
             from shared.engine.model_config import auto_dtype
 
-            dtype = auto_dtype(self.model_dir, self.torch_device.type, self.quantization)
+            device = self.torch_device
+            kernel_matmuls = (  # as batch_invariant.resolve would, without its errors
+                self.batch_invariant is not False
+                and resolve_backend(self.attention_backend, device) == "cpu"
+            )
+            dtype = auto_dtype(self.model_dir, device.type, self.quantization, kernel_matmuls)
             object.__setattr__(self, "dtype", dtype)
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, not {self.dtype!r}")

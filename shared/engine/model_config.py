@@ -215,17 +215,17 @@ def _moe_layers(raw: dict, num_layers: int) -> tuple[bool, ...]:
     return tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
 
 
-def auto_dtype(model_dir: Path, device_type: str, quantization: str | None = None) -> str:
+def auto_dtype(
+    model_dir: Path, device_type: str, quantization: str | None = None, kernel_matmuls: bool = True
+) -> str:
     """`--dtype auto`: the checkpoint's dtype (config.json's `torch_dtype` or `dtype`) on a
     GPU, bfloat16 only where the GPU supports it. On a CPU, bfloat16 weights and KV cache
-    (fp32 activations) wherever the C++ kernels have a vector path: with AVX512-BF16 its dot
-    products (twice the fp32 kernel's speed, half its bytes); with AVX2 or AVX-512F alone the
-    weights widen to fp32 in the FMA chain, so a batch runs as fast as fp32 and a single stream
-    reads half the bytes (an AVX2-only host, SmolLM2-135M, 2 threads, 2026-12-03: single
-    stream 53.5 → 81.3 tok/s, offline 254 → 283, a 16 × 128 burst's prefill the same). Else
-    float32; quantized weights are made from float32 ones and keep float32 activations."""
+    (fp32 activations) where they run at full speed (`cpu_runs_bf16`), else float32;
+    quantized weights are made from float32 ones and keep float32 activations.
+    `kernel_matmuls`: whether the C++ kernels run the matmuls (batch-invariant, `cpu`
+    attention), not torch's."""
     if device_type != "cuda":
-        return "bfloat16" if quantization is None and cpu_runs_bf16() else "float32"
+        return "bfloat16" if quantization is None and cpu_runs_bf16(kernel_matmuls) else "float32"
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     name = str(raw.get("torch_dtype") or raw.get("dtype") or "float32").removeprefix("torch.")
     if name == "bfloat16":
@@ -235,20 +235,28 @@ def auto_dtype(model_dir: Path, device_type: str, quantization: str | None = Non
     return name if name in ("float16", "float32") else "float32"
 
 
-def cpu_runs_bf16() -> bool:
-    """Whether this CPU's kernels take bf16 weights at full speed: AVX512-BF16 dot products, or
-    an AVX2 / AVX-512F FMA chain that widens them (said once in the log when not)."""
+def cpu_runs_bf16(kernel_matmuls: bool = True) -> bool:
+    """Whether bf16 weights run at full speed on this CPU (said once in the log when not):
+    - with AVX512-BF16, as dot products (twice the fp32 kernel's speed, half its bytes);
+    - with AVX2 or AVX-512F alone, when the C++ kernels run the matmuls: their FMA chain
+      widens the weights to fp32, so a batch runs as fast as fp32 and a single stream reads
+      half the bytes (an AVX2-only host, SmolLM2-135M, 2 threads, 2026-12-03: single stream
+      53.5 → 81.3 tok/s, offline 254 → 283, a 16 × 128 burst's prefill the same). torch's
+      bf16 matmul on such a CPU is another matter: 96.9 → 2.3 tok/s offline, 40× slower."""
     from shared.engine import native
 
     kernels = native.load()
-    if kernels is not None and (
-        kernels.bf16_dot_product_kernel() or {"avx2", "avx512f"} & set(kernels.cpu_features())
-    ):
+    if kernels is None:
+        reason = "C++ kernels not built"
+    elif kernels.bf16_dot_product_kernel():
         return True
-    log.info(
-        "dtype auto: float32 (%s)",
-        "C++ kernels not built" if kernels is None else "the kernels have no AVX2 path here",
-    )
+    elif not {"avx2", "avx512f"} & set(kernels.cpu_features()):
+        reason = "the kernels have no AVX2 path here"
+    elif kernel_matmuls:
+        return True
+    else:
+        reason = "no AVX512-BF16, and torch runs the matmuls"
+    log.info("dtype auto: float32 (%s)", reason)
     return False
 
 

@@ -85,10 +85,62 @@ def test_dtype_auto_on_a_cpu_is_bf16_where_the_kernels_multiply_it(
 ):
     import shared.engine.model_config as model_config
 
-    monkeypatch.setattr(model_config, "cpu_runs_bf16", lambda: bf16_kernels)
+    monkeypatch.setattr(model_config, "cpu_runs_bf16", lambda kernel_matmuls=True: bf16_kernels)
     for stored in ("bfloat16", "float32"):
         model_dir = write_tiny_model(tmp_path / stored, torch_dtype=stored)
         assert auto_dtype(model_dir, "cpu") == ("bfloat16" if bf16_kernels else "float32")
+
+
+class FakeKernels:
+    """What cpu_runs_bf16 asks of the built kernels: their ISA, and bf16 dot products."""
+
+    def __init__(self, features: list[str]) -> None:
+        self.features = features
+
+    def cpu_features(self) -> list[str]:
+        return self.features
+
+    def bf16_dot_product_kernel(self) -> bool:
+        return "avx512_bf16" in self.features
+
+
+@pytest.mark.parametrize(
+    ("features", "kernel_matmuls", "expected"),
+    [
+        (["avx2", "avx512f", "avx512_bf16"], True, True),
+        (["avx2", "avx512f", "avx512_bf16"], False, True),  # torch's bf16 is fast there too
+        (["avx2", "avx512f"], True, True),  # the FMA chain widens bf16 weights
+        (["avx2"], True, True),
+        (["avx2"], False, False),  # torch's bf16 matmul without AVX512-BF16: 40x slower
+        ([], True, False),  # the portable fallback
+        (None, True, False),  # kernels not built
+    ],
+)
+def test_bf16_runs_at_full_speed_on_a_cpu_only_where_a_vector_path_multiplies_it(
+    monkeypatch, features, kernel_matmuls, expected
+):
+    from shared.engine import native
+    from shared.engine.model_config import cpu_runs_bf16
+
+    monkeypatch.setattr(native, "load", lambda: None if features is None else FakeKernels(features))
+    assert cpu_runs_bf16(kernel_matmuls) is expected
+
+
+def test_dtype_auto_on_an_avx2_cpu_is_float32_where_torch_runs_the_matmuls(tmp_path, monkeypatch):
+    from shared.engine import native
+
+    monkeypatch.setattr(native, "load", lambda: FakeKernels(["avx2"]))
+    model_dir = write_tiny_model(tmp_path / "m", torch_dtype="bfloat16")
+
+    def dtype(**settings) -> str:
+        return EngineConfig(model_dir=model_dir, device="cpu", **settings).dtype
+
+    assert dtype() == "bfloat16"  # the C++ kernels (cpu attention, batch-invariant)
+    assert dtype(batch_invariant=True) == "bfloat16"
+    assert dtype(attention_backend="torch") == "float32"
+    assert dtype(batch_invariant=False) == "float32"
+    assert dtype(quantization="int8") == "float32"
+    assert dtype(attention_backend="torch", dtype="bfloat16") == "bfloat16"  # named: kept
 
 
 def test_engine_config_resolves_dtype_auto_once(tmp_path):
