@@ -52,6 +52,15 @@ def resolve(config: EngineConfig) -> bool:
     return config.batch_invariant
 
 
+def packs_matmuls(config: EngineConfig) -> bool:
+    """Whether our kernels run the matmuls: `resolve` with a setting it refuses as off (what
+    `--dtype auto` asks while the config is being made; the refusal comes later)."""
+    try:
+        return resolve(config)
+    except RuntimeError:
+        return False
+
+
 def pack_weights(weights: ModelWeights, silu_mlp: bool = False) -> ModelWeights:
     """Packs the matrices of `weights` in place, one layer at a time (so the float copies go
     as it goes), and returns it. The embedding stays as it is (a lookup); a tied head is

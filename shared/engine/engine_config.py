@@ -92,15 +92,12 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":  # resolved once: workers and KV layouts see a real name
-            from shared.engine.attention import resolve_backend
+            from shared.engine import batch_invariant
             from shared.engine.model_config import auto_dtype
 
-            device = self.torch_device
-            kernel_matmuls = (  # as batch_invariant.resolve would, without its errors
-                self.batch_invariant is not False
-                and resolve_backend(self.attention_backend, device) == "cpu"
-            )
-            dtype = auto_dtype(self.model_dir, device.type, self.quantization, kernel_matmuls)
+            kernel_matmuls = batch_invariant.packs_matmuls(self)
+            device_type = self.torch_device.type
+            dtype = auto_dtype(self.model_dir, device_type, self.quantization, kernel_matmuls)
             object.__setattr__(self, "dtype", dtype)
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, not {self.dtype!r}")
