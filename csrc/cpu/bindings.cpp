@@ -24,6 +24,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_dot_product_kernel", &bf16_dot_product_kernel,
         "whether this build has the AVX512-BF16 dot-product kernel");
+  m.def("amx_tiles", &amx_tiles, "whether the bf16 linear runs on AMX tiles: on, refused, absent");
+  m.def("pack_bf16_pairs", &pack_bf16_pairs,
+        "lay an [N, K] bf16 weight out in pairs: [ceil(N / 64), pairs, 128]",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear_bf16_pairs", &linear_bf16_pairs,
+        "x @ w.T (+ bias) over pair-packed bf16 weights, by the named kernel", py::arg("x"),
+        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
+        py::arg("kernel") = "auto", py::call_guard<py::gil_scoped_release>());
+  m.def("linear_silu_mul_bf16_pairs", &linear_silu_mul_bf16_pairs,
+        "silu(gate) * up over a pair-packed gate_up, by the named kernel", py::arg("x"),
+        py::arg("packed"), py::arg("inter"), py::arg("kernel") = "auto",
+        py::call_guard<py::gil_scoped_release>());
   m.def("cpu_features", &cpu_features, "instruction sets the kernels were built with");
   m.def("core_peak_gops", &core_peak_gops, "one core's multiply-add peak, measured (Gop/s)",
         py::arg("numerics"), py::arg("iterations") = 20000000,

@@ -12,8 +12,8 @@
 // k step of a tile reads contiguous columns, a thread's panels are one contiguous stream,
 // and no horizontal reduction is needed; the blocking is linear_tiles.h's.
 //
-// bf16 weights on a CPU with AVX512-BF16 take linear_bf16.cpp's dot-product kernel instead
-// (packed [P, ceil(K / 2), 128]); `linear` tells the two layouts apart by their last axis.
+// bf16 weights on a CPU with AVX512-BF16 take linear_bf16.cpp's kernels instead (AMX tiles or
+// dot products, packed [P, pairs, 128]); `linear` tells the layouts apart by their last axis.
 //
 // linear_silu_mul is the gated MLP's gate_up matmul with silu(gate) * up applied as each
 // thread finishes a pair of panels (the weights interleave 64 rows of gate with the same 64
@@ -254,8 +254,10 @@ torch::Tensor pack_linear_weight(torch::Tensor w) {
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
                      c10::optional<torch::Tensor> bias) {
+  if (packed.dim() == 3 && packed.size(2) == 2 * kPanel) {
+    return linear_bf16_pairs(x, packed, out_features, bias, "auto");
+  }
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, K, 64]");
-  if (packed.size(2) == 2 * kPanel) return linear_bf16_pairs(x, packed, out_features, bias);
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   const auto x32 = fma_input(x, packed, N);
   auto y = torch::empty({M, N}, x32.options());
@@ -272,11 +274,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features
 }
 
 torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter) {
+  if (packed.dim() == 3 && packed.size(2) == 2 * kPanel) {
+    return linear_silu_mul_bf16_pairs(x, packed, inter, "auto");
+  }
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, K, 64]");
   TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear_silu_mul: x must be float32");
   TORCH_CHECK(inter > 0 && inter % kPanel == 0,
               "linear_silu_mul: inter must be a multiple of ", kPanel);
-  if (packed.size(2) == 2 * kPanel) return linear_silu_mul_bf16_pairs(x, packed, inter);
   const int64_t M = x.size(0), N = 2 * inter;
   const auto x32 = fma_input(x, packed, N);
   auto y = torch::empty({M, N}, x32.options());

@@ -1,21 +1,25 @@
-// Batch-invariant bf16 linear with AVX512-BF16 dot products: y = x @ w.T (+ bias), x and w
-// bf16, fp32 sums, y rounded to bf16 once.
+// Batch-invariant bf16 linear: y = x @ w.T (+ bias), x and w bf16, fp32 sums, y rounded to
+// bf16 once. Two kernels share one weight layout: AMX tiles where the CPU has them
+// (linear_amx.h), else AVX512-BF16 dot products (here). A process takes one of them for
+// every call, so a row's result never depends on the batch around it.
 //
-// Every output element is one chain over the k pairs in order:
+// The dot-product kernel: every output element is one chain over the k pairs in order:
 //   acc = 0; for j: acc = dpbf16(acc, (x[m, 2j], x[m, 2j + 1]), (w[n, 2j], w[n, 2j + 1]))
 // (vdpbf16ps: the two products are exact in fp32 and summed into acc, round to nearest even,
 // denormals flushed). The blocking is linear_tiles.h's, so the chain does not depend on M,
 // the tiling or the thread count: a row's result is bitwise the same in any batch.
 //
-// w is packed once at load into panels of 64 columns, [P, ceil(K / 2), 128]: per k pair, the
-// 64 columns' (w[n, 2j], w[n, 2j + 1]), so one 512-bit load feeds 16 columns' dot products.
-// A CPU without AVX512-BF16 never packs this layout (bf16_dot_product_kernel() is false):
-// its bf16 weights take linear.cpp's FMA chain.
+// w is packed once at load into panels of 64 columns, [P, pairs, 128] with pairs = ceil(K / 2)
+// rounded up to a whole AMX step (16; zeros past K): per k pair, the 64 columns'
+// (w[n, 2j], w[n, 2j + 1]), so one 512-bit load feeds 16 columns' dot products and one tile
+// row holds 16 columns' pairs. A CPU with neither AMX nor AVX512-BF16 never packs this layout
+// (bf16_dot_product_kernel() is false): its bf16 weights take linear.cpp's FMA chain.
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
 #include <cstring>
 
+#include "linear_amx.h"
 #include "linear_tiles.h"
 #include "ops.h"
 #include "silu_mul.h"
@@ -31,6 +35,8 @@ bool bf16_dot_product_kernel() {
   return false;
 #endif
 }
+
+std::string amx_tiles() { return amx::status(); }
 
 #ifdef __AVX512BF16__
 
@@ -85,10 +91,18 @@ struct Bf16Pairs {
 
 #endif
 
+namespace {
+
+// k pairs of the packed layout: ceil(K / 2), rounded up to whole tile steps.
+int64_t padded_pairs(int64_t K) {
+  return (K + 2 * amx::kPairs - 1) / (2 * amx::kPairs) * amx::kPairs;
+}
+
+}  // namespace
+
 torch::Tensor pack_bf16_pairs(torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kBFloat16, "w: [N, K] bfloat16");
-  TORCH_CHECK(bf16_dot_product_kernel(), "this build has no AVX512-BF16 kernel");
-  const int64_t N = w.size(0), K = w.size(1), pairs = (K + 1) / 2;
+  const int64_t N = w.size(0), K = w.size(1), pairs = padded_pairs(K);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   auto padded = torch::zeros({panels * kPanel, pairs * 2}, w.options());
   padded.narrow(0, 0, N).narrow(1, 0, K).copy_(w);
@@ -101,46 +115,81 @@ torch::Tensor pack_bf16_pairs(torch::Tensor w) {
 
 namespace {
 
-// x as the kernel reads it: bf16 (fp32 activations, the engine's residual stream beside bf16
-// weights, rounded here element by element), whole k pairs, unit column stride; after
-// checking that it fits packed.
-torch::Tensor pairs_input(torch::Tensor x, const torch::Tensor& packed, int64_t N) {
-  const int64_t K = x.size(1), pairs = packed.size(1);
+enum class PairsKernel { kDotProducts, kTiles, kEmulatedTiles };
+
+// "auto": the tiles where they run, else the dot products; "dot", "tiles" or "emulated_tiles"
+// (the scalar model of the tiles, any CPU) by name, for the tests.
+PairsKernel pick(const std::string& kernel) {
+  if (kernel == "auto") return amx::granted() ? PairsKernel::kTiles : PairsKernel::kDotProducts;
+  if (kernel == "dot") {
+    TORCH_CHECK(bf16_dot_product_kernel(), "this build has no AVX512-BF16 kernel");
+    return PairsKernel::kDotProducts;
+  }
+  if (kernel == "tiles") {
+    TORCH_CHECK(amx::granted(), "AMX tiles are ", amx::status(), " here");
+    return PairsKernel::kTiles;
+  }
+  TORCH_CHECK(kernel == "emulated_tiles", "kernel: auto, dot, tiles or emulated_tiles");
+  return PairsKernel::kEmulatedTiles;
+}
+
+// x as the kernels read it: bf16 (fp32 activations, the engine's residual stream beside bf16
+// weights, rounded here element by element), unit column stride, zeros out to the packed
+// pairs and, for the tiles, rows out to a whole tile; after checking that it fits packed.
+torch::Tensor pairs_input(torch::Tensor x, const torch::Tensor& packed, int64_t N,
+                          PairsKernel kernel) {
+  const int64_t M = x.size(0), K = x.size(1), pairs = packed.size(1);
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat,
               "x must be bfloat16 or float32 for bfloat16 weights");
-  TORCH_CHECK(packed.is_contiguous() && pairs == (K + 1) / 2 &&
+  TORCH_CHECK(packed.is_contiguous() && pairs == padded_pairs(K) &&
                   packed.size(0) == (N + kPanel - 1) / kPanel,
               "packed must come from pack_linear_weight of an [", N, ", ", K, "] matrix");
   if (x.scalar_type() == torch::kFloat) x = x.to(torch::kBFloat16);
-  if (K % 2 || x.stride(1) != 1 || x.stride(0) < K) {
-    x = torch::constant_pad_nd(x, {0, pairs * 2 - K}).contiguous();  // a zero k closes the pair
+  const int64_t rows = kernel == PairsKernel::kDotProducts
+                           ? M
+                           : (M + amx::kRows - 1) / amx::kRows * amx::kRows;
+  if (K < pairs * 2 || rows > M || x.stride(1) != 1 || x.stride(0) < K) {
+    x = torch::constant_pad_nd(x, {0, pairs * 2 - K, 0, rows - M}).contiguous();
   }
   return x;
 }
 
-// y [M, N] fp32 = x @ w.T, then the epilogue; y zero when there is nothing to sum.
+// y [M, N] fp32 = x @ w.T over x's first M rows, then the epilogue.
 template <typename Epilogue = linear_tiles::NoEpilogue>
-void run_pairs(const torch::Tensor& x, const torch::Tensor& packed, float* y, int64_t N,
-               const Epilogue& epilogue = {}) {
-#ifdef __AVX512BF16__
-  linear_tiles::run<Bf16Pairs>(x.data_ptr<c10::BFloat16>(), x.stride(0),
-                               packed.data_ptr<c10::BFloat16>(), y, x.size(0), N,
-                               packed.size(1), epilogue);
-#else
-  TORCH_CHECK(false, "this build has no AVX512-BF16 kernel");
+void run_pairs(PairsKernel kernel, const torch::Tensor& x, int64_t M, const torch::Tensor& packed,
+               float* y, int64_t N, const Epilogue& epilogue = {}) {
+  const auto* xs = x.data_ptr<c10::BFloat16>();
+  const auto* w = packed.data_ptr<c10::BFloat16>();
+  const int64_t pairs = packed.size(1);
+  switch (kernel) {
+    case PairsKernel::kEmulatedTiles:
+      linear_amx::run<amx::EmulatedTiles>(xs, x.stride(0), w, y, M, N, pairs, epilogue);
+      return;
+    case PairsKernel::kTiles:
+#ifdef SPLITSERVE_AMX
+      linear_amx::run<amx::HardwareTiles>(xs, x.stride(0), w, y, M, N, pairs, epilogue);
 #endif
+      return;
+    case PairsKernel::kDotProducts:
+#ifdef __AVX512BF16__
+      linear_tiles::run<Bf16Pairs>(xs, x.stride(0), w, y, M, N, pairs, epilogue);
+#endif
+      return;
+  }
 }
 
 }  // namespace
 
 torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                                c10::optional<torch::Tensor> bias) {
+                                c10::optional<torch::Tensor> bias, const std::string& kernel) {
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, pairs, 128]");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   const auto out_dtype = x.scalar_type();  // y comes back in x's dtype, unrounded for fp32
-  x = pairs_input(x, packed, N);
+  const PairsKernel path = pick(kernel);
+  x = pairs_input(x, packed, N, path);
   auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
   if (M > 0 && N > 0 && K > 0) {
-    run_pairs(x, packed, y.data_ptr<float>(), N);
+    run_pairs(path, x, M, packed, y.data_ptr<float>(), N);
   } else {
     y.zero_();
   }
@@ -151,14 +200,21 @@ torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t o
   return y.to(out_dtype);
 }
 
-torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter) {
+torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter,
+                                         const std::string& kernel) {
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, pairs, 128]");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear_silu_mul: x must be float32");
+  TORCH_CHECK(inter > 0 && inter % kPanel == 0,
+              "linear_silu_mul: inter must be a multiple of ", kPanel);
   const int64_t M = x.size(0), K = x.size(1);
-  x = pairs_input(x, packed, 2 * inter);
+  const PairsKernel path = pick(kernel);
+  x = pairs_input(x, packed, 2 * inter, path);
   auto y = torch::empty({M, 2 * inter}, x.options().dtype(torch::kFloat));
   auto out = torch::empty({M, inter}, y.options());
   if (M > 0 && K > 0) {
     float* y_ptr = y.data_ptr<float>();
-    run_pairs(x, packed, y_ptr, 2 * inter, SiluMulPanels{y_ptr, out.data_ptr<float>(), inter});
+    run_pairs(path, x, M, packed, y_ptr, 2 * inter,
+              SiluMulPanels{y_ptr, out.data_ptr<float>(), inter});
   } else {
     out.zero_();  // silu(0) * 0
   }

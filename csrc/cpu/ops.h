@@ -41,12 +41,19 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features
 // bits of silu_mul over the plain product, taken from each part of it while it is in cache.
 torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter);
 
-// linear_bf16.cpp: whether this build has the AVX512-BF16 kernel, its packing and its linear.
+// linear_bf16.cpp: whether this build has the AVX512-BF16 kernel, the pair packing
+// [ceil(N / 64), pairs, 128] (pairs: ceil(K / 2) rounded up to 16) and the linear over it.
+// kernel: "auto" (AMX tiles where they run, else AVX512-BF16 dot products), or "dot",
+// "tiles", "emulated_tiles" (a scalar model of the tiles, on any CPU) by name.
 bool bf16_dot_product_kernel();
 torch::Tensor pack_bf16_pairs(torch::Tensor w);
 torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                                c10::optional<torch::Tensor> bias);
-torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter);
+                                c10::optional<torch::Tensor> bias, const std::string& kernel);
+torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter,
+                                         const std::string& kernel);
+// Whether that linear runs on AMX tiles: "on", "refused" (the OS did not grant tile data) or
+// "absent" (amx_tiles.h).
+std::string amx_tiles();
 
 // linear_int8.cpp: W8A8 with AVX512-VNNI. pack_int8_quads(q [N, K] int8) -> (packed
 // [ceil(N / 64), ceil(K / 4), 256], colsums [N] int32); linear_int8 quantizes x per row and

@@ -1,7 +1,7 @@
 """`splitserve bench linear`: matmul time per forward step, torch against the batch-invariant
 C++ kernels, on SmolLM2-135M's shapes. `--numerics`: fp32 (torch's fp32 matmul vs the FMA
-chain of csrc/cpu/linear.cpp), bf16 (torch's bf16 matmul vs the AVX512-BF16 dot products of
-linear_bf16.cpp, where built) or int8 (torch's weight-only int8 kernel vs the W8A8 VNNI dot
+chain of csrc/cpu/linear.cpp), bf16 (torch's bf16 matmul vs linear_bf16.cpp's AMX tiles or
+AVX512-BF16 dot products, where built) or int8 (torch's weight-only int8 kernel vs the W8A8 VNNI dot
 products of linear_int8.cpp).
 
 One step of T rows: 30 layers of fused qkv [960, 576], o_proj [576, 576], fused gate_up
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.bench.machine_share import all_cores_peak
+from services.bench.machine_share import all_cores_peak, kernel_numerics
 from shared.engine import native
 from shared.engine.batch_invariant import PackedLinear
 from shared.engine.model.linear_weights import Int8DotLinear, Int8Linear
@@ -90,10 +90,10 @@ def run_linear_bench(cfg: LinearBenchConfig) -> None:
         f"({cfg.numerics}; {'thread CPU time' if torch.get_num_threads() == 1 else 'wall'})"
     )
     threads = torch.get_num_threads()
-    peak = all_cores_peak(native.load().core_peak_gops, cfg.numerics, threads)
-    print(
-        f"{cfg.numerics} multiply-add peak of {threads} core(s) at once, measured: {peak:.0f} Gop/s"
-    )
+    kernels = native.load()
+    numerics = kernel_numerics(kernels, cfg.numerics)
+    peak = all_cores_peak(kernels.core_peak_gops, numerics, threads)
+    print(f"{numerics} multiply-add peak of {threads} core(s) at once, measured: {peak:.0f} Gop/s")
     print(f"{'rows':>5} {'matrix':>8} {'torch':>9} {'kernel':>9} {'ratio':>6}")
     for rows in cfg.rows:
         total = [0.0, 0.0]

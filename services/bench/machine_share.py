@@ -3,8 +3,9 @@ matrix peak, bytes a decode step reads against the memory bandwidth.
 
 Both of the machine's figures are measured on the spot (`MachinePeaks.measure`), before any
 server starts:
-- the multiply-add peak, for the instruction bf16 runs on (csrc/cpu/peak.cpp: vdpbf16ps on
-  AVX512-BF16 hosts, else the fp32 FMA): one core's alone, and the sum over the cores this
+- the multiply-add peak, for the instruction bf16 runs on (csrc/cpu/peak.cpp: tdpbf16ps
+  where AMX tiles run, vdpbf16ps on other AVX512-BF16 hosts, else the fp32 FMA): one core's
+  alone, and the sum over the cores this
   process may use with all of them running it at once, which is the machine's (the best of
   3). The two differ where the cores share execution units: the 2 vCPUs of the CI machine
   class mostly give twice one core's, but at times 142 Gop/s each against 234 alone;
@@ -26,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -85,7 +87,7 @@ class ModelWork:
 @dataclass(frozen=True, slots=True)
 class MachinePeaks:
     cores: int
-    numerics: str  # the instruction the peak is of: bf16 or fp32
+    numerics: str  # the instruction the peak is of: amx_bf16, bf16 or fp32
     core_peak_gops: float  # one core's multiply-add peak alone, 2 ops each
     peak_gops: float  # every core's at once, summed: the machine's
     read_gb_s: float  # memory read bandwidth, every core
@@ -98,7 +100,7 @@ class MachinePeaks:
         kernels = native.load()
         if kernels is None:
             return None
-        numerics = "bf16" if kernels.bf16_dot_product_kernel() else "fp32"
+        numerics = kernel_numerics(kernels, "bf16")
         return cls(
             cores,
             numerics,
@@ -113,6 +115,17 @@ class MachinePeaks:
             f"{self.core_peak_gops:.0f} Gop/s on one core alone, {self.peak_gops:.0f} on all "
             f"{self.cores} at once; memory read {self.read_gb_s:.1f} GB/s"
         )
+
+
+def kernel_numerics(kernels: ModuleType, numerics: str) -> str:
+    """The instruction whose peak (core_peak_gops) a kernel of `numerics` weights is held to:
+    bf16 weights run on AMX tiles where they run (amx_bf16), else as dot products with
+    AVX512-BF16 (bf16), else widened in the fp32 FMA chain (fp32)."""
+    if numerics != "bf16":
+        return numerics
+    if kernels.amx_tiles() == "on":
+        return "amx_bf16"
+    return "bf16" if kernels.bf16_dot_product_kernel() else "fp32"
 
 
 def all_cores_peak(

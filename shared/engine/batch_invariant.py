@@ -9,7 +9,10 @@ a request migrated to another worker, or re-batched, then samples a different to
 `pack_weights(weights)` replaces every float matrix (fused qkv, o_proj, fused gate_up,
 down, the LM head) by a `PackedLinear` (model/linear_weights.py), which runs the C++ kernel
 of csrc/cpu/linear.cpp: each output element is one k-ordered chain of fused multiply-adds
-whatever the number of rows, the tiling or the thread count. The LM head has a single
+whatever the number of rows, the tiling or the thread count. bf16 weights on an AVX512-BF16
+CPU take linear_bf16.cpp's kernels: AMX tiles where the CPU has them and the OS grants them
+(every row count, one row alone included), else bf16 dot products; either is one k-ordered
+sequence per element too. The LM head has a single
 layout for every row count.
 The rest of the forward pass is already per row: RMSNorm, rope, SiLU, the embedding, and
 the `cpu` attention backend (one routine per (row, head), decode and prefill rows alike).
@@ -117,9 +120,16 @@ def describe_matmuls(config: EngineConfig, packed: bool) -> str:
     elif not packed:
         path = "torch's matmuls (batch_invariant off)"
     elif config.dtype == "bfloat16" and kernels.bf16_dot_product_kernel():
-        path = "bf16 dot products (AVX512-BF16)"
+        path = _BF16_PAIRS[kernels.amx_tiles()]
     elif config.dtype == "bfloat16":
-        path = "bf16 weights through the fp32 FMA chain (this CPU has no AVX512-BF16)"
+        path = "bf16 weights through the fp32 FMA chain (this CPU has no AVX512-BF16 or AMX)"
     else:
         path = f"{config.dtype} through the fp32 FMA chain"
-    return f"{path}; kernels built for {features} (AMX tiles are not used)"
+    return f"{path}; kernels built for {features}"
+
+
+_BF16_PAIRS = {  # by amx_tiles(): on, refused (by the OS), absent (from the CPU)
+    "on": "bf16 AMX tiles (AMX-BF16)",
+    "refused": "bf16 dot products (AVX512-BF16: the OS refused AMX tile data)",
+    "absent": "bf16 dot products (AVX512-BF16; this CPU has no AMX)",
+}

@@ -16,6 +16,7 @@ from services.bench.machine_share import (
     ServerFigures,
     all_cores_peak,
     format_shares,
+    kernel_numerics,
     read_bandwidth,
     shares,
 )
@@ -134,3 +135,21 @@ def test_the_peak_of_all_cores_is_their_rates_measured_at_once():
         return 100.0 / sharing
 
     assert all_cores_peak(shared_unit, "bf16", 3) == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    ("amx", "dot_products", "expected"),
+    [("on", True, "amx_bf16"), ("refused", True, "bf16"), ("absent", True, "bf16"),
+     ("absent", False, "fp32")],
+)  # fmt: skip
+def test_bf16_weights_are_held_to_the_instruction_that_runs_them(amx, dot_products, expected):
+    class Kernels:  # a build's answers about itself
+        def amx_tiles(self) -> str:
+            return amx
+
+        def bf16_dot_product_kernel(self) -> bool:
+            return dot_products
+
+    assert kernel_numerics(Kernels(), "bf16") == expected
+    assert kernel_numerics(Kernels(), "int8") == "int8"
+    assert kernel_numerics(Kernels(), "fp32") == "fp32"

@@ -1,0 +1,149 @@
+"""The AMX tile path of the bf16 linear (csrc/cpu/linear_amx.h, amx_tiles.h).
+
+The tile walk (16-row tiles, 64-column panels, 16-pair k steps, rows and columns past the
+edge through a scratch tile, the SiLU·up epilogue, threads over panels) runs everywhere
+through `emulated_tiles`, a scalar model of the three tile operations; so these tests check
+it on any CPU. The tile instructions themselves run only where the CPU has AMX and the OS
+grants tile data: there `tiles` is checked against the model and for row invariance too, and
+`auto` must pick it. A slow test compiles the AMX build for a Sapphire Rapids CPU on any
+host, so a CI machine without AMX still proves that path builds."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shared.engine import native
+
+kernels = native.load()
+pytestmark = pytest.mark.skipif(kernels is None, reason="C++ kernels not built")
+needs_amx = pytest.mark.skipif(
+    kernels is None or kernels.amx_tiles() != "on", reason="no AMX tiles here"
+)
+TILE_KERNELS = ["emulated_tiles", pytest.param("tiles", marks=needs_amx)]
+SHAPES = [(64, 64), (67, 33), (576, 960), (1536, 576), (5, 1), (32, 130)]  # (K, N)
+
+
+def _weights_and_rows(k: int, n: int, m: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=gen) * 0.1).bfloat16()
+    return w, kernels.pack_bf16_pairs(w), torch.randn(m, k, generator=gen)
+
+
+def test_the_pair_layout_pads_k_to_whole_tile_steps():
+    w, packed, _ = _weights_and_rows(67, 70, 1)
+    assert packed.shape == (2, 48, 128)  # ceil(67 / 2) = 34 pairs -> 48; 70 columns -> 2 panels
+    pairs = packed.view(2, 48, 64, 2).permute(0, 2, 1, 3).reshape(128, 96)
+    assert torch.equal(pairs[:70, :67], w)
+    assert not pairs[70:].any() and not pairs[:, 67:].any()
+
+
+@pytest.mark.parametrize("kernel", TILE_KERNELS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"K{s[0]}-N{s[1]}")
+def test_tiles_match_float64(kernel, shape):
+    k, n = shape
+    w, packed, _ = _weights_and_rows(k, n, 0, seed=k + n)
+    bias = torch.randn(n)
+    for m in (1, 15, 16, 17, 40):
+        x = torch.randn(m, k).bfloat16()
+        y = kernels.linear_bf16_pairs(x, packed, n, bias.bfloat16(), kernel)
+        reference = F.linear(x.double(), w.double(), bias.bfloat16().double())
+        scale = (x.abs().double() @ w.abs().double().t()).max().item() + 1.0
+        assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+        # fp32 sums of exact products, then one bf16 rounding (2**-8 relative)
+        assert (y.double() - reference).abs().max().item() <= 2**-8 * scale + 1e-5 * scale
+        y32 = kernels.linear_bf16_pairs(x.float(), packed, n, None, kernel)  # fp32 activations
+        assert y32.dtype == torch.float32
+        assert torch.allclose(y32.double(), F.linear(x.double(), w.double()), atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("kernel", TILE_KERNELS)
+def test_a_row_is_bitwise_the_same_for_every_batch_size_and_thread_count(kernel):
+    _, packed, x = _weights_and_rows(576, 130, 70, seed=3)
+    full = kernels.linear_bf16_pairs(x, packed, 130, None, kernel)
+    for m in range(1, 71):
+        assert torch.equal(kernels.linear_bf16_pairs(x[:m], packed, 130, None, kernel), full[:m])
+    for start in (1, 15, 17, 40):
+        part = kernels.linear_bf16_pairs(x[start : start + 20], packed, 130, None, kernel)
+        assert torch.equal(part, full[start : start + 20]), start
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            assert torch.equal(kernels.linear_bf16_pairs(x, packed, 130, None, kernel), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("kernel", TILE_KERNELS)
+def test_the_silu_mul_epilogue_gives_the_bits_of_the_plain_product(kernel):
+    inter, k = 192, 576
+    w, _, x = _weights_and_rows(k, 2 * inter, 37, seed=5)
+    # PackedGateUp's order: 64 rows of gate, then the same 64 of up, pair after pair
+    interleaved = w.reshape(2, inter // 64, 64, k).transpose(0, 1).reshape(2 * inter, k)
+    packed = kernels.pack_bf16_pairs(interleaved)
+    product = kernels.linear_bf16_pairs(x, kernels.pack_bf16_pairs(w), 2 * inter, None, kernel)
+    expected = kernels.silu_mul(product)
+    assert torch.equal(kernels.linear_silu_mul_bf16_pairs(x, packed, inter, kernel), expected)
+    row = kernels.linear_silu_mul_bf16_pairs(x[5:6], packed, inter, kernel)
+    assert torch.equal(row, expected[5:6])
+
+
+def test_tiles_by_name_are_refused_where_they_do_not_run():
+    _, packed, x = _weights_and_rows(64, 64, 2)
+    if kernels.amx_tiles() != "on":
+        with pytest.raises(RuntimeError, match=f"AMX tiles are {kernels.amx_tiles()} here"):
+            kernels.linear_bf16_pairs(x, packed, 64, None, "tiles")
+    with pytest.raises(RuntimeError, match="kernel: auto, dot, tiles or emulated_tiles"):
+        kernels.linear_bf16_pairs(x, packed, 64, None, "amx")
+
+
+@needs_amx
+def test_the_hardware_tiles_agree_with_the_model_and_auto_takes_them():
+    _, packed, x = _weights_and_rows(1536, 576, 40, seed=7)
+    hardware = kernels.linear_bf16_pairs(x, packed, 576, None, "tiles")
+    model = kernels.linear_bf16_pairs(x, packed, 576, None, "emulated_tiles")
+    # the same products and order; the hardware flushes denormals, the model does not
+    assert torch.allclose(hardware, model, rtol=1e-5, atol=1e-5)
+    assert torch.equal(kernels.linear_bf16_pairs(x, packed, 576, None, "auto"), hardware)
+    assert kernels.core_peak_gops("amx_bf16", 200_000) > kernels.core_peak_gops("bf16", 2_000_000)
+
+
+# The tile walk with the hardware tiles, for the plain product and the SiLU·up epilogue.
+HARDWARE_WALK = """
+#include "linear_amx.h"
+#include "silu_mul.h"
+using amx::bf16;
+template void linear_amx::run<amx::HardwareTiles>(const bf16*, int64_t, const bf16*, float*,
+    int64_t, int64_t, int64_t, const linear_tiles::NoEpilogue&);
+template void linear_amx::run<amx::HardwareTiles>(const bf16*, int64_t, const bf16*, float*,
+    int64_t, int64_t, int64_t, const SiluMulPanels&);
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("g++") is None or shutil.which("objdump") is None, reason="no g++ / objdump"
+)
+def test_the_amx_path_builds_for_a_sapphire_rapids_cpu(tmp_path):
+    (tmp_path / "walk.cpp").write_text(HARDWARE_WALK)
+    wanted = {  # each source's tile instructions, as the assembler wrote them
+        tmp_path / "walk.cpp": ["tdpbf16ps", "tileloadd", "tilestored", "tilezero", "tilerelease"],
+        native.ROOT / "csrc" / "cpu" / "amx_tiles.cpp": ["ldtilecfg", "tdpbf16ps", "tilerelease"],
+    }
+    for source, instructions in wanted.items():
+        from torch.utils import cpp_extension
+
+        includes = [*cpp_extension.include_paths(), str(native.ROOT / "csrc" / "cpu")]
+        out = tmp_path / f"{source.stem}.o"
+        command = ["g++", "-std=c++20", "-c", "-O1", "-march=sapphirerapids", "-fopenmp"]
+        command += [*(f"-I{p}" for p in includes), str(source), "-o", str(out)]
+        compiled = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert compiled.returncode == 0, compiled.stderr[-2000:]
+        objdump = ["objdump", "-d", str(out)]
+        disassembly = subprocess.run(objdump, check=True, capture_output=True, text=True).stdout
+        for instruction in instructions:
+            assert instruction in disassembly, (source.name, instruction)
