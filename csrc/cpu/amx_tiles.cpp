@@ -56,9 +56,10 @@ void configure() {
   _tile_loadconfig(&config);
 }
 
+template <typename Kind>
 void dot_loop(int64_t iterations) {
   TORCH_CHECK(granted(), "AMX tiles are refused here (the OS granted no tile data)");
-  alignas(64) static const bf16 zeros[kRows * 2 * kPairs] = {};
+  alignas(64) static const uint8_t zeros[kRows * 64] = {};
   configure();
   _tile_loadd(4, zeros, 64);  // A and B: their values do not matter
   _tile_loadd(5, zeros, 64);
@@ -69,13 +70,23 @@ void dot_loop(int64_t iterations) {
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t n = 0; n < iterations; ++n) {
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_dpbf16ps(3, 5, 6);
+    if constexpr (std::is_same_v<Kind, Int8>) {
+      _tile_dpbusd(0, 4, 5);
+      _tile_dpbusd(1, 4, 6);
+      _tile_dpbusd(2, 4, 7);
+      _tile_dpbusd(3, 5, 6);
+    } else {
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 6);
+    }
   }
   _tile_release();
 }
+
+template void dot_loop<Bf16>(int64_t);
+template void dot_loop<Int8>(int64_t);
 #endif
 
 }  // namespace amx

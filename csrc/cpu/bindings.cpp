@@ -20,11 +20,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_int8", &linear_int8, "batch-invariant W8A8: x quantized per row, int32 sums",
         py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("colsums"),
-        py::arg("out_features"), py::arg("bias") = py::none(),
+        py::arg("out_features"), py::arg("bias") = py::none(), py::arg("kernel") = "auto",
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_dot_product_kernel", &bf16_dot_product_kernel,
         "whether this build has the AVX512-BF16 dot-product kernel");
-  m.def("amx_tiles", &amx_tiles, "whether the bf16 linear runs on AMX tiles: on, refused, absent");
+  m.def("amx_tiles", &amx_tiles,
+        "whether the bf16 and int8 linears run on AMX tiles: on, refused or absent");
   m.def("pack_bf16_pairs", &pack_bf16_pairs,
         "lay an [N, K] bf16 weight out in pairs: [ceil(N / 64), pairs, 128]",
         py::call_guard<py::gil_scoped_release>());

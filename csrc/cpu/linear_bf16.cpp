@@ -19,6 +19,7 @@
 
 #include <cstring>
 
+#include "dot_kernel.h"
 #include "linear_amx.h"
 #include "linear_tiles.h"
 #include "ops.h"
@@ -91,18 +92,9 @@ struct Bf16Pairs {
 
 #endif
 
-namespace {
-
-// k pairs of the packed layout: ceil(K / 2), rounded up to whole tile steps.
-int64_t padded_pairs(int64_t K) {
-  return (K + 2 * amx::kPairs - 1) / (2 * amx::kPairs) * amx::kPairs;
-}
-
-}  // namespace
-
 torch::Tensor pack_bf16_pairs(torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kBFloat16, "w: [N, K] bfloat16");
-  const int64_t N = w.size(0), K = w.size(1), pairs = padded_pairs(K);
+  const int64_t N = w.size(0), K = w.size(1), pairs = packed_groups(K, 2);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   auto padded = torch::zeros({panels * kPanel, pairs * 2}, w.options());
   padded.narrow(0, 0, N).narrow(1, 0, K).copy_(w);
@@ -115,37 +107,19 @@ torch::Tensor pack_bf16_pairs(torch::Tensor w) {
 
 namespace {
 
-enum class PairsKernel { kDotProducts, kTiles, kEmulatedTiles };
-
-// "auto": the tiles where they run, else the dot products; "dot", "tiles" or "emulated_tiles"
-// (the scalar model of the tiles, any CPU) by name, for the tests.
-PairsKernel pick(const std::string& kernel) {
-  if (kernel == "auto") return amx::granted() ? PairsKernel::kTiles : PairsKernel::kDotProducts;
-  if (kernel == "dot") {
-    TORCH_CHECK(bf16_dot_product_kernel(), "this build has no AVX512-BF16 kernel");
-    return PairsKernel::kDotProducts;
-  }
-  if (kernel == "tiles") {
-    TORCH_CHECK(amx::granted(), "AMX tiles are ", amx::status(), " here");
-    return PairsKernel::kTiles;
-  }
-  TORCH_CHECK(kernel == "emulated_tiles", "kernel: auto, dot, tiles or emulated_tiles");
-  return PairsKernel::kEmulatedTiles;
-}
-
 // x as the kernels read it: bf16 (fp32 activations, the engine's residual stream beside bf16
 // weights, rounded here element by element), unit column stride, zeros out to the packed
 // pairs and, for the tiles, rows out to a whole tile; after checking that it fits packed.
 torch::Tensor pairs_input(torch::Tensor x, const torch::Tensor& packed, int64_t N,
-                          PairsKernel kernel) {
+                          DotKernel kernel) {
   const int64_t M = x.size(0), K = x.size(1), pairs = packed.size(1);
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat,
               "x must be bfloat16 or float32 for bfloat16 weights");
-  TORCH_CHECK(packed.is_contiguous() && pairs == padded_pairs(K) &&
+  TORCH_CHECK(packed.is_contiguous() && pairs == packed_groups(K, 2) &&
                   packed.size(0) == (N + kPanel - 1) / kPanel,
               "packed must come from pack_linear_weight of an [", N, ", ", K, "] matrix");
   if (x.scalar_type() == torch::kFloat) x = x.to(torch::kBFloat16);
-  const int64_t rows = kernel == PairsKernel::kDotProducts
+  const int64_t rows = kernel == DotKernel::kDotProducts
                            ? M
                            : (M + amx::kRows - 1) / amx::kRows * amx::kRows;
   if (K < pairs * 2 || rows > M || x.stride(1) != 1 || x.stride(0) < K) {
@@ -156,21 +130,23 @@ torch::Tensor pairs_input(torch::Tensor x, const torch::Tensor& packed, int64_t 
 
 // y [M, N] fp32 = x @ w.T over x's first M rows, then the epilogue.
 template <typename Epilogue = linear_tiles::NoEpilogue>
-void run_pairs(PairsKernel kernel, const torch::Tensor& x, int64_t M, const torch::Tensor& packed,
+void run_pairs(DotKernel kernel, const torch::Tensor& x, int64_t M, const torch::Tensor& packed,
                float* y, int64_t N, const Epilogue& epilogue = {}) {
   const auto* xs = x.data_ptr<c10::BFloat16>();
   const auto* w = packed.data_ptr<c10::BFloat16>();
   const int64_t pairs = packed.size(1);
   switch (kernel) {
-    case PairsKernel::kEmulatedTiles:
-      linear_amx::run<amx::EmulatedTiles>(xs, x.stride(0), w, y, M, N, pairs, epilogue);
+    case DotKernel::kEmulatedTiles:
+      linear_amx::run<amx::EmulatedTiles<amx::Bf16>>(xs, x.stride(0), w, y, M, N, pairs,
+                                                      epilogue);
       return;
-    case PairsKernel::kTiles:
+    case DotKernel::kTiles:
 #ifdef SPLITSERVE_AMX
-      linear_amx::run<amx::HardwareTiles>(xs, x.stride(0), w, y, M, N, pairs, epilogue);
+      linear_amx::run<amx::HardwareTiles<amx::Bf16>>(xs, x.stride(0), w, y, M, N, pairs,
+                                                      epilogue);
 #endif
       return;
-    case PairsKernel::kDotProducts:
+    case DotKernel::kDotProducts:
 #ifdef __AVX512BF16__
       linear_tiles::run<Bf16Pairs>(xs, x.stride(0), w, y, M, N, pairs, epilogue);
 #endif
@@ -185,7 +161,7 @@ torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t o
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, pairs, 128]");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   const auto out_dtype = x.scalar_type();  // y comes back in x's dtype, unrounded for fp32
-  const PairsKernel path = pick(kernel);
+  const DotKernel path = pick_dot_kernel(kernel, bf16_dot_product_kernel(), "AVX512-BF16");
   x = pairs_input(x, packed, N, path);
   auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
   if (M > 0 && N > 0 && K > 0) {
@@ -207,7 +183,7 @@ torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, 
   TORCH_CHECK(inter > 0 && inter % kPanel == 0,
               "linear_silu_mul: inter must be a multiple of ", kPanel);
   const int64_t M = x.size(0), K = x.size(1);
-  const PairsKernel path = pick(kernel);
+  const DotKernel path = pick_dot_kernel(kernel, bf16_dot_product_kernel(), "AVX512-BF16");
   x = pairs_input(x, packed, 2 * inter, path);
   auto y = torch::empty({M, 2 * inter}, x.options().dtype(torch::kFloat));
   auto out = torch::empty({M, inter}, y.options());

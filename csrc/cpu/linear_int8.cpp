@@ -1,15 +1,18 @@
-// Batch-invariant int8 linear with AVX512-VNNI dot products (W8A8): weights int8 per output
-// channel, activations quantized per row, int32 sums.
+// Batch-invariant int8 linear (W8A8): weights int8 per output channel, activations quantized
+// per row, int32 sums, on AMX-INT8 tiles where they run (linear_amx.h), else AVX512-VNNI dot
+// products (here).
 //
 //   sx[m] = max_k |x[m, k]| / 127;  xq[m, k] = round(x[m, k] / sx[m]) + 128  (uint8)
-//   acc[m, n] = sum over k quads, in order, of vpdpbusd(xq quad, wq quad)   (exact int32)
+//   acc[m, n] = sum over k quads of dot(xq quad, wq quad)                     (exact int32)
 //   y[m, n] = (acc[m, n] - 128 * colsum[n]) * sx[m] * sw[n] (+ bias[n])      (fp32, rounded once)
-// vpdpbusd multiplies unsigned by signed bytes, hence the +128 offset, taken back out through
-// the weight's column sums. A row's quantization depends on that row alone and the integer
-// sums are exact, so row m of y is bitwise the same whatever other rows share the call.
+// vpdpbusd and tdpbusd multiply unsigned by signed bytes, hence the +128 offset, taken back out
+// through the weight's column sums. A row's quantization depends on that row alone and the
+// integer sums are exact, so row m of y is bitwise the same whatever other rows share the
+// call, and the same from the tiles as from the dot products.
 //
-// w is packed once at load into panels of 64 columns, [P, ceil(K / 4), 256]: per k quad the
-// 64 columns' (w[n, 4j], ..., w[n, 4j + 3]). A CPU without AVX512-VNNI never packs it
+// w is packed once at load into panels of 64 columns, [P, quads, 256] with quads = ceil(K / 4)
+// rounded up to a whole AMX step (16; zeros past K): per k quad the 64 columns'
+// (w[n, 4j], ..., w[n, 4j + 3]). A CPU without AVX512-VNNI never packs it
 // (int8_dot_product_kernel() is false); the engine then uses torch's weight-only kernel.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -18,6 +21,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "dot_kernel.h"
+#include "linear_amx.h"
 #include "linear_tiles.h"
 #include "ops.h"
 
@@ -33,12 +38,16 @@ bool int8_dot_product_kernel() {
 #endif
 }
 
-#ifdef __AVX512VNNI__
-
 namespace {
 
 constexpr int64_t kQuad = 4;
-constexpr int32_t kOffset = 128;  // int8 activation + 128 = the uint8 vpdpbusd reads
+constexpr int32_t kOffset = 128;  // int8 activation + 128 = the uint8 the dot products read
+
+}  // namespace
+
+#ifdef __AVX512VNNI__
+
+namespace {
 
 struct Int8Quads {
   using X = uint8_t;
@@ -84,6 +93,12 @@ struct Int8Quads {
   }
 };
 
+}  // namespace
+
+#endif
+
+namespace {
+
 // xq [M, quads * 4] uint8 and sx [M] from x [M, K] (fp32), one row at a time.
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t width, uint8_t* xq,
                    float* sx) {
@@ -107,12 +122,9 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t wi
 
 }  // namespace
 
-#endif
-
 std::vector<torch::Tensor> pack_int8_quads(torch::Tensor q) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kChar, "q: [N, K] int8");
-  TORCH_CHECK(int8_dot_product_kernel(), "this build has no AVX512-VNNI kernel");
-  const int64_t N = q.size(0), K = q.size(1), quads = (K + 3) / 4;
+  const int64_t N = q.size(0), K = q.size(1), quads = packed_groups(K, kQuad);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   auto padded = torch::zeros({panels * kPanel, quads * 4}, q.options());
   padded.narrow(0, 0, N).narrow(1, 0, K).copy_(q);
@@ -126,28 +138,46 @@ std::vector<torch::Tensor> pack_int8_quads(torch::Tensor q) {
 
 torch::Tensor linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
                           torch::Tensor colsums, int64_t out_features,
-                          c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, K / 4, 256]");
+                          c10::optional<torch::Tensor> bias, const std::string& kernel) {
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, quads, 256]");
   const int64_t M = x.size(0), K = x.size(1), N = out_features, quads = packed.size(1);
   TORCH_CHECK(packed.is_contiguous() && packed.scalar_type() == torch::kChar &&
-                  quads == (K + 3) / 4 && packed.size(0) == (N + kPanel - 1) / kPanel &&
-                  packed.size(2) == kPanel * 4,
+                  quads == packed_groups(K, kQuad) &&
+                  packed.size(0) == (N + kPanel - 1) / kPanel && packed.size(2) == kPanel * 4,
               "packed must come from pack_int8_quads of an [", N, ", ", K, "] matrix");
   TORCH_CHECK(scales.numel() == N && scales.scalar_type() == torch::kFloat &&
                   colsums.numel() == N && colsums.scalar_type() == torch::kInt,
               "scales: [N] float32; colsums: [N] int32");
+  const DotKernel path = pick_dot_kernel(kernel, int8_dot_product_kernel(), "AVX512-VNNI");
   auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
-#ifdef __AVX512VNNI__
   auto x32 = x.to(torch::kFloat).contiguous();
-  auto xq = torch::empty({M, quads * 4}, x.options().dtype(torch::kByte));
+  // the tiles read whole tiles of 16 rows: those past M hold x = 0
+  const int64_t rows =
+      path == DotKernel::kDotProducts ? M : (M + amx::kRows - 1) / amx::kRows * amx::kRows;
+  auto xq = torch::full({rows, quads * 4}, kOffset, x.options().dtype(torch::kByte));
   auto sx = torch::empty({M}, x.options().dtype(torch::kFloat));
   auto acc = torch::empty({M, N}, x.options().dtype(torch::kInt));
   if (M > 0 && N > 0 && K > 0) {
     quantize_rows(x32.data_ptr<float>(), K, M, K, quads * 4, xq.data_ptr<uint8_t>(),
                   sx.data_ptr<float>());
-    linear_tiles::run<Int8Quads>(xq.data_ptr<uint8_t>(), quads * 4, packed.data_ptr<int8_t>(),
-                                 acc.data_ptr<int32_t>(), M, N, quads);
-    const int32_t* a = acc.data_ptr<int32_t>();
+    const uint8_t* xs = xq.data_ptr<uint8_t>();
+    const int8_t* w = packed.data_ptr<int8_t>();
+    int32_t* a = acc.data_ptr<int32_t>();
+    switch (path) {
+      case DotKernel::kEmulatedTiles:
+        linear_amx::run<amx::EmulatedTiles<amx::Int8>>(xs, quads * 4, w, a, M, N, quads);
+        break;
+      case DotKernel::kTiles:
+#ifdef SPLITSERVE_AMX
+        linear_amx::run<amx::HardwareTiles<amx::Int8>>(xs, quads * 4, w, a, M, N, quads);
+#endif
+        break;
+      case DotKernel::kDotProducts:
+#ifdef __AVX512VNNI__
+        linear_tiles::run<Int8Quads>(xs, quads * 4, w, a, M, N, quads);
+#endif
+        break;
+    }
     const int32_t* cs = colsums.data_ptr<int32_t>();
     const float* sw = scales.data_ptr<float>();
     const float* sxp = sx.data_ptr<float>();
@@ -163,9 +193,6 @@ torch::Tensor linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor s
   } else {
     y.zero_();
   }
-#else
-  TORCH_CHECK(false, "this build has no AVX512-VNNI kernel");
-#endif
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == N, "bias: [N]");
     y.add_(bias->to(torch::kFloat));

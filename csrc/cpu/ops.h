@@ -51,18 +51,19 @@ torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t o
                                 c10::optional<torch::Tensor> bias, const std::string& kernel);
 torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter,
                                          const std::string& kernel);
-// Whether that linear runs on AMX tiles: "on", "refused" (the OS did not grant tile data) or
-// "absent" (amx_tiles.h).
+// Whether it and linear_int8 run on AMX tiles: "on", "refused" (the OS did not grant tile
+// data) or "absent" (amx_tiles.h).
 std::string amx_tiles();
 
-// linear_int8.cpp: W8A8 with AVX512-VNNI. pack_int8_quads(q [N, K] int8) -> (packed
-// [ceil(N / 64), ceil(K / 4), 256], colsums [N] int32); linear_int8 quantizes x per row and
-// returns (x_q @ q.T) * sx * scales (+ bias) in x's dtype.
+// linear_int8.cpp: W8A8 with AMX-INT8 or AVX512-VNNI. pack_int8_quads(q [N, K] int8) ->
+// (packed [ceil(N / 64), quads, 256], colsums [N] int32; quads: ceil(K / 4) rounded up to 16);
+// linear_int8 quantizes x per row and returns (x_q @ q.T) * sx * scales (+ bias) in x's
+// dtype; kernel as linear_bf16_pairs' (the same bits from each: the sums are exact).
 bool int8_dot_product_kernel();
 std::vector<torch::Tensor> pack_int8_quads(torch::Tensor q);
 torch::Tensor linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scales,
                           torch::Tensor colsums, int64_t out_features,
-                          c10::optional<torch::Tensor> bias);
+                          c10::optional<torch::Tensor> bias, const std::string& kernel);
 
 // features.cpp: the instruction sets this build's kernels use (compiled for this host).
 std::vector<std::string> cpu_features();

@@ -1,7 +1,7 @@
 // The arithmetic peak of one core, measured: a loop of independent multiply-adds that never
 // touches memory, for the fp32 FMA (vfmadd231ps: 16 lanes, or 8 in an AVX2 build), bf16 pair
-// dot product (vdpbf16ps), int8 quad dot product (vpdpbusd) and AMX bf16 tile product
-// (tdpbf16ps) the linear kernels are built on. `splitserve bench linear` states each kernel's
+// dot product (vdpbf16ps), int8 quad dot product (vpdpbusd) and AMX bf16 and int8 tile
+// products (tdpbf16ps, tdpbusd) the linear kernels are built on. `splitserve bench linear` states each kernel's
 // speed as a fraction of it.
 #include <immintrin.h>
 
@@ -52,15 +52,21 @@ double giga_ops_per_second(int64_t iterations, double ops_per_instruction, Vec s
   return iterations * kChains * ops_per_instruction / took / 1e9;
 }
 
+#ifdef SPLITSERVE_AMX
+template <typename Kind>
+double amx_giga_ops_per_second(int64_t iterations) {
+  const double start = thread_seconds();
+  amx::dot_loop<Kind>(iterations);
+  return iterations * 2.0 * amx::kLoopMultiplyAdds<Kind> / (thread_seconds() - start) / 1e9;
+}
+#endif
+
 }  // namespace
 
 double core_peak_gops(const std::string& numerics, int64_t iterations) {
 #ifdef SPLITSERVE_AMX
-  if (numerics == "amx_bf16") {
-    const double start = thread_seconds();
-    amx::dot_loop(iterations);
-    return iterations * 2.0 * amx::kLoopMultiplyAdds / (thread_seconds() - start) / 1e9;
-  }
+  if (numerics == "amx_bf16") return amx_giga_ops_per_second<amx::Bf16>(iterations);
+  if (numerics == "amx_int8") return amx_giga_ops_per_second<amx::Int8>(iterations);
 #endif
 #ifdef __AVX512F__
   const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f), c0 = _mm512_set1_ps(1e-3f);

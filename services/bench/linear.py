@@ -91,6 +91,8 @@ def run_linear_bench(cfg: LinearBenchConfig) -> None:
     )
     threads = torch.get_num_threads()
     kernels = native.load()
+    if cfg.numerics == "int8" and not kernels.int8_dot_product_kernel():
+        raise SystemExit("bench linear --numerics int8: this CPU has no W8A8 kernel (AVX512-VNNI)")
     numerics = kernel_numerics(kernels, cfg.numerics)
     peak = all_cores_peak(kernels.core_peak_gops, numerics, threads)
     print(f"{numerics} multiply-add peak of {threads} core(s) at once, measured: {peak:.0f} Gop/s")

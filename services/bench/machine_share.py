@@ -119,13 +119,13 @@ class MachinePeaks:
 
 def kernel_numerics(kernels: ModuleType, numerics: str) -> str:
     """The instruction whose peak (core_peak_gops) a kernel of `numerics` weights is held to:
-    bf16 weights run on AMX tiles where they run (amx_bf16), else as dot products with
-    AVX512-BF16 (bf16), else widened in the fp32 FMA chain (fp32)."""
-    if numerics != "bf16":
-        return numerics
-    if kernels.amx_tiles() == "on":
-        return "amx_bf16"
-    return "bf16" if kernels.bf16_dot_product_kernel() else "fp32"
+    bf16 and int8 weights run on AMX tiles where they run (amx_bf16, amx_int8); else bf16 as
+    dot products with AVX512-BF16 (bf16), or widened in the fp32 FMA chain (fp32)."""
+    if numerics in ("bf16", "int8") and kernels.amx_tiles() == "on":
+        return f"amx_{numerics}"
+    if numerics == "bf16" and not kernels.bf16_dot_product_kernel():
+        return "fp32"
+    return numerics
 
 
 def all_cores_peak(

@@ -16,8 +16,9 @@ sequence per element too. The LM head has a single
 layout for every row count.
 The rest of the forward pass is already per row: RMSNorm, rope, SiLU, the embedding, and
 the `cpu` attention backend (one routine per (row, head), decode and prefill rows alike).
-w8a8 weights are batch-invariant too (the AVX512-VNNI kernel, quantization.py); the `torch`
-attention backend and int8 / int4 weight-only (torch's kernels) are not.
+w8a8 weights are batch-invariant too (AMX-INT8 tiles or the AVX512-VNNI kernel, the same bits
+from either; quantization.py); the `torch` attention backend and int8 / int4 weight-only
+(torch's kernels) are not.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def describe_matmuls(config: EngineConfig, packed: bool) -> str:
         return "torch's matmuls (the C++ kernels are not built)"
     features = ", ".join(kernels.cpu_features()) or "no AVX2"
     if config.quantization == "w8a8":
-        path = "W8A8 int8 dot products (AVX512-VNNI)"
+        tiles = kernels.amx_tiles() == "on"
+        path = "W8A8 int8 AMX tiles (AMX-INT8)" if tiles else "W8A8 int8 dot products (AVX512-VNNI)"
     elif config.quantization:
         path = f"{config.quantization} weight-only through torch"
     elif not packed:

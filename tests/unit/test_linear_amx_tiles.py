@@ -1,4 +1,4 @@
-"""The AMX tile path of the bf16 linear (csrc/cpu/linear_amx.h, amx_tiles.h).
+"""The AMX tile paths of the bf16 and W8A8 int8 linears (csrc/cpu/linear_amx.h, amx_tiles.h).
 
 The tile walk (16-row tiles, 64-column panels, 16-pair k steps, rows and columns past the
 edge through a scratch tile, the SiLU·up epilogue, threads over panels) runs everywhere
@@ -93,6 +93,45 @@ def test_the_silu_mul_epilogue_gives_the_bits_of_the_plain_product(kernel):
     assert torch.equal(row, expected[5:6])
 
 
+def _int8_rows_and_reference(k: int, n: int, m: int, seed: int):
+    """A quantized weight, rows and the kernel's exact result: x quantized per row as the kernel
+    does it, integer sums, then the two scales in the kernel's order of float products."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scales, x = torch.rand(n, generator=gen) / 100, torch.randn(m, k, generator=gen)
+    sx = x.abs().amax(dim=1) / 127
+    xq = torch.round(x * (1 / sx)[:, None]).clamp(-127, 127).long()
+    reference = ((xq @ q.long().t()).float() * sx[:, None]) * scales[None, :]
+    packed, colsums = kernels.pack_int8_quads(q)
+    return (packed, scales, colsums), x, reference
+
+
+@pytest.mark.parametrize("kernel", TILE_KERNELS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"K{s[0]}-N{s[1]}")
+def test_int8_tiles_give_the_exact_quantized_product(kernel, shape):
+    k, n = shape
+    (packed, scales, colsums), x, reference = _int8_rows_and_reference(k, n, 40, seed=k * 7 + n)
+    assert packed.shape == (-(-n // 64), -(-k // 64) * 16, 256)  # quads padded to whole steps
+    for m in (1, 15, 16, 17, 40):
+        y = kernels.linear_int8(x[:m], packed, scales, colsums, n, None, kernel)
+        assert torch.equal(y, reference[:m]), m
+
+
+@pytest.mark.parametrize("kernel", TILE_KERNELS)
+def test_int8_tiles_keep_rows_bitwise_across_batches_and_threads(kernel):
+    (packed, scales, colsums), x, _ = _int8_rows_and_reference(576, 130, 70, seed=11)
+    full = kernels.linear_int8(x, packed, scales, colsums, 130, None, kernel)
+    for m in (1, 2, 15, 16, 17, 33, 69):
+        assert torch.equal(kernels.linear_int8(x[:m], packed, scales, colsums, 130, None, kernel),
+                           full[:m])  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.linear_int8(x, packed, scales, colsums, 130, None, kernel), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_tiles_by_name_are_refused_where_they_do_not_run():
     _, packed, x = _weights_and_rows(64, 64, 2)
     if kernels.amx_tiles() != "on":
@@ -100,6 +139,10 @@ def test_tiles_by_name_are_refused_where_they_do_not_run():
             kernels.linear_bf16_pairs(x, packed, 64, None, "tiles")
     with pytest.raises(RuntimeError, match="kernel: auto, dot, tiles or emulated_tiles"):
         kernels.linear_bf16_pairs(x, packed, 64, None, "amx")
+    if not kernels.int8_dot_product_kernel():
+        (quads, scales, colsums), x, _ = _int8_rows_and_reference(64, 64, 2, seed=0)
+        with pytest.raises(RuntimeError, match="no AVX512-VNNI kernel"):
+            kernels.linear_int8(x, quads, scales, colsums, 64, None, "dot")
 
 
 @needs_amx
@@ -110,18 +153,27 @@ def test_the_hardware_tiles_agree_with_the_model_and_auto_takes_them():
     # the same products and order; the hardware flushes denormals, the model does not
     assert torch.allclose(hardware, model, rtol=1e-5, atol=1e-5)
     assert torch.equal(kernels.linear_bf16_pairs(x, packed, 576, None, "auto"), hardware)
+    (quads, scales, colsums), x, _ = _int8_rows_and_reference(1536, 576, 40, seed=7)
+    int8 = [kernels.linear_int8(x, quads, scales, colsums, 576, None, k) for k in ("tiles", "dot")]
+    assert torch.equal(*int8)  # exact integer sums: the tiles give the dot products' bits
     assert kernels.core_peak_gops("amx_bf16", 200_000) > kernels.core_peak_gops("bf16", 2_000_000)
+    assert kernels.core_peak_gops("amx_int8", 200_000) > kernels.core_peak_gops("int8", 2_000_000)
 
 
-# The tile walk with the hardware tiles, for the plain product and the SiLU·up epilogue.
+# The tile walk with the hardware tiles: bf16 (the plain product and the SiLU·up epilogue) and
+# int8.
 HARDWARE_WALK = """
 #include "linear_amx.h"
 #include "silu_mul.h"
 using amx::bf16;
-template void linear_amx::run<amx::HardwareTiles>(const bf16*, int64_t, const bf16*, float*,
-    int64_t, int64_t, int64_t, const linear_tiles::NoEpilogue&);
-template void linear_amx::run<amx::HardwareTiles>(const bf16*, int64_t, const bf16*, float*,
-    int64_t, int64_t, int64_t, const SiluMulPanels&);
+using Bf16 = amx::HardwareTiles<amx::Bf16>;
+using Int8 = amx::HardwareTiles<amx::Int8>;
+template void linear_amx::run<Bf16>(const bf16*, int64_t, const bf16*, float*, int64_t, int64_t,
+    int64_t, const linear_tiles::NoEpilogue&);
+template void linear_amx::run<Bf16>(const bf16*, int64_t, const bf16*, float*, int64_t, int64_t,
+    int64_t, const SiluMulPanels&);
+template void linear_amx::run<Int8>(const uint8_t*, int64_t, const int8_t*, int32_t*, int64_t,
+    int64_t, int64_t, const linear_tiles::NoEpilogue&);
 """
 
 
@@ -131,8 +183,8 @@ template void linear_amx::run<amx::HardwareTiles>(const bf16*, int64_t, const bf
 def test_the_amx_path_builds_for_a_sapphire_rapids_cpu(tmp_path):
     (tmp_path / "walk.cpp").write_text(HARDWARE_WALK)
     wanted = {  # each source's tile instructions, as the assembler wrote them
-        tmp_path / "walk.cpp": ["tdpbf16ps", "tileloadd", "tilestored", "tilezero", "tilerelease"],
-        native.ROOT / "csrc" / "cpu" / "amx_tiles.cpp": ["ldtilecfg", "tdpbf16ps", "tilerelease"],
+        tmp_path / "walk.cpp": ["tdpbf16ps", "tdpbusd", "tileloadd", "tilestored", "tilezero"],
+        native.ROOT / "csrc" / "cpu" / "amx_tiles.cpp": ["ldtilecfg", "tdpbusd", "tilerelease"],
     }
     for source, instructions in wanted.items():
         from torch.utils import cpp_extension

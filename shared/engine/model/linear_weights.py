@@ -1,14 +1,15 @@
 """The matrix types a layer's weight may take besides a float tensor.
 
 `PackedLinear` runs the batch-invariant C++ kernel (see batch_invariant.py): an FMA chain in
-fp32, or for bf16 weights on a CPU with AVX512-BF16 bf16 dot products (csrc/cpu/linear_bf16.cpp).
+fp32, or for bf16 weights on a CPU with AVX512-BF16 AMX tiles or bf16 dot products
+(csrc/cpu/linear_bf16.cpp).
 `PackedGateUp` is a SiLU MLP's gate_up for the same kernel with SiLU·up applied on the way out.
-`Int8DotLinear` is W8A8 through AVX512-VNNI (csrc/cpu/linear_int8.cpp: activations quantized
-per row, int32 sums), batch-invariant too; `Int8Linear` and `Int4Linear` are weight-only
-quantized matrices through torch's kernels (see quantization.py). Every one but
-PackedGateUp (`w.silu_mul(x)`) is called as `w(x)`: x [T, K] -> [T, N]. They live here,
-apart from the code that makes them, so the weight layout (model/weights.py) can name them
-without importing that code.
+`Int8DotLinear` is W8A8 through AMX-INT8 tiles or AVX512-VNNI (csrc/cpu/linear_int8.cpp:
+activations quantized per row, int32 sums), batch-invariant too; `Int8Linear` and
+`Int4Linear` are weight-only quantized matrices through torch's kernels (see
+quantization.py). Every one but PackedGateUp (`w.silu_mul(x)`) is called as `w(x)`:
+x [T, K] -> [T, N]. They live here, apart from the code that makes them, so the weight
+layout (model/weights.py) can name them without importing that code.
 
 Quantized kernels:
 - int8: symmetric per output channel, w ≈ q * scale, q in [-127, 127].
