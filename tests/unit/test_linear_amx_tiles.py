@@ -24,6 +24,9 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="C++ kernels not built")
 needs_amx = pytest.mark.skipif(
     kernels is None or kernels.amx_tiles() != "on", reason="no AMX tiles here"
 )
+needs_vnni = pytest.mark.skipif(
+    kernels is None or not kernels.int8_dot_product_kernel(), reason="no AVX512-VNNI"
+)
 TILE_KERNELS = ["emulated_tiles", pytest.param("tiles", marks=needs_amx)]
 SHAPES = [(64, 64), (67, 33), (576, 960), (1536, 576), (5, 1), (32, 130)]  # (K, N)
 
@@ -106,9 +109,9 @@ def _int8_rows_and_reference(k: int, n: int, m: int, seed: int):
     return (packed, scales, colsums), x, reference
 
 
-@pytest.mark.parametrize("kernel", TILE_KERNELS)
+@pytest.mark.parametrize("kernel", [*TILE_KERNELS, pytest.param("dot", marks=needs_vnni)])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"K{s[0]}-N{s[1]}")
-def test_int8_tiles_give_the_exact_quantized_product(kernel, shape):
+def test_int8_kernels_give_the_exact_quantized_product(kernel, shape):
     k, n = shape
     (packed, scales, colsums), x, reference = _int8_rows_and_reference(k, n, 40, seed=k * 7 + n)
     assert packed.shape == (-(-n // 64), -(-k // 64) * 16, 256)  # quads padded to whole steps
