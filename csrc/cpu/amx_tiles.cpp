@@ -70,17 +70,10 @@ void dot_loop(int64_t iterations) {
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t n = 0; n < iterations; ++n) {
-    if constexpr (std::is_same_v<Kind, Int8>) {
-      _tile_dpbusd(0, 4, 5);
-      _tile_dpbusd(1, 4, 6);
-      _tile_dpbusd(2, 4, 7);
-      _tile_dpbusd(3, 5, 6);
-    } else {
-      _tile_dpbf16ps(0, 4, 5);
-      _tile_dpbf16ps(1, 4, 6);
-      _tile_dpbf16ps(2, 4, 7);
-      _tile_dpbf16ps(3, 5, 6);
-    }
+    SPLITSERVE_TILE_DOT(Kind, 0, 4, 5);
+    SPLITSERVE_TILE_DOT(Kind, 1, 4, 6);
+    SPLITSERVE_TILE_DOT(Kind, 2, 4, 7);
+    SPLITSERVE_TILE_DOT(Kind, 3, 5, 6);
   }
   _tile_release();
 }

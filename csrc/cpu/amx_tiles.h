@@ -75,7 +75,8 @@ constexpr int64_t kLoopMultiplyAdds = 4 * kRows * kColumns * Kind::kPack * kGrou
 template <typename Kind>
 void dot_loop(int64_t iterations);
 
-// C += A . B for the kind (the tile numbers must be literals: the intrinsics paste them).
+// C += A . B for the kind (the tile numbers must be literals: the intrinsics paste them);
+// amx_tiles.cpp's peak loop uses it too.
 #define SPLITSERVE_TILE_DOT(Kind, c, a, b)                             \
   do {                                                                 \
     if constexpr (std::is_same_v<Kind, ::amx::Int8>) {            \
@@ -126,8 +127,6 @@ class HardwareTiles {
     _tile_stored(3, y + 3 * kColumns, ldy);
   }
 };
-
-#undef SPLITSERVE_TILE_DOT
 
 #endif
 

@@ -151,10 +151,11 @@ torch::Tensor linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor s
   const DotKernel path = pick_dot_kernel(kernel, int8_dot_product_kernel(), "AVX512-VNNI");
   auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
   auto x32 = x.to(torch::kFloat).contiguous();
-  // the tiles read whole tiles of 16 rows: those past M hold x = 0
+  // the tiles read whole tiles of 16 rows: those past M hold x = 0 (quantize_rows fills the M)
   const int64_t rows =
       path == DotKernel::kDotProducts ? M : (M + amx::kRows - 1) / amx::kRows * amx::kRows;
-  auto xq = torch::full({rows, quads * 4}, kOffset, x.options().dtype(torch::kByte));
+  auto xq = torch::empty({rows, quads * 4}, x.options().dtype(torch::kByte));
+  xq.narrow(0, M, rows - M).fill_(kOffset);
   auto sx = torch::empty({M}, x.options().dtype(torch::kFloat));
   auto acc = torch::empty({M, N}, x.options().dtype(torch::kInt));
   if (M > 0 && N > 0 && K > 0) {

@@ -1,8 +1,8 @@
 """`splitserve bench linear`: matmul time per forward step, torch against the batch-invariant
 C++ kernels, on SmolLM2-135M's shapes. `--numerics`: fp32 (torch's fp32 matmul vs the FMA
 chain of csrc/cpu/linear.cpp), bf16 (torch's bf16 matmul vs linear_bf16.cpp's AMX tiles or
-AVX512-BF16 dot products, where built) or int8 (torch's weight-only int8 kernel vs the W8A8 VNNI dot
-products of linear_int8.cpp).
+AVX512-BF16 dot products, where built) or int8 (torch's weight-only int8 kernel vs the W8A8
+AMX-INT8 tiles or VNNI dot products of linear_int8.cpp).
 
 One step of T rows: 30 layers of fused qkv [960, 576], o_proj [576, 576], fused gate_up
 [3072, 576] and down [576, 1536], then the LM head [49152, 576]. torch gets the engine's

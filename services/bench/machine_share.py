@@ -5,10 +5,10 @@ Both of the machine's figures are measured on the spot (`MachinePeaks.measure`),
 server starts:
 - the multiply-add peak, for the instruction bf16 runs on (csrc/cpu/peak.cpp: tdpbf16ps
   where AMX tiles run, vdpbf16ps on other AVX512-BF16 hosts, else the fp32 FMA): one core's
-  alone, and the sum over the cores this
-  process may use with all of them running it at once, which is the machine's (the best of
-  3). The two differ where the cores share execution units: the 2 vCPUs of the CI machine
-  class mostly give twice one core's, but at times 142 Gop/s each against 234 alone;
+  alone, and the sum over the cores this process may use with all of them running it at
+  once, which is the machine's (the best of 3). The two differ where the cores share
+  execution units: the 2 vCPUs of the CI machine class mostly give twice one core's, but at
+  times 142 Gop/s each against 234 alone;
 - the read bandwidth: torch's sum over a buffer far larger than the last-level cache on
   every core, the best of a few passes.
 

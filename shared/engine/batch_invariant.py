@@ -12,8 +12,7 @@ of csrc/cpu/linear.cpp: each output element is one k-ordered chain of fused mult
 whatever the number of rows, the tiling or the thread count. bf16 weights on an AVX512-BF16
 CPU take linear_bf16.cpp's kernels: AMX tiles where the CPU has them and the OS grants them
 (every row count, one row alone included), else bf16 dot products; either is one k-ordered
-sequence per element too. The LM head has a single
-layout for every row count.
+sequence per element too. The LM head has a single layout for every row count.
 The rest of the forward pass is already per row: RMSNorm, rope, SiLU, the embedding, and
 the `cpu` attention backend (one routine per (row, head), decode and prefill rows alike).
 w8a8 weights are batch-invariant too (AMX-INT8 tiles or the AVX512-VNNI kernel, the same bits

@@ -194,10 +194,10 @@ def test_the_amx_path_builds_for_a_sapphire_rapids_cpu(tmp_path):
         tmp_path / "walk.cpp": ["tdpbf16ps", "tdpbusd", "tileloadd", "tilestored", "tilezero"],
         native.ROOT / "csrc" / "cpu" / "amx_tiles.cpp": ["ldtilecfg", "tdpbusd", "tilerelease"],
     }
-    for source, instructions in wanted.items():
-        from torch.utils import cpp_extension
+    from torch.utils import cpp_extension
 
-        includes = [*cpp_extension.include_paths(), str(native.ROOT / "csrc" / "cpu")]
+    includes = [*cpp_extension.include_paths(), str(native.ROOT / "csrc" / "cpu")]
+    for source, instructions in wanted.items():
         out = tmp_path / f"{source.stem}.o"
         command = ["g++", "-std=c++20", "-c", "-O1", "-march=sapphirerapids", "-fopenmp"]
         command += [*(f"-I{p}" for p in includes), str(source), "-o", str(out)]
