@@ -115,17 +115,42 @@ def _bench_step(args: argparse.Namespace) -> None:
 
 def _bench_burst(args: argparse.Namespace) -> None:
     from services.bench.burst import BurstBenchConfig, run_burst_bench
+    from services.bench.burst_mesh import MeshBurstConfig, run_mesh_burst_bench
     from shared.models.pull import pull_model
 
+    engine_flags = ("max_num_batched_tokens", "threads", "trials", "dtype")
+    mesh_flags = ("pairs", "output_len")
+    wrong = [f for f in (mesh_flags if not args.mesh else engine_flags) if getattr(args, f)]
+    if wrong:
+        flags = ", ".join("--" + f.replace("_", "-") for f in wrong)
+        which = (
+            "without --mesh (flags for `splitserve up` go after --)" if args.mesh else "with --mesh"
+        )
+        raise SystemExit(f"bench burst: {flags} only {which}")
+    if args.up_args and not args.mesh:
+        raise SystemExit("bench burst: flags after -- are for `splitserve up`, with --mesh")
+    model_dir = args.model_dir or pull_model(args.model)
+    if args.mesh:
+        run_mesh_burst_bench(
+            MeshBurstConfig(
+                model_dir=model_dir,
+                prompts=args.prompts,
+                prompt_len=args.prompt_len,
+                output_len=args.output_len or 128,
+                pairs=args.pairs or 5,
+                up_args=tuple(args.up_args),
+            )
+        )
+        return
     run_burst_bench(
         BurstBenchConfig(
-            model_dir=args.model_dir or pull_model(args.model),
+            model_dir=model_dir,
             prompts=args.prompts,
             prompt_len=args.prompt_len,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            threads=tuple(args.threads),
-            trials=args.trials,
-            dtype=args.dtype,
+            max_num_batched_tokens=args.max_num_batched_tokens or CPU_TOKEN_BUDGET,
+            threads=tuple(args.threads or (1, 2)),
+            trials=args.trials or 2,
+            dtype=args.dtype or "auto",
         )
     )
 
@@ -296,17 +321,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention-backend", default="auto", help="cpu: native fused ops; torch: torch's"
     )
     step.set_defaults(func=_bench_step)
-    burst = targets.add_parser("burst", help="a burst of prompts prefilled by the engine alone")
+    burst = targets.add_parser(
+        "burst", help="a burst of prompts prefilled by the engine alone (or the mesh: --mesh)"
+    )
     burst.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
     burst.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
     burst.add_argument("--prompts", type=int, default=16, help="arriving together")
     burst.add_argument("--prompt-len", type=int, default=100, help="tokens each")
     burst.add_argument(
-        "--max-num-batched-tokens", type=int, default=CPU_TOKEN_BUDGET, help="token budget"
+        "--max-num-batched-tokens", type=int, help=f"token budget (default {CPU_TOKEN_BUDGET})"
     )
-    burst.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads")
-    burst.add_argument("--trials", type=int, default=2, help="per thread count")
-    burst.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    burst.add_argument("--threads", type=int, nargs="+", help="torch threads (default 1 2)")
+    burst.add_argument("--trials", type=int, help="per thread count (default 2)")
+    burst.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), help="default auto")
+    burst.add_argument(
+        "--mesh",
+        action="store_true",
+        help="through `splitserve up`: bursts wanting 1 token and --output-len, alternated",
+    )
+    burst.add_argument("--pairs", type=int, help="--mesh: bursts of each kind (default 5)")
+    burst.add_argument("--output-len", type=int, help="--mesh: tokens wanted (default 128)")
+    burst.add_argument("up_args", nargs="*", help="--mesh: flags for `splitserve up`, after --")
     burst.set_defaults(func=_bench_burst)
     idle = targets.add_parser("idle", help="CPU time of an idle `splitserve up` mesh")
     idle.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")

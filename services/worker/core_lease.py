@@ -16,13 +16,21 @@ stepping on:
   after the step. An owner that wakes up raises its flag first, then waits for its core:
   a borrower finishes its current step and borrows that core no more.
 
-First tokens come first. A prefill worker with prompts waiting to be scheduled (a new
-arrival, or a burst that one step's token budget cannot take) raises its home's
-`backlog-N` flag; a decode worker about to step while some prefill has a backlog lowers its
-active flag and waits for that backlog to clear, at most `YIELD_LIMIT_S` per step, so the
-prefill steps on every core. That is one engine stepping on two cores, as vLLM does with a
+First tokens come first. A prefill worker with prompts still to prefill (a new arrival,
+or the rest of a burst or of a long prompt that one step's token budget cannot take) raises
+its home's `backlog-N` flag; a decode worker about to step while some prefill has a backlog
+lowers its active flag and waits for that backlog to clear, at most `YIELD_LIMIT_S` per step,
+so the prefill steps on every core. That is one engine stepping on two cores, as vLLM does with a
 prompt, instead of two on one each: a burst's last first token comes about twice as soon,
 and the running streams pause for as long.
+
+A decode worker that waits out the limit takes a turn rather than a share: it raises its home's
+`overdue-N` flag for one step, a prefill worker finishing a step lowers its active flag before
+it lets its cores go and steps again only once no turn is overdue (at most `YIELD_LIMIT_S`),
+so the decode step runs on every core and the prefill then has them all back. Sharing them
+instead (the decode on its core, the prefill on the other) leaves a core idle for most of the
+prefill's step once the short decode step is done, since a step's thread count is fixed when
+it starts.
 
 Locks are `flock`s on files in a per-user directory, so they vanish with the process that
 held them: a worker killed mid-step never strands a core.
@@ -34,6 +42,7 @@ import fcntl
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # A decode worker waits for a prefill backlog this long per step at most: long enough for a
@@ -71,17 +80,23 @@ class CoreLease:
         self._files = [self._open(f"core-{i}") for i in range(self.cores)]
         self._actives = [self._open(f"active-{i}") for i in range(self.cores)]
         self._backlogs = [self._open(f"backlog-{i}") for i in range(self.cores)]
+        self._overdues = [self._open(f"overdue-{i}") for i in range(self.cores)]
         self._claim, self.home = self._claim_home()
         self._held: list[int] = []
         self._active = False
         self._backlog = False
+        self._overdue = False
 
     def acquire(self) -> int:
         """Raise the active flag, take the home core (waiting for a borrower's step at most)
         and borrow the idle workers' cores; returns how many cores this step holds (>= 1).
-        A decode worker first waits out a prefill backlog (`YIELD_LIMIT_S` at most)."""
+        A decode worker first waits out a prefill backlog, a prefill worker an overdue decode
+        step (`YIELD_LIMIT_S` at most)."""
         if self.role == "decode":
             self._yield_to_backlog()
+        elif self.role == "prefill" and self._some_overdue():
+            self._lower_active()  # the overdue decode step borrows this core
+            self._wait_out(self._some_overdue)
         if not self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_SH)
             self._active = True
@@ -93,14 +108,23 @@ class CoreLease:
         return len(self._held)
 
     def release(self) -> None:
-        """After a step: every core goes back (the active flag stays up)."""
+        """After a step: every core goes back (the active flag stays up, unless a decode turn
+        is overdue: then the prefill's, or the decode's own while a backlog waits, comes down
+        first, so the next step on the other side finds this core idle)."""
+        if self.role == "prefill" and self._some_overdue():
+            self._lower_active()
+        if self._overdue and self._some_backlog():
+            self._lower_active()
         for core in self._held:
             fcntl.flock(self._files[core], fcntl.LOCK_UN)
         self._held = []
+        if self._overdue:
+            fcntl.flock(self._overdues[self.home], fcntl.LOCK_UN)
+            self._overdue = False
 
     def set_backlog(self, backlog: bool) -> None:
-        """After a step or a command: whether prompts wait to be scheduled (a prefill
-        worker's only)."""
+        """After a step or a command: whether prompts wait to be prefilled, in whole or in
+        part (a prefill worker's only)."""
         if self.role != "prefill" or backlog == self._backlog:
             return
         fcntl.flock(self._backlogs[self.home], fcntl.LOCK_SH if backlog else fcntl.LOCK_UN)
@@ -109,21 +133,36 @@ class CoreLease:
     def idle(self) -> None:
         """No work until further notice: others may borrow the home core."""
         self.set_backlog(False)
+        self._lower_active()
+
+    def _lower_active(self) -> None:
         if self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_UN)
             self._active = False
 
     def _yield_to_backlog(self) -> None:
+        """Wait for the prefill backlogs to clear; if they outlast `YIELD_LIMIT_S`, raise
+        the overdue flag for the coming step."""
         if not self._some_backlog():
             return
         self.idle()  # the prefill's next step borrows this core
+        if not self._wait_out(self._some_backlog):
+            fcntl.flock(self._overdues[self.home], fcntl.LOCK_SH)
+            self._overdue = True
+
+    @staticmethod
+    def _wait_out(waiting: Callable[[], bool]) -> bool:
+        """Poll `waiting` until it is false (True) or `YIELD_LIMIT_S` has passed (False)."""
         give_up = time.monotonic() + YIELD_LIMIT_S
-        while self._some_backlog() and time.monotonic() < give_up:
+        while waiting():
+            if time.monotonic() >= give_up:
+                return False
             time.sleep(_YIELD_POLL_S)
+        return True
 
     def close(self) -> None:
         self.release()
-        for f in (*self._files, *self._actives, *self._backlogs, self._claim):
+        for f in (*self._files, *self._actives, *self._backlogs, *self._overdues, self._claim):
             os.close(f)
 
     def _claim_home(self) -> tuple[int, int]:
@@ -140,6 +179,10 @@ class CoreLease:
     def _some_backlog(self) -> bool:
         """Whether a prefill worker of this machine has prompts waiting."""
         return any(not _free(flag) for flag in self._backlogs)
+
+    def _some_overdue(self) -> bool:
+        """Whether a decode worker of this machine waited out a backlog and now steps."""
+        return any(not _free(flag) for flag in self._overdues)
 
     def _idle(self, core: int) -> bool:
         """Whether no worker whose home is `core` has work (none holds its active flag)."""

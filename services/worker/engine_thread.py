@@ -8,7 +8,8 @@ waiting request lacks blocks; only a command — a release, an abort, an import 
 them). After every step and every batch of commands it snapshots the engine's counters
 (`stats`) and gathers its prefix-cache events, which the loop reads without waiting; a step
 that commands came in during is snapshot once they are applied, so prompts that arrived
-meanwhile count as waiting (a prefill worker's backlog) from the step's end.
+meanwhile count as waiting (a prefill worker's backlog) from the step's end, as does a
+prompt that one step prefilled only in part.
 
 With a `CoreLease` (core_lease.py), each step runs with one torch thread per core it holds:
 its own, and those of the machine's idle workers.
@@ -220,7 +221,9 @@ class EngineThread:
         self.stats = engine.stats()
         self._events.add(engine.take_kv_events())
         if self.lease is not None:
-            self.lease.set_backlog(self.stats.num_waiting > 0)
+            # A prefill worker's running prompts are still prefilling: each leaves the running
+            # batch with its first token (held until its KV is exported).
+            self.lease.set_backlog(self.stats.num_waiting + self.stats.num_running > 0)
 
     def _fail(self, exc: BaseException) -> None:
         self.error = exc

@@ -134,6 +134,44 @@ def test_a_backlog_holds_a_decode_step_back_for_the_yield_limit_at_most(tmp_path
     prefill.close(), decode.close()
 
 
+def test_an_overdue_decode_step_takes_every_core_for_one_turn(tmp_path, monkeypatch):
+    monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
+    prefill = CoreLease(2, tmp_path, role="prefill")
+    decode = CoreLease(2, tmp_path, role="decode")
+    assert prefill.acquire() == 2  # decode has no work yet
+    prefill.set_backlog(True)  # and this step leaves prompts waiting
+    decode_waiter, decode_got = _waiting_acquire(decode)
+    time.sleep(0.4)  # the decode waits out the limit, then for its core, in the prefill's step
+    assert not decode_got
+    prefill.release()  # the prefill's step ends
+    decode_waiter.join(timeout=5)
+    assert decode_got == [2], "an overdue decode step runs on every core, not beside a prefill"
+    prefill_waiter, prefill_got = _waiting_acquire(prefill)
+    assert not prefill_got, "the prefill waits for the decode's turn to end"
+    decode.release()
+    prefill_waiter.join(timeout=5)
+    assert prefill_got == [2], "then it has every core again: the decode yields to the backlog"
+    prefill.release()
+    prefill.close(), decode.close()
+
+
+def test_a_prefill_waits_for_an_overdue_decode_step_for_the_yield_limit_at_most(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
+    prefill = CoreLease(2, tmp_path, role="prefill")
+    decode = CoreLease(2, tmp_path, role="decode")
+    prefill.acquire()
+    prefill.set_backlog(True)
+    prefill.release()
+    assert decode.acquire() == 1  # overdue: the prefill is active between its steps
+    started = time.monotonic()
+    assert prefill.acquire() == 1  # the decode step is not over: after the limit, its own core
+    assert 0.3 <= time.monotonic() - started < 3
+    prefill.release(), decode.release()
+    prefill.close(), decode.close()
+
+
 def test_workers_of_both_roles_neither_raise_nor_heed_backlogs(tmp_path):
     a, b = CoreLease(2, tmp_path, role="both"), CoreLease(2, tmp_path, role="both")
     a.acquire()

@@ -124,7 +124,7 @@ class BurstEngine:
         return []
 
     def stats(self) -> SimpleNamespace:
-        return SimpleNamespace(num_waiting=self.waiting)
+        return SimpleNamespace(num_waiting=self.waiting, num_running=0)
 
     def take_kv_events(self) -> KVCacheEvents:
         return KVCacheEvents()
@@ -153,3 +153,59 @@ def test_prompts_queued_during_a_step_keep_the_backlog_raised():
     between = [value for kind, value in lease.log[first:burst] if kind == "backlog"]
     # a decode worker that looked in between would step beside the burst
     assert between == [True], "the prompts queued during the first step are a backlog"
+
+
+class ChunkedEngine:
+    """One prompt that takes three steps of the token budget: scheduled by the first, so no
+    longer waiting, and running (being prefilled) until the last."""
+
+    def __init__(self, log: list[tuple[str, object]]) -> None:
+        self.log = log
+        self.waiting, self.running, self.chunks_left = 0, 0, 0
+        self.last_step_num_tokens = 0
+
+    def add(self) -> None:
+        self.waiting, self.chunks_left = 1, 3
+
+    def has_unfinished_requests(self) -> bool:
+        return self.chunks_left > 0
+
+    def step(self) -> list:
+        self.waiting, self.chunks_left = 0, self.chunks_left - 1
+        self.running = int(self.chunks_left > 0)  # held once its first token is out
+        self.log.append(("step", self.chunks_left))
+        self.last_step_num_tokens = 256
+        return []
+
+    def stats(self) -> SimpleNamespace:
+        return SimpleNamespace(num_waiting=self.waiting, num_running=self.running)
+
+    def take_kv_events(self) -> KVCacheEvents:
+        return KVCacheEvents()
+
+
+def test_a_prompt_prefilled_in_part_keeps_the_backlog_raised():
+    lease = RecordingLease()
+    thread = EngineThread(
+        lambda: ChunkedEngine(lease.log),
+        on_step=lambda engine, report: None,
+        on_fatal=lambda exc: None,
+        lease=lease,  # type: ignore[arg-type]
+    )
+
+    async def main() -> None:
+        await thread.start()
+        thread.post(lambda engine: engine.add(), lambda exc: None)
+        deadline = time.monotonic() + 10
+        while ("backlog", False) not in lease.log:
+            assert time.monotonic() < deadline, lease.log
+            await asyncio.sleep(0.01)
+        await thread.stop()
+
+    asyncio.run(main())
+    last = lease.log.index(("step", 0))
+    before = [value for kind, value in lease.log[:last] if kind == "backlog"]
+    after = [value for kind, value in lease.log[last:] if kind == "backlog"]
+    # a decode worker that stepped beside the later chunks would halve their cores
+    assert len(before) >= 3 and all(before), lease.log
+    assert after[:1] == [False], lease.log
