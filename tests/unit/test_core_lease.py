@@ -117,13 +117,19 @@ def test_a_decode_worker_yields_its_core_to_a_prefill_backlog(tmp_path):
     prefill.close(), decode.close()
 
 
-def test_a_backlog_holds_a_decode_step_back_for_the_yield_limit_at_most(tmp_path, monkeypatch):
+def _leases_with_a_backlog(tmp_path, monkeypatch) -> tuple[CoreLease, CoreLease]:
+    """(prefill, decode) with a 0.3 s yield limit, after a prefill step that left a backlog."""
     monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
     prefill = CoreLease(2, tmp_path, role="prefill")
     decode = CoreLease(2, tmp_path, role="decode")
     prefill.acquire()
     prefill.set_backlog(True)
     prefill.release()
+    return prefill, decode
+
+
+def test_a_backlog_holds_a_decode_step_back_for_the_yield_limit_at_most(tmp_path, monkeypatch):
+    prefill, decode = _leases_with_a_backlog(tmp_path, monkeypatch)
     started = time.monotonic()
     assert decode.acquire() == 1  # waited out the limit, then stepped on its own core
     assert 0.3 <= time.monotonic() - started < 3
@@ -158,12 +164,7 @@ def test_an_overdue_decode_step_takes_every_core_for_one_turn(tmp_path, monkeypa
 def test_a_prefill_waits_for_an_overdue_decode_step_for_the_yield_limit_at_most(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
-    prefill = CoreLease(2, tmp_path, role="prefill")
-    decode = CoreLease(2, tmp_path, role="decode")
-    prefill.acquire()
-    prefill.set_backlog(True)
-    prefill.release()
+    prefill, decode = _leases_with_a_backlog(tmp_path, monkeypatch)
     assert decode.acquire() == 1  # overdue: the prefill is active between its steps
     started = time.monotonic()
     assert prefill.acquire() == 1  # the decode step is not over: after the limit, its own core

@@ -130,10 +130,11 @@ class BurstEngine:
         return KVCacheEvents()
 
 
-def test_prompts_queued_during_a_step_keep_the_backlog_raised():
-    lease = RecordingLease()
+def _add_a_prompt_and_run_until(build, lease: RecordingLease, done) -> None:
+    """An engine thread with `lease` over `build(thread)`: one prompt added, stopped once
+    `done(lease.log)`."""
     thread = EngineThread(
-        lambda: BurstEngine(thread, lease.log),
+        lambda: build(thread),
         on_step=lambda engine, report: None,
         on_fatal=lambda exc: None,
         lease=lease,  # type: ignore[arg-type]
@@ -143,12 +144,19 @@ def test_prompts_queued_during_a_step_keep_the_backlog_raised():
         await thread.start()
         thread.post(lambda engine: engine.add(), lambda exc: None)
         deadline = time.monotonic() + 10
-        while ("step", 3) not in lease.log:
+        while not done(lease.log):
             assert time.monotonic() < deadline, lease.log
             await asyncio.sleep(0.01)
         await thread.stop()
 
     asyncio.run(main())
+
+
+def test_prompts_queued_during_a_step_keep_the_backlog_raised():
+    lease = RecordingLease()
+    _add_a_prompt_and_run_until(
+        lambda thread: BurstEngine(thread, lease.log), lease, lambda log: ("step", 3) in log
+    )
     first, burst = lease.log.index(("step", 1)), lease.log.index(("step", 3))
     between = [value for kind, value in lease.log[first:burst] if kind == "backlog"]
     # a decode worker that looked in between would step beside the burst
@@ -186,26 +194,16 @@ class ChunkedEngine:
 
 def test_a_prompt_prefilled_in_part_keeps_the_backlog_raised():
     lease = RecordingLease()
-    thread = EngineThread(
-        lambda: ChunkedEngine(lease.log),
-        on_step=lambda engine, report: None,
-        on_fatal=lambda exc: None,
-        lease=lease,  # type: ignore[arg-type]
-    )
 
-    async def main() -> None:
-        await thread.start()
-        thread.post(lambda engine: engine.add(), lambda exc: None)
-        deadline = time.monotonic() + 10
-        while ("backlog", False) not in lease.log:
-            assert time.monotonic() < deadline, lease.log
-            await asyncio.sleep(0.01)
-        await thread.stop()
+    def last_step_observed(log: list[tuple[str, object]]) -> bool:
+        return ("step", 0) in log and any(
+            kind == "backlog" for kind, _ in log[log.index(("step", 0)) :]
+        )
 
-    asyncio.run(main())
-    last = lease.log.index(("step", 0))
-    before = [value for kind, value in lease.log[:last] if kind == "backlog"]
+    _add_a_prompt_and_run_until(lambda thread: ChunkedEngine(lease.log), lease, last_step_observed)
+    first, last = lease.log.index(("step", 2)), lease.log.index(("step", 0))
+    between = [value for kind, value in lease.log[first:last] if kind == "backlog"]
     after = [value for kind, value in lease.log[last:] if kind == "backlog"]
     # a decode worker that stepped beside the later chunks would halve their cores
-    assert len(before) >= 3 and all(before), lease.log
+    assert between == [True, True], lease.log
     assert after[:1] == [False], lease.log
