@@ -13,11 +13,9 @@ cached and the engine-alone `bench burst` computes the same work.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +23,9 @@ import aiohttp
 
 from loadtest.client import ClientConfig, send_request
 from loadtest.mesh import MeshProcess
+from loadtest.outputs import discover_model
 from loadtest.request import BenchRequest, RequestRecord
+from shared.engine.model_config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class MeshBurstConfig:
     output_len: int = 128  # the second burst of a pair; the first wants 1 token
     pairs: int = 5
     up_args: tuple[str, ...] = ()
-    log: Path = Path("artifacts/bench-burst-mesh/mesh.log")
+    log: Path = Path("artifacts/bench/burst-mesh.log")
 
     def __post_init__(self) -> None:
         if min(self.prompts, self.prompt_len, self.pairs) < 1 or self.output_len < 2:
@@ -65,12 +65,12 @@ async def _send_burst(
     session: aiohttp.ClientSession, client: ClientConfig, requests: list[BenchRequest]
 ) -> float:
     records = await asyncio.gather(*(send_request(session, client, r) for r in requests))
-    return last_first_token_ms(list(records))
+    return last_first_token_ms(records)
 
 
 async def run_pairs(config: MeshBurstConfig, url: str, model: str) -> list[MeshBurstPair]:
     rng = random.Random(0)
-    vocab = _vocab_size(config.model_dir)
+    vocab = ModelConfig.from_dir(config.model_dir).vocab_size
     client = ClientConfig(url, model)
 
     def burst(output_len: int) -> list[BenchRequest]:
@@ -100,26 +100,17 @@ def run_mesh_burst_bench(config: MeshBurstConfig) -> list[MeshBurstPair]:
     try:
         mesh.wait_ready()
         print(f"mesh ready in {time.monotonic() - started:.0f} s", flush=True)
-        pairs = asyncio.run(run_pairs(config, mesh.url, _served_model(mesh.url)))
+        pairs = asyncio.run(run_pairs(config, mesh.url, discover_model(mesh.url)))
     finally:
         mesh.stop()
     alone = statistics.median(p.alone_ms for p in pairs)
     streaming = statistics.median(p.streaming_ms for p in pairs)
     gap = statistics.median(p.gap_ms for p in pairs)
+    up = " ".join(("splitserve up", *config.up_args))
     print(
-        f"{config.prompts} x {config.prompt_len} tokens through `splitserve up "
-        f"{' '.join(config.up_args)}`, medians of {len(pairs)} pairs: last first token "
+        f"{config.prompts} x {config.prompt_len} tokens through `{up}`, medians of "
+        f"{len(pairs)} pairs: last first token "
         f"{alone:.0f} ms wanting 1 token, {streaming:.0f} ms wanting {config.output_len}; "
         f"the decode steps cost the burst {gap:+.0f} ms"
     )
     return pairs
-
-
-def _served_model(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as reply:
-        return json.load(reply)["data"][0]["id"]
-
-
-def _vocab_size(model_dir: Path) -> int:
-    """Token ids below the text vocabulary: config.json's vocab_size."""
-    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])

@@ -177,7 +177,7 @@ class CoreLease:
         return self._open(f"claim-{core}"), core
 
     def _some_backlog(self) -> bool:
-        """Whether a prefill worker of this machine has prompts waiting."""
+        """Whether a prefill worker of this machine has prompts to prefill."""
         return any(not _free(flag) for flag in self._backlogs)
 
     def _some_overdue(self) -> bool:
