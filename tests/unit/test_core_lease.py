@@ -147,7 +147,10 @@ def test_an_overdue_decode_step_takes_every_core_for_one_turn(tmp_path, monkeypa
     assert prefill.acquire() == 2  # decode has no work yet
     prefill.set_backlog(True)  # and this step leaves prompts waiting
     decode_waiter, decode_got = _waiting_acquire(decode)
-    time.sleep(0.4)  # the decode waits out the limit, then for its core, in the prefill's step
+    deadline = time.monotonic() + 10  # the decode waits out the limit, turns overdue, then
+    while not prefill._some_overdue():  # waits for its core, in the prefill's step
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     assert not decode_got
     prefill.release()  # the prefill's step ends
     decode_waiter.join(timeout=5)
