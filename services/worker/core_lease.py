@@ -115,12 +115,25 @@ class CoreLease:
             self._lower_active()
         if self._overdue and self._some_backlog():
             self._lower_active()
-        for core in self._held:
+        for core in self._release_order():
             fcntl.flock(self._files[core], fcntl.LOCK_UN)
         self._held = []
         if self._overdue:
             fcntl.flock(self._overdues[self.home], fcntl.LOCK_UN)
             self._overdue = False
+
+    def _release_order(self) -> list[int]:
+        """The held cores, those that a waiting worker may want last: a worker wakes on its
+        home core and then borrows the others, so they must be free by then. The home goes
+        last while this worker is active (a worker sharing it may wait on it), first once
+        it lowered its flag for an overdue turn; a borrowed core goes last once its owner
+        is active again (the owner waits on it)."""
+        waited = [
+            core
+            for core in self._held
+            if (self._active if core == self.home else not self._idle(core))
+        ]
+        return [core for core in self._held if core not in waited] + waited
 
     def set_backlog(self, backlog: bool) -> None:
         """After a step or a command: whether prompts wait to be prefilled, in whole or in

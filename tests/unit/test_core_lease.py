@@ -4,6 +4,7 @@ with their process."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -69,6 +70,43 @@ def test_workers_beyond_the_cores_share_homes_and_take_turns(tmp_path):
     assert got == [2]  # the home is shared; the other worker is idle, so its core is free
     leases[2].release()
     for lease in leases:
+        lease.close()
+
+
+def _unlocked_cores(lease: CoreLease, monkeypatch) -> list[int]:
+    """The cores `lease` lets go from now on, in order."""
+    unlocked: list[int] = []
+    flock = fcntl.flock
+
+    def recording_flock(fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_UN and fd in lease._files:
+            unlocked.append(lease._files.index(fd))
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", recording_flock)
+    return unlocked
+
+
+def test_a_step_gives_back_last_the_core_a_waking_worker_waits_on(tmp_path, monkeypatch):
+    # A worker wakes on its home core, then borrows the idle ones: they must be free by then.
+    a, b = CoreLease(2, tmp_path), CoreLease(2, tmp_path)
+    assert a.acquire() == 2
+    unlocked = _unlocked_cores(a, monkeypatch)
+    a.release()
+    assert unlocked == [b.home, a.home], "active: a worker sharing a's home may wait on it"
+    a.idle()
+    prefill = CoreLease(2, tmp_path / "turn", role="prefill")
+    decode = CoreLease(2, tmp_path / "turn", role="decode")
+    assert prefill.acquire() == 2
+    waiter, got = _waiting_acquire(decode)  # its flag is up; it waits on its home core
+    unlocked = _unlocked_cores(prefill, monkeypatch)
+    prefill.idle()  # as before an overdue turn
+    prefill.release()
+    waiter.join(timeout=5)
+    assert unlocked == [prefill.home, decode.home], "the decode waits on its home core"
+    assert got == [2]
+    decode.release()
+    for lease in (a, b, prefill, decode):
         lease.close()
 
 
