@@ -20,9 +20,12 @@ First tokens come first. A prefill worker with prompts still to prefill (a new a
 or the rest of a burst or of a long prompt that one step's token budget cannot take) raises
 its home's `backlog-N` flag; a decode worker about to step while some prefill has a backlog
 lowers its active flag and waits for that backlog to clear, at most `YIELD_LIMIT_S` per step,
-so the prefill steps on every core. That is one engine stepping on two cores, as vLLM does with a
-prompt, instead of two on one each: a burst's last first token comes about twice as soon,
-and the running streams pause for as long.
+so the prefill steps on every core. That is one engine stepping on two cores, as vLLM does with
+a prompt, instead of two on one each: a burst's last first token comes about twice as soon,
+and the running streams pause for as long. A prefill worker that finds a decode worker active
+(between its steps, or in one) as its step starts waits for that decode to yield
+(`BORROW_WAIT_S` at most, about one decode step), rather than step on its own core while the
+decode's idles.
 
 A decode worker that waits out the limit takes a turn rather than a share: it raises its home's
 `overdue-N` flag for one step, a prefill worker finishing a step lowers its active flag before
@@ -50,6 +53,12 @@ from pathlib import Path
 # not run beside a decode step (at 1.0 s it did, 0.31 s instead of 0.18 s); under sustained
 # overload the running streams get one step in this long.
 YIELD_LIMIT_S = 1.5
+# A prefill worker with a backlog waits this long at most for an active decode worker to
+# yield its core: the rest of one decode step (16 rows: ~0.1 s on 2 cores of an AVX2 host).
+# Stepping at once on its own core instead left the decode's idle for the whole prefill step,
+# the decode waiting on the backlog (2026-12-03, c=16 through the mesh: 9 of 17 prefill steps
+# of a wave took 1 core, 0.48 s each against 0.31 s on 2).
+BORROW_WAIT_S = 0.5
 _YIELD_POLL_S = 0.002
 ROLES = ("prefill", "decode", "both")
 
@@ -81,7 +90,10 @@ class CoreLease:
         self._actives = [self._open(f"active-{i}") for i in range(self.cores)]
         self._backlogs = [self._open(f"backlog-{i}") for i in range(self.cores)]
         self._overdues = [self._open(f"overdue-{i}") for i in range(self.cores)]
+        self._yielders = [self._open(f"yields-{i}") for i in range(self.cores)]
         self._claim, self.home = self._claim_home()
+        if role == "decode":  # held for life: this core's owner yields to backlogs
+            fcntl.flock(self._yielders[self.home], fcntl.LOCK_SH)
         self._held: list[int] = []
         self._active = False
         self._backlog = False
@@ -91,21 +103,39 @@ class CoreLease:
         """Raise the active flag, take the home core (waiting for a borrower's step at most)
         and borrow the idle workers' cores; returns how many cores this step holds (>= 1).
         A decode worker first waits out a prefill backlog, a prefill worker an overdue decode
-        step (`YIELD_LIMIT_S` at most)."""
+        step (`YIELD_LIMIT_S` at most), and then, with a backlog, active decode workers'
+        yields (`BORROW_WAIT_S` at most)."""
         if self.role == "decode":
             self._yield_to_backlog()
         elif self.role == "prefill" and self._some_overdue():
             self._lower_active()  # the overdue decode step borrows this core
-            self._wait_out(self._some_overdue)
+            self._wait_out(self._some_overdue, YIELD_LIMIT_S)
         if not self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_SH)
             self._active = True
         fcntl.flock(self._files[self.home], fcntl.LOCK_EX)
         self._held = [self.home]
-        for core in range(self.cores):
-            if core != self.home and self._idle(core) and _try_lock(self._files[core]):
-                self._held.append(core)
+        self._borrow([core for core in range(self.cores) if core != self.home])
+        if self.role == "prefill" and self._backlog and not self._some_overdue():
+            self._borrow_from_yielders()
         return len(self._held)
+
+    def _borrow(self, cores: list[int]) -> None:
+        for core in cores:
+            if self._idle(core) and _try_lock(self._files[core]):
+                self._held.append(core)
+
+    def _borrow_from_yielders(self) -> None:
+        """Borrow the cores of active decode workers once they yield: this backlog is up,
+        so each lowers its flag as its next step starts."""
+        yielding = [
+            core
+            for core in range(self.cores)
+            if core not in self._held and not self._idle(core) and not _free(self._yielders[core])
+        ]
+        if yielding:
+            self._wait_out(lambda: not all(map(self._idle, yielding)), BORROW_WAIT_S)
+            self._borrow(yielding)
 
     def release(self) -> None:
         """After a step: every core goes back (the active flag stays up, unless a decode turn
@@ -159,14 +189,14 @@ class CoreLease:
         if not self._some_backlog():
             return
         self.idle()  # the prefill's next step borrows this core
-        if not self._wait_out(self._some_backlog):
+        if not self._wait_out(self._some_backlog, YIELD_LIMIT_S):
             fcntl.flock(self._overdues[self.home], fcntl.LOCK_SH)
             self._overdue = True
 
     @staticmethod
-    def _wait_out(waiting: Callable[[], bool]) -> bool:
-        """Poll `waiting` until it is false (True) or `YIELD_LIMIT_S` has passed (False)."""
-        give_up = time.monotonic() + YIELD_LIMIT_S
+    def _wait_out(waiting: Callable[[], bool], limit_s: float) -> bool:
+        """Poll `waiting` until it is false (True) or `limit_s` has passed (False)."""
+        give_up = time.monotonic() + limit_s
         while waiting():
             if time.monotonic() >= give_up:
                 return False
@@ -175,7 +205,8 @@ class CoreLease:
 
     def close(self) -> None:
         self.release()
-        for f in (*self._files, *self._actives, *self._backlogs, *self._overdues, self._claim):
+        flags = (*self._actives, *self._backlogs, *self._overdues, *self._yielders)
+        for f in (*self._files, *flags, self._claim):
             os.close(f)
 
     def _claim_home(self) -> tuple[int, int]:

@@ -155,6 +155,47 @@ def test_a_decode_worker_yields_its_core_to_a_prefill_backlog(tmp_path):
     prefill.close(), decode.close()
 
 
+def test_a_prefill_with_a_backlog_waits_for_an_active_decode_to_yield(tmp_path):
+    prefill = CoreLease(2, tmp_path, role="prefill")
+    decode = CoreLease(2, tmp_path, role="decode")
+    assert decode.acquire() == 2  # the prefill has no work yet
+    prefill.set_backlog(True)  # prompts arrive during the decode's step
+    prefill_waiter, prefill_got = _waiting_acquire(prefill)  # waits on its home core
+    decode.release()  # the decode is still active between its steps
+    time.sleep(0.1)
+    assert not prefill_got, "the prefill waits for the decode's next step to yield"
+    decode_waiter, decode_got = _waiting_acquire(decode)  # lowers its flag: the backlog
+    prefill_waiter.join(timeout=5)
+    assert prefill_got == [2], "not one core, with the decode's idle while it waits"
+    prefill.set_backlog(False)
+    prefill.release()
+    decode_waiter.join(timeout=5)
+    assert decode_got == [1]  # the prefill is active between its steps
+    decode.release()
+    prefill.close(), decode.close()
+
+
+def test_a_prefill_waits_for_a_decode_to_yield_for_a_while_at_most(tmp_path, monkeypatch):
+    monkeypatch.setattr("services.worker.core_lease.BORROW_WAIT_S", 0.3)
+    prefill = CoreLease(2, tmp_path, role="prefill")
+    decode = CoreLease(2, tmp_path, role="decode")
+    other = CoreLease(2, tmp_path / "both", role="both")
+    prefill_beside_other = CoreLease(2, tmp_path / "both", role="prefill")
+    for active in (decode, other):
+        active.acquire(), active.release()  # active between steps, and steps no more
+    prefill.set_backlog(True), prefill_beside_other.set_backlog(True)
+    started = time.monotonic()
+    assert prefill.acquire() == 1
+    assert 0.3 <= time.monotonic() - started < 3
+    started = time.monotonic()
+    assert prefill_beside_other.acquire() == 1  # a worker of both roles never yields
+    assert time.monotonic() - started < 0.25
+    for lease in (prefill, prefill_beside_other):
+        lease.release()
+    for lease in (prefill, decode, other, prefill_beside_other):
+        lease.close()
+
+
 def _leases_with_a_backlog(tmp_path, monkeypatch) -> tuple[CoreLease, CoreLease]:
     """(prefill, decode) with a 0.3 s yield limit, after a prefill step that left a backlog."""
     monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
