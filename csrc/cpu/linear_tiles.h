@@ -36,8 +36,17 @@ constexpr int64_t kRowBlockBytes = 512 * 1024;  // x rows kept in L2 across the 
 // prefetcher, which streams the panels best when the arithmetic is short. (2026-12-02, the
 // 2-core host with full-width AVX-512, bf16, 2 threads, a whole model step, medians of 6
 // rounds alternated: 64 decodes 49.3 -> 47.2 ms, 128 decodes 91.9 -> 88.0; from 2 tiles on,
-// 16 decodes were slower, 15.6-17.5 -> 19.8-22.2 in 3 rounds.)
+// 16 decodes were slower, 15.6-17.5 -> 19.8-22.2 in 3 rounds.) Without AVX-512 a tile runs
+// as four passes over its panel's block (linear.cpp), long enough from 2 tiles on (2026-12-03,
+// an AVX2-only host, bf16, 2 threads, a whole decode step, medians of 121 steps, 8 -> 2
+// alternated: 16 decodes 125.0 / 127.9 / 106.2 / 103.5 -> 102.1 / 108.1 / 91.1 / 89.4 ms,
+// 8 decodes 75.4 / 76.2 / 61.6 / 68.2 -> 71.5 / 68.8 / 64.2 / 54.1; from 1 tile on, one
+// decode was slower, 23.7 / 28.9 / 24.4 -> 27.8 / 30.7 / 31.6).
+#ifdef __AVX512F__
 constexpr int64_t kFetchTiles = 8;
+#else
+constexpr int64_t kFetchTiles = 2;
+#endif
 
 struct Step {
   int64_t kc, ldx, ldy;  // k steps of this block; row strides of x and y (in elements)
