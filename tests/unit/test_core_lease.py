@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from services.worker.core_lease import CoreLease
 
@@ -21,6 +22,10 @@ def _waiting_acquire(lease: CoreLease) -> tuple[threading.Thread, list[int]]:
     thread.start()
     time.sleep(0.2)
     return thread, got
+
+
+def _prefill_and_decode(directory: Path) -> tuple[CoreLease, CoreLease]:
+    return CoreLease(2, directory, role="prefill"), CoreLease(2, directory, role="decode")
 
 
 def test_each_worker_claims_its_own_home_core(tmp_path):
@@ -95,8 +100,7 @@ def test_a_step_gives_back_last_the_core_a_waking_worker_waits_on(tmp_path, monk
     a.release()
     assert unlocked == [b.home, a.home], "active: a worker sharing a's home may wait on it"
     a.idle()
-    prefill = CoreLease(2, tmp_path / "turn", role="prefill")
-    decode = CoreLease(2, tmp_path / "turn", role="decode")
+    prefill, decode = _prefill_and_decode(tmp_path / "turn")
     assert prefill.acquire() == 2
     waiter, got = _waiting_acquire(decode)  # its flag is up; it waits on its home core
     unlocked = _unlocked_cores(prefill, monkeypatch)
@@ -137,8 +141,7 @@ def test_a_killed_worker_strands_no_core(tmp_path):
 
 
 def test_a_decode_worker_yields_its_core_to_a_prefill_backlog(tmp_path):
-    prefill = CoreLease(2, tmp_path, role="prefill")
-    decode = CoreLease(2, tmp_path, role="decode")
+    prefill, decode = _prefill_and_decode(tmp_path)
     assert decode.acquire() == 2  # no backlog: decode borrows the idle prefill's core
     decode.release()
     assert prefill.acquire() == 1  # decode is active between its steps
@@ -156,8 +159,7 @@ def test_a_decode_worker_yields_its_core_to_a_prefill_backlog(tmp_path):
 
 
 def test_a_prefill_with_a_backlog_waits_for_an_active_decode_to_yield(tmp_path):
-    prefill = CoreLease(2, tmp_path, role="prefill")
-    decode = CoreLease(2, tmp_path, role="decode")
+    prefill, decode = _prefill_and_decode(tmp_path)
     assert decode.acquire() == 2  # the prefill has no work yet
     prefill.set_backlog(True)  # prompts arrive during the decode's step
     prefill_waiter, prefill_got = _waiting_acquire(prefill)  # waits on its home core
@@ -177,8 +179,7 @@ def test_a_prefill_with_a_backlog_waits_for_an_active_decode_to_yield(tmp_path):
 
 def test_a_prefill_waits_for_a_decode_to_yield_for_a_while_at_most(tmp_path, monkeypatch):
     monkeypatch.setattr("services.worker.core_lease.BORROW_WAIT_S", 0.3)
-    prefill = CoreLease(2, tmp_path, role="prefill")
-    decode = CoreLease(2, tmp_path, role="decode")
+    prefill, decode = _prefill_and_decode(tmp_path)
     other = CoreLease(2, tmp_path / "both", role="both")
     prefill_beside_other = CoreLease(2, tmp_path / "both", role="prefill")
     for active in (decode, other):
@@ -199,8 +200,7 @@ def test_a_prefill_waits_for_a_decode_to_yield_for_a_while_at_most(tmp_path, mon
 def _leases_with_a_backlog(tmp_path, monkeypatch) -> tuple[CoreLease, CoreLease]:
     """(prefill, decode) with a 0.3 s yield limit, after a prefill step that left a backlog."""
     monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
-    prefill = CoreLease(2, tmp_path, role="prefill")
-    decode = CoreLease(2, tmp_path, role="decode")
+    prefill, decode = _prefill_and_decode(tmp_path)
     prefill.acquire()
     prefill.set_backlog(True)
     prefill.release()
@@ -221,8 +221,7 @@ def test_a_backlog_holds_a_decode_step_back_for_the_yield_limit_at_most(tmp_path
 
 def test_an_overdue_decode_step_takes_every_core_for_one_turn(tmp_path, monkeypatch):
     monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
-    prefill = CoreLease(2, tmp_path, role="prefill")
-    decode = CoreLease(2, tmp_path, role="decode")
+    prefill, decode = _prefill_and_decode(tmp_path)
     assert prefill.acquire() == 2  # decode has no work yet
     prefill.set_backlog(True)  # and this step leaves prompts waiting
     decode_waiter, decode_got = _waiting_acquire(decode)
