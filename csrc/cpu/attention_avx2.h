@@ -11,9 +11,14 @@
 // attend_heads takes a tile of keys over all of a row's heads when rows are many (a prefill of
 // 256 rows took 20-30% less time than head by head), a single head when rows are fewer than
 // two a thread; a head's arithmetic is the same either way.
-// Prefetching the rows of the tile two or four on into L2, as attention_bf16.h does, gave
-// nothing measurable here (64 decode rows x 192 tokens x 30 layers, 96-147 ms with and
-// 102-125 without, on the 2-core AMD EPYC AVX2 host), so there is none.
+// Memory: a decode step reads every row's context from memory. When a thread's items are whole
+// rows of a 16-bit cache, the rows of the tile two on are fetched into L2 while a tile's keys
+// are scored (in shares over its score calls), and a row's last two tiles fetch the first two
+// of the thread's next row, as attention_bf16.h does. On the 2-core AMD EPYC AVX2 host, bf16
+// cache, 30 layers, rounds alternated in one process (`bench attention`'s step): one thread,
+// 64 rows x 192 tokens 67-108 -> 46-62 ms, 16 x 1024 105-149 -> 70-87; two threads 56-68 ->
+// 27-35, 16 x 1024 72-79 -> 46-66. An fp32 cache (twice the lines a token), and items of one
+// head (a few rows: 1-3 x 512-1024 tokens), gained nothing measurable, so they fetch nothing.
 #pragma once
 
 #include "vec_math_avx2.h"
@@ -21,6 +26,7 @@
 #ifdef SPLITSERVE_AVX2
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "paged_layout.h"
@@ -32,6 +38,7 @@ using vec_math::load8;
 
 constexpr int64_t kKeys = 8;          // keys scored together: one reduce_add8
 constexpr int64_t kChunkVectors = 8;  // V dims (in vectors of 8) kept in registers at a time
+constexpr int64_t kAhead = 2;         // tiles: the rows fetched are those of the tile two on
 
 inline bool takes(int64_t head_dim) { return head_dim % 8 == 0 && head_dim <= 512; }
 
@@ -43,20 +50,42 @@ struct Scratch {
   std::vector<float> scores;     // [heads][n rounded up to 8]: scores, then weights
 };
 
-// The cache rows of the tokens [first, context) (K of every KV head, then V), the last one
-// repeated up to the next tile: padding keys' scores are not kept.
+// rows[i]: the cache row (K of every KV head, then V) of token first + i, for i < context - first.
 template <typename T>
-void gather_tokens(Scratch<T>& s, const T* cache, const int64_t* table, const Layout& l,
-                   int64_t first, int64_t context) {
-  const int64_t n = context - first, padded = (n + kKeys - 1) / kKeys * kKeys;
-  s.tokens.resize(padded);
+void token_rows(const T* cache, const int64_t* table, const Layout& l, int64_t first,
+                int64_t context, const T** rows) {
   for (int64_t t = first; t < context;) {  // one run of tokens inside one block
     const int64_t offset = t % l.block_size, run = std::min(l.block_size - offset, context - t);
     const T* row = cache + table[t / l.block_size] * l.block_stride + offset * l.token_stride;
-    for (int64_t j = 0; j < run; ++j) s.tokens[t - first + j] = row + j * l.token_stride;
+    for (int64_t j = 0; j < run; ++j) rows[t - first + j] = row + j * l.token_stride;
     t += run;
   }
+}
+
+// s.tokens: the rows of the tokens [first, context), the last one repeated up to the next tile
+// (padding keys' scores are not kept), then kAhead tiles of rows only fetched: the upcoming
+// context's first ones (none: the last row again).
+template <typename T>
+void gather_tokens(Scratch<T>& s, const T* cache, const int64_t* table, const Layout& l,
+                   int64_t first, int64_t context, const paged_kv::Context& upcoming) {
+  const int64_t n = context - first, padded = (n + kKeys - 1) / kKeys * kKeys;
+  s.tokens.resize(padded + kAhead * kKeys);
+  token_rows(cache, table, l, first, context, s.tokens.data());
   std::fill(s.tokens.begin() + n, s.tokens.end(), s.tokens[n - 1]);
+  if (upcoming.table != nullptr) {
+    token_rows(cache, upcoming.table, l, upcoming.first,
+               std::min(upcoming.context, upcoming.first + kAhead * kKeys),
+               s.tokens.data() + padded);
+  }
+}
+
+// Share `call` of `calls` of the lines of a tile's 8 token rows (`lines` each), fetched into L2.
+template <typename T>
+inline void fetch_share(const T* const* rows, int64_t lines, int64_t call, int64_t calls) {
+  const int64_t all = kKeys * lines;
+  for (int64_t f = all * call / calls; f < all * (call + 1) / calls; ++f) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[f / lines]) + (f % lines) * 64, _MM_HINT_T1);
+  }
 }
 
 // The scores of one head's q (d floats, scaled) against 8 keys at column k_offset of `rows`.
@@ -142,21 +171,32 @@ void head_output(T* out, const T* const* rows, const Layout& l, int64_t kv_head,
   for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(result[i]);
 }
 
+// Whether whole-row items over a cache of T fetch ahead (see the top of this file).
+template <typename T>
+constexpr bool fetches_ahead() {
+  return sizeof(T) == 2;
+}
+
 // Heads [h0, h1) of a row (q_in, out: (h1 - h0) x d) over the tokens [first, context), a
-// tile of keys over all of them; head h reads KV head h / group.
+// tile of keys over all of them; head h reads KV head h / group. With `fetch`, the rows of the
+// tile two on are fetched meanwhile, and the last tiles fetch the first ones of `upcoming`
+// (the row the thread attends next; none: no table).
 template <typename T>
 void attend_heads(const T* q_in, T* out, const T* cache, const int64_t* table, int64_t first,
                   int64_t context, int64_t h0, int64_t h1, int64_t group, const Layout& l,
-                  float scale, float softcap, Scratch<T>& s) {
+                  float scale, float softcap, Scratch<T>& s, bool fetch = false,
+                  const paged_kv::Context& upcoming = {}) {
   const int64_t d = l.head_dim, heads = h1 - h0;
   const int64_t n = context - first, padded = (n + kKeys - 1) / kKeys * kKeys;
-  gather_tokens(s, cache, table, l, first, context);
+  gather_tokens(s, cache, table, l, first, context, upcoming);
+  const int64_t lines = (l.token_stride * static_cast<int64_t>(sizeof(T)) + 63) / 64;
   s.q.resize(heads * d);
   s.scores.resize(heads * padded);
   for (int64_t i = 0; i < heads * d; ++i) s.q[i] = static_cast<float>(q_in[i]) * scale;
   for (int64_t i = 0; i < n; i += kKeys) {
     const T* const* tile = s.tokens.data() + i;
     for (int64_t h = 0; h < heads; ++h) {
+      if (fetch) fetch_share(tile + kAhead * kKeys, lines, h, heads);
       score_tile(s.q.data() + h * d, tile, (h0 + h) / group * d, d / 8,
                  s.scores.data() + h * padded + i);
     }
