@@ -41,12 +41,23 @@ constexpr int64_t kRowBlockBytes = 512 * 1024;  // x rows kept in L2 across the 
 // an AVX2-only host, bf16, 2 threads, a whole decode step, medians of 121 steps, 8 -> 2
 // alternated: 16 decodes 125.0 / 127.9 / 106.2 / 103.5 -> 102.1 / 108.1 / 91.1 / 89.4 ms,
 // 8 decodes 75.4 / 76.2 / 61.6 / 68.2 -> 71.5 / 68.8 / 64.2 / 54.1; from 1 tile on, one
-// decode was slower, 23.7 / 28.9 / 24.4 -> 27.8 / 30.7 / 31.6).
+// decode was slower, 23.7 / 28.9 / 24.4 -> 27.8 / 30.7 / 31.6). Since then the AVX2 passes
+// stream their panel rows themselves (kFetchesAhead, linear.cpp), which beat the burst; a build
+// with neither AVX-512 nor AVX2 keeps it from 2 tiles on.
 #ifdef __AVX512F__
 constexpr int64_t kFetchTiles = 8;
 #else
 constexpr int64_t kFetchTiles = 2;
 #endif
+
+template <typename K>
+constexpr bool fetches_ahead() {
+  if constexpr (requires { K::kFetchesAhead; }) {
+    return K::kFetchesAhead;
+  } else {
+    return false;
+  }
+}
 
 struct Step {
   int64_t kc, ldx, ldy;  // k steps of this block; row strides of x and y (in elements)
@@ -110,7 +121,7 @@ void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K
           const int64_t next_step = (v / kPanelVectors) * steps + k0 + s.kc;
           const char* next = reinterpret_cast<const char*>(w + next_step * kPanel * pack);
           const int64_t tiles = (m1 - m0 + kMaxRows - 1) / kMaxRows;
-          const bool fetch = next_step < all_steps && tiles >= kFetchTiles;
+          const bool fetch = !fetches_ahead<K>() && next_step < all_steps && tiles >= kFetchTiles;
           int64_t line = 0, tile = 0;
           for (int64_t m = m0; m < m1; m += kMaxRows) {
             const int64_t mr = std::min<int64_t>(kMaxRows, m1 - m);

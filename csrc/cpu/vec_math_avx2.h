@@ -29,6 +29,15 @@ inline __m256 load8(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 
+// 16 bf16 stored interleaved, a0 b0 a1 b1 ... a7 b7, as two fp32 vectors a and b: each 32-bit
+// word holds a (low half) and b (high half), so a shift and a mask widen them, in-lane (where
+// load8's zero-extension crosses 128-bit lanes, 2 of the 3 operations of a widened load).
+inline void load_interleaved16(const c10::BFloat16* p, __m256& a, __m256& b) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  a = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+  b = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
 inline __m256 load8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }

@@ -76,6 +76,24 @@ def test_a_row_is_bitwise_the_same_for_every_batch_size(shape, weight_dtype):
         assert torch.equal(layer(x[start : start + 5]), full[start : start + 5]), start
 
 
+@pytest.mark.skipif(
+    native.load() is not None and native.load().bf16_dot_product_kernel(),
+    reason="bf16 takes the AVX512-BF16 pair dot products here, not the FMA chain",
+)
+@pytest.mark.parametrize("shape", [(67, 130), (576, 960), (5, 1), (64, 17)], ids=str)
+def test_bf16_weights_give_the_bits_of_the_same_values_in_fp32(shape):
+    """The FMA chain widens each bf16 weight exactly, however the panel lays them out (an AVX2
+    build interleaves a panel's bf16 columns in pairs of eight): every column lands where the
+    fp32 copy's does, tails included."""
+    k, n = shape
+    gen = torch.Generator().manual_seed(n)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    bf16, fp32 = (batch_invariant.PackedLinear.pack(v) for v in (w, w.float()))
+    for m in (1, 5, 6, 7, 64):
+        x = torch.randn(m, k, generator=gen)
+        assert torch.equal(bf16(x), fp32(x)), m
+
+
 def test_auto_turns_on_only_with_invariant_weights_and_cpu_attention(tmp_path):
     def resolved(**settings) -> bool:
         return batch_invariant.resolve(EngineConfig(model_dir=tmp_path, **settings))
