@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
+from prometheus_client import Counter
 
 from services.worker.config import WorkerConfig
 from services.worker.requests import RequestState, WorkerRequest
@@ -37,12 +38,16 @@ class WorkerTelemetry:
     metrics: WorkerMetrics = field(init=False)
     _prefix_counted: tuple[int, int] = (0, 0)  # (queries, hits) already added to the counters
     _spec_counted: SpecDecodeStats = field(default_factory=SpecDecodeStats)  # already added
+    # this role's child of the sampled-token counter, looked up once: `on_output` runs for
+    # every request of every step, on the loop the engine thread waits on for the GIL
+    _sampled: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         role = self.config.role
         service = "worker" if role == "both" else role
         self.tracing = setup_tracing(service, self.config.otlp_endpoint, self.config.worker_id)
         self.metrics = WorkerMetrics(role, self.config.model_name)
+        self._sampled = self.metrics.generation_tokens.labels(role)
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -87,7 +92,7 @@ class WorkerTelemetry:
 
     def on_output(self, request: WorkerRequest, output: RequestOutput, step_started: float) -> None:
         record = request.trace
-        self.metrics.generation_tokens.labels(self.config.role).inc(len(output.new_token_ids))
+        self._sampled.inc(len(output.new_token_ids))
         if not request.decodes:
             return
         if not record.first_step:  # the first step after KVDone
