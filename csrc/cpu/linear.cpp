@@ -69,6 +69,7 @@ void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last)
     }
   }
   for (int64_t k = 0; k < kc; ++k) {
+    linear_tiles::fetch_step(s, k);
     const W* wk = w + k * kPanel;
     __m512 wv[NV];
 #pragma GCC unroll 4
@@ -99,7 +100,7 @@ void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last)
 // bf16 panels hold each 16 columns interleaved (c0 c8 c1 c9 ... c7 c15; pack_linear_weight),
 // so a shift and a mask widen them in-lane, where load8's zero-extension crosses lanes; and a
 // pass fetches the panel rows kAheadSteps on into L2 as it goes, a steady stream in place of
-// linear_tiles.h's burst per row tile. The two, on the 2-core AMD EPYC AVX2 host (2026-12-03,
+// linear_tiles.h's fetch of the next block (then a burst at the start of each row tile). The two, on the 2-core AMD EPYC AVX2 host (2026-12-03,
 // SmolLM2-135M's bf16 matrices, 30 layers + LM head from memory, 8 rounds alternated in one
 // process, medians; two threads): interleaved 64 rows 139.4 -> 128.4 ms, 16 rows 51.7 ->
 // 48.9; then the stream, against the burst: 1 row 11.3 -> 10.8, 4 rows 19.1 -> 16.4, 16 rows
@@ -204,6 +205,7 @@ void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last)
     for (int64_t j = 0; j < kCols; ++j) acc[r][j] = s.first || j >= cols ? 0.f : y[r * s.ldy + j];
   }
   for (int64_t k = 0; k < s.kc; ++k) {
+    linear_tiles::fetch_step(s, k);
     const W* wk = w + k * kPanel;
     for (int r = 0; r < MR; ++r) {
       const float xr = x[r * s.ldx + k];

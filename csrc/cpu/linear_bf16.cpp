@@ -63,6 +63,7 @@ struct Bf16Pairs {
       }
     }
     for (int64_t k = 0; k < s.kc; ++k) {
+      linear_tiles::fetch_step(s, k);
       const W* wk = w + k * kPanel * kPack;
       __m512bh wv[NV];
 #pragma GCC unroll 4

@@ -69,6 +69,7 @@ struct Int8Quads {
       }
     }
     for (int64_t k = 0; k < s.kc; ++k) {
+      linear_tiles::fetch_step(s, k);
       const W* wk = w + k * kPanel * kPack;
       __m512i wv[NV];
 #pragma GCC unroll 4

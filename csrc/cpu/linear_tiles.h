@@ -6,8 +6,8 @@
 // packed weight is [P, steps, 64 * kPack] with steps = ceil(K / kPack). A tile is up to 6 rows
 // x 4 vectors of 16 columns with its accumulators in registers; steps run in blocks whose
 // slice of the panel stays in L1 while every row tile passes over it, the partial sums
-// waiting in y (fp32 or int32, exact) between blocks. With many rows, the next block is
-// prefetched while a block's tiles run.
+// waiting in y (fp32 or int32, exact) between blocks. The next block is prefetched while a
+// block's tiles run, a few lines a k step.
 //
 // Every y[m, n] is one chain of dot-product steps over k in order, whatever M, the row or
 // column blocking, vector tails or the thread count (threads split the columns): row m of
@@ -30,25 +30,18 @@ constexpr int64_t kPanelVectors = kPanel / kLanes;
 constexpr int kMaxRows = 6;                     // rows per tile: 6 x 4 accumulators
 constexpr int64_t kBlockBytes = 24 * 1024;      // one k block of a panel: fits L1
 constexpr int64_t kRowBlockBytes = 512 * 1024;  // x rows kept in L2 across the panels
-// From this many row tiles a block's sweep prefetches the next block into L2, its lines shared
-// out over the tiles: a block's arithmetic is then long enough to hide the fetch, which the
-// first tile of the next block would otherwise wait on. Fewer rows leave it to the hardware
-// prefetcher, which streams the panels best when the arithmetic is short. (2026-12-02, the
-// 2-core host with full-width AVX-512, bf16, 2 threads, a whole model step, medians of 6
-// rounds alternated: 64 decodes 49.3 -> 47.2 ms, 128 decodes 91.9 -> 88.0; from 2 tiles on,
-// 16 decodes were slower, 15.6-17.5 -> 19.8-22.2 in 3 rounds.) Without AVX-512 a tile runs
-// as four passes over its panel's block (linear.cpp), long enough from 2 tiles on (2026-12-03,
-// an AVX2-only host, bf16, 2 threads, a whole decode step, medians of 121 steps, 8 -> 2
-// alternated: 16 decodes 125.0 / 127.9 / 106.2 / 103.5 -> 102.1 / 108.1 / 91.1 / 89.4 ms,
-// 8 decodes 75.4 / 76.2 / 61.6 / 68.2 -> 71.5 / 68.8 / 64.2 / 54.1; from 1 tile on, one
-// decode was slower, 23.7 / 28.9 / 24.4 -> 27.8 / 30.7 / 31.6). Since then the AVX2 passes
-// stream their panel rows themselves (kFetchesAhead, linear.cpp), which beat the burst; a build
-// with neither AVX-512 nor AVX2 keeps it from 2 tiles on.
-#ifdef __AVX512F__
-constexpr int64_t kFetchTiles = 8;
-#else
-constexpr int64_t kFetchTiles = 2;
-#endif
+// Every tile of a block fetches its share of the next block's lines into L2, a line or a few
+// each k step (fetch_step), so a panel streams from memory at an even pace while the block's
+// tiles run, and the next block's first tile finds its lines in L2. Before (2026-12-02), a tile
+// fetched its whole share at once as it started, and only from 8 tiles on: fewer rows left the
+// stream to the hardware prefetcher, which idles while the second and later tiles run from L1.
+// On the 2-core AMD EPYC host with AVX-512 and AVX512-BF16 (2026-12-04, the engine's decode
+// steps, 2 threads, the two alternated step by step in one process, medians of 51-96 steps;
+// matmul ms per step): bf16 16 rows 21.6 -> 17.1, 64 rows 54.2 -> 52.9, 1 row 11.5 -> 11.4, a
+// prefill step of 256 tokens 162.8 -> 163.6; fp32 16 rows 33.4 -> 30.3, 64 rows 100.3 -> 96.7,
+// 1 row 21.4 -> 20.9; W8A8 whole steps 31.5 -> 31.7 (16 rows), 92.0 -> 90.8 (64), 9.3 -> 8.8
+// (1). Kernels whose passes stream their panel rows themselves (kFetchesAhead: the AVX2
+// build's, linear.cpp) fetch nothing here.
 
 template <typename K>
 constexpr bool fetches_ahead() {
@@ -62,7 +55,18 @@ constexpr bool fetches_ahead() {
 struct Step {
   int64_t kc, ldx, ldy;  // k steps of this block; row strides of x and y (in elements)
   bool first;            // the block starts at k = 0: accumulators start from zero
+  // The tile's share of the next block's lines, fetched into L2 a few a k step (fetch_step).
+  const char* fetch = nullptr;
+  int64_t fetch_lines = 0, fetch_per_step = 0;
 };
+
+// In a tile's k loop: step k's lines of the tile's share of the next block.
+[[gnu::always_inline]] inline void fetch_step(const Step& s, int64_t k) {
+  for (int64_t j = k * s.fetch_per_step, e = std::min(s.fetch_lines, j + s.fetch_per_step);
+       j < e; ++j) {
+    __builtin_prefetch(s.fetch + j * 64, 0, 2);  // prefetcht1
+  }
+}
 
 // Kernel: X, W, Acc types; kPack; tile<MR, NV>(x, w, y, step, last) computing one k block of
 // MR rows against NV vectors of a panel (the last vector holding `last` columns).
@@ -121,17 +125,20 @@ void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K
           const int64_t next_step = (v / kPanelVectors) * steps + k0 + s.kc;
           const char* next = reinterpret_cast<const char*>(w + next_step * kPanel * pack);
           const int64_t tiles = (m1 - m0 + kMaxRows - 1) / kMaxRows;
-          const bool fetch = !fetches_ahead<K>() && next_step < all_steps && tiles >= kFetchTiles;
+          const bool fetch = !fetches_ahead<K>() && next_step < all_steps;
           int64_t line = 0, tile = 0;
+          Step t = s;
           for (int64_t m = m0; m < m1; m += kMaxRows) {
             const int64_t mr = std::min<int64_t>(kMaxRows, m1 - m);
             if (fetch) {  // this tile's share of the next block's lines
-              for (const int64_t until = block_lines * ++tile / tiles; line < until; ++line) {
-                __builtin_prefetch(next + line * 64, 0, 2);  // prefetcht1
-              }
+              const int64_t until = block_lines * ++tile / tiles;
+              t.fetch = next + line * 64;
+              t.fetch_lines = until - line;
+              t.fetch_per_step = (t.fetch_lines + s.kc - 1) / s.kc;
+              line = until;
             }
             kTiles<K>[mr - 1][nv - 1](x + m * ldx + k0 * pack, panel + k0 * kPanel * pack,
-                                      y + m * N + n0, s, last);
+                                      y + m * N + n0, t, last);
           }
         }
         v += nv;
