@@ -100,12 +100,13 @@ void fma_tile(const float* x, const W* w, float* y, const Step& s, int64_t last)
 // bf16 panels hold each 16 columns interleaved (c0 c8 c1 c9 ... c7 c15; pack_linear_weight),
 // so a shift and a mask widen them in-lane, where load8's zero-extension crosses lanes; and a
 // pass fetches the panel rows kAheadSteps on into L2 as it goes, a steady stream in place of
-// linear_tiles.h's fetch of the next block (then a burst at the start of each row tile). The two, on the 2-core AMD EPYC AVX2 host (2026-12-03,
-// SmolLM2-135M's bf16 matrices, 30 layers + LM head from memory, 8 rounds alternated in one
-// process, medians; two threads): interleaved 64 rows 139.4 -> 128.4 ms, 16 rows 51.7 ->
-// 48.9; then the stream, against the burst: 1 row 11.3 -> 10.8, 4 rows 19.1 -> 16.4, 16 rows
-// 36.4 -> 33.0, 64 rows 108.5 -> 106.5 (16 steps on: 10.3, 17.3, 34.5, 105.6; the burst as
-// well: no better). Neither changes a bit: the same FMA chain per element.
+// linear_tiles.h's fetch of the next block (then a burst at the start of each row tile). The
+// two, on the 2-core AMD EPYC AVX2 host (2026-12-03, SmolLM2-135M's bf16 matrices, 30 layers
+// + LM head from memory, 8 rounds alternated in one process, medians; two threads):
+// interleaved 64 rows 139.4 -> 128.4 ms, 16 rows 51.7 -> 48.9; then the stream, against the
+// burst: 1 row 11.3 -> 10.8, 4 rows 19.1 -> 16.4, 16 rows 36.4 -> 33.0, 64 rows 108.5 -> 106.5
+// (16 steps on: 10.3, 17.3, 34.5, 105.6; the burst as well: no better). Neither changes a bit:
+// the same FMA chain per element.
 constexpr int kAccumulators = 12;
 constexpr int64_t kAheadSteps = 32;
 

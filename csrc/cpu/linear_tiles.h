@@ -41,7 +41,8 @@ constexpr int64_t kRowBlockBytes = 512 * 1024;  // x rows kept in L2 across the 
 // prefill step of 256 tokens 162.8 -> 163.6; fp32 16 rows 33.4 -> 30.3, 64 rows 100.3 -> 96.7,
 // 1 row 21.4 -> 20.9; W8A8 whole steps 31.5 -> 31.7 (16 rows), 92.0 -> 90.8 (64), 9.3 -> 8.8
 // (1). Kernels whose passes stream their panel rows themselves (kFetchesAhead: the AVX2
-// build's, linear.cpp) fetch nothing here.
+// build's, linear.cpp) fetch nothing here; a build with neither AVX2 nor AVX-512 fetches as
+// above, not measured on such a CPU.
 
 template <typename K>
 constexpr bool fetches_ahead() {
