@@ -4,16 +4,23 @@ One tensor per layer: [num_blocks, block_size, 2, kv_heads, head_dim] (K at inde
 so a block of one layer is one contiguous run of memory and a gather by block id is cheap.
 The tensors live on the engine's device; blocks copied out (`read_blocks`) are always on
 the CPU, for the KV transfer to ship as bytes, and blocks copied in may come from anywhere.
+On the CPU the layers are views of one allocation on 2 MiB pages where the kernel gives them
+(huge_pages.py: the decode attention's reads miss the TLB far less).
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from shared.engine.errors import InvalidRequest
+from shared.engine.huge_pages import thp_mode, zeros_on_huge_pages
 from shared.engine.model_config import ModelConfig
 
 CPU = torch.device("cpu")
+
+log = logging.getLogger(__name__)
 
 
 class KVCache:
@@ -28,10 +35,20 @@ class KVCache:
         self.block_shape = (block_size, 2, config.num_kv_heads, config.head_dim)
         self.dtype = dtype
         self.device = device
-        self.layers = [
-            torch.zeros(num_blocks, *self.block_shape, dtype=dtype, device=device)
-            for _ in range(config.num_layers)
-        ]
+        shape = (num_blocks, *self.block_shape)
+        if device.type == "cpu":
+            every_layer, huge = zeros_on_huge_pages((config.num_layers, *shape), dtype)
+            self.layers = list(every_layer.unbind(0))
+            log.info(
+                "KV cache: %d MiB on %s pages (transparent huge pages: %s)",
+                every_layer.nbytes >> 20,
+                "2 MiB" if huge else "4 KiB",
+                thp_mode(),
+            )
+        else:
+            self.layers = [
+                torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)
+            ]
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
