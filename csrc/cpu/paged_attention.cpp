@@ -332,6 +332,13 @@ void widen(WidenedKV& w, const PagedKV<C>& paged, int64_t tokens) {
 // and sums. The cut depends on the row's context alone, so a row has the same bits whether its
 // parts run on one thread (many rows) or spread over all of them (a few long rows).
 constexpr int64_t kSplit = 512;
+// A thread's share of a step's rows (attend_items) is measured in context tokens: those of a row
+// reading a context of its own from memory (a decode's) count kOwnContextWork times those of a
+// chunk row, whose context its neighbours share in cache; each row costs kRowWork more. Tried on the 2-core AVX512-BF16 host (2026-12-04), 64 x 128 -> 128
+// offline: own-context weights 1 / 2 / 3 and row costs 8 / 32 / 64; 2 and 32 were best or
+// tied at every mix of decodes and chunk rows.
+constexpr int64_t kOwnContextWork = 2;
+constexpr int64_t kRowWork = 32;
 
 struct Span {
   int64_t first, context;
@@ -441,24 +448,35 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
                       stats);
     }
   };
-  // rows zigzag (first, last, second, ...): a chunk's rows see ever more context, and each
-  // thread's contiguous share of items then holds as much of it as another's
-  const auto zigzag = [rows](int64_t k) { return k % 2 == 0 ? k / 2 : rows - 1 - k / 2; };
   const auto context_of_part = [&](int64_t r, int64_t part) {
     const Span span = part_of(span_of(r), part);
     return paged_kv::Context{tables + table_of[r] * width, span.first, span.context};
   };
   if (rows >= 4 * at::get_num_threads()) {
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    // Each thread takes a run of rows of about an equal share of the work (kOwnContextWork,
+    // kRowWork). An equal count of rows, zigzagged, left a step that mixes decodes with a
+    // prompt's chunk with most of the decodes on one thread.
+    std::vector<int64_t> work(rows + 1, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const Span span = span_of(r);
+      const int64_t per_token = shared_context[r] ? 1 : kOwnContextWork;
+      work[r + 1] = work[r] + (span.context - span.first) * per_token + kRowWork;
+    }
+    const int64_t threads = at::get_num_threads();
+    const auto first_row_of = [&](int64_t thread) {  // work strictly grows: rows >= 1 apart
+      return std::lower_bound(work.begin(), work.end(), work[rows] * thread / threads) -
+             work.begin();
+    };
+    at::parallel_for(0, threads, 1, [&](int64_t thread_begin, int64_t thread_end) {
+      const int64_t begin = first_row_of(thread_begin), end = first_row_of(thread_end);
       Scratch scratch;
-      for (int64_t k = begin; k < end; ++k) {
-        const int64_t r = zigzag(k);
+      for (int64_t r = begin; r < end; ++r) {
         const Span span = span_of(r);
         const int64_t count = part_count(span);
         // what this thread attends after part i of row r
         const auto upcoming = [&](int64_t i) {
           if (i + 1 < count) return context_of_part(r, i + 1);
-          return k + 1 < end ? context_of_part(zigzag(k + 1), 0) : paged_kv::Context{};
+          return r + 1 < end ? context_of_part(r + 1, 0) : paged_kv::Context{};
         };
         if (count == 1) {
           attend(r, span, 0, kv_heads, out + r * heads * d, nullptr, scratch, upcoming(0));
@@ -491,6 +509,9 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
     int64_t row, part, kv_head;
   };
   std::vector<Item> items;
+  // rows zigzag (first, last, second, ...): a chunk's rows see ever more context, and each
+  // thread's contiguous share of items then holds as much of it as another's
+  const auto zigzag = [rows](int64_t k) { return k % 2 == 0 ? k / 2 : rows - 1 - k / 2; };
   for (int64_t k = 0; k < rows; ++k) {
     const int64_t r = zigzag(k), count = part_count(span_of(r));
     for (int64_t i = 0; i < count; ++i) {
