@@ -3,6 +3,7 @@ pages where the kernel offers them, and each layer its own run of memory."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from shared.engine.huge_pages import HUGE_PAGE, thp_mode, zeros_on_huge_pages
 from shared.engine.kv_cache import KVCache
-from shared.engine.model_config import ModelConfig
+from tests.unit.test_machine_share import TINY
 
 OFFERED = thp_mode() in ("always", "madvise")
 
@@ -46,21 +47,7 @@ def test_a_small_tensor_takes_plain_pages() -> None:
 
 @pytest.mark.skipif(not OFFERED, reason="the kernel offers no transparent huge pages")
 def test_kv_cache_layers_are_separate_views_of_one_huge_page_allocation() -> None:
-    config = ModelConfig(
-        architecture="LlamaForCausalLM",
-        vocab_size=64,
-        hidden_size=128,
-        intermediate_size=256,
-        num_layers=3,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        rope_theta=1e4,
-        rms_norm_eps=1e-6,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        attention_bias=False,
-    )
+    config = replace(TINY, num_layers=3, head_dim=32)  # 2 KV heads
     cache = KVCache(config, num_blocks=2048, block_size=16, dtype=torch.float32)
     first, *rest = cache.layers
     assert first.data_ptr() % HUGE_PAGE == 0
