@@ -334,9 +334,10 @@ void widen(WidenedKV& w, const PagedKV<C>& paged, int64_t tokens) {
 constexpr int64_t kSplit = 512;
 // A thread's share of a step's rows (attend_items) is measured in context tokens: those of a row
 // reading a context of its own from memory (a decode's) count kOwnContextWork times those of a
-// chunk row, whose context its neighbours share in cache; each row costs kRowWork more. Tried on the 2-core AVX512-BF16 host (2026-12-04), 64 x 128 -> 128
-// offline: own-context weights 1 / 2 / 3 and row costs 8 / 32 / 64; 2 and 32 were best or
-// tied at every mix of decodes and chunk rows.
+// chunk row, whose context its neighbours share in cache; each row costs kRowWork more. Tried
+// on the 2-core AVX512-BF16 host (2026-12-04, 64 x 128 -> 128 offline): own-context weights
+// 1 / 2 / 3 and row costs 8 / 32 / 64; 2 and 32 were best or tied at every mix of decodes and
+// chunk rows.
 constexpr int64_t kOwnContextWork = 2;
 constexpr int64_t kRowWork = 32;
 

@@ -66,7 +66,7 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[tor
         return torch.zeros(shape, dtype=dtype), False
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched: not yet faulted in
     offset = -raw.data_ptr() % HUGE_PAGE
-    advised = madvise(raw.data_ptr() + offset, -(-nbytes // _PAGE) * _PAGE, _MADV_HUGEPAGE) == 0
+    advised = madvise(raw.data_ptr() + offset, nbytes // _PAGE * _PAGE, _MADV_HUGEPAGE) == 0
     if not advised:
         log.debug("madvise(MADV_HUGEPAGE) failed: errno %d", ctypes.get_errno())
     tensor = raw[offset : offset + nbytes].view(dtype).view(shape)
