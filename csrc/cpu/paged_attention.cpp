@@ -81,6 +81,32 @@ void attend_one(const T* q_in, T* out, const T* cache, const int64_t* table, int
   for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(acc[i] * inv);
 }
 
+// Many rows go to the threads as runs of about equal work, not equal counts: a step that mixes
+// decodes (first) with a prompt's chunk otherwise left most decodes on one thread. Work is
+// counted in context tokens: those of a row reading a context of its own from memory (a
+// decode's) count kOwnContextWork times those of a chunk row, whose context its neighbours
+// share in cache; each row costs kRowWork more. Tried on the 2-core AVX512-BF16 host
+// (2026-12-04, 64 x 128 -> 128 offline, the AVX-512 path): own-context weights 1 / 2 / 3 and
+// row costs 8 / 32 / 64; 2 and 32 were best or tied at every mix of decodes and chunk rows.
+constexpr int64_t kOwnContextWork = 2;
+constexpr int64_t kRowWork = 32;
+
+// first[t], t in [0, threads]: thread t takes rows [first[t], first[t + 1]). tokens(r): row r's
+// context tokens; own(r): whether no other row shares its context.
+template <typename Tokens, typename Own>
+std::vector<int64_t> runs_of_equal_work(int64_t rows, int64_t threads, const Tokens& tokens,
+                                        const Own& own) {
+  std::vector<int64_t> work(rows + 1, 0);  // strictly growing: a row costs kRowWork at least
+  for (int64_t r = 0; r < rows; ++r) {
+    work[r + 1] = work[r] + tokens(r) * (own(r) ? kOwnContextWork : 1) + kRowWork;
+  }
+  std::vector<int64_t> first(threads + 1);
+  for (int64_t t = 0; t <= threads; ++t) {
+    first[t] = std::lower_bound(work.begin(), work.end(), work[rows] * t / threads) - work.begin();
+  }
+  return first;
+}
+
 #ifdef __AVX512F__
 
 // The AVX-512 path (fp32 and bf16 caches): the G = heads / kv_heads query heads of a KV
@@ -332,14 +358,6 @@ void widen(WidenedKV& w, const PagedKV<C>& paged, int64_t tokens) {
 // and sums. The cut depends on the row's context alone, so a row has the same bits whether its
 // parts run on one thread (many rows) or spread over all of them (a few long rows).
 constexpr int64_t kSplit = 512;
-// A thread's share of a step's rows (attend_items) is measured in context tokens: those of a row
-// reading a context of its own from memory (a decode's) count kOwnContextWork times those of a
-// chunk row, whose context its neighbours share in cache; each row costs kRowWork more. Tried
-// on the 2-core AVX512-BF16 host (2026-12-04, 64 x 128 -> 128 offline): own-context weights
-// 1 / 2 / 3 and row costs 8 / 32 / 64; 2 and 32 were best or tied at every mix of decodes and
-// chunk rows.
-constexpr int64_t kOwnContextWork = 2;
-constexpr int64_t kRowWork = 32;
 
 struct Span {
   int64_t first, context;
@@ -454,22 +472,12 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
     return paged_kv::Context{tables + table_of[r] * width, span.first, span.context};
   };
   if (rows >= 4 * at::get_num_threads()) {
-    // Each thread takes a run of rows of about an equal share of the work (kOwnContextWork,
-    // kRowWork). An equal count of rows, zigzagged, left a step that mixes decodes with a
-    // prompt's chunk with most of the decodes on one thread.
-    std::vector<int64_t> work(rows + 1, 0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const Span span = span_of(r);
-      const int64_t per_token = shared_context[r] ? 1 : kOwnContextWork;
-      work[r + 1] = work[r] + (span.context - span.first) * per_token + kRowWork;
-    }
     const int64_t threads = at::get_num_threads();
-    const auto first_row_of = [&](int64_t thread) {  // work strictly grows: rows >= 1 apart
-      return std::lower_bound(work.begin(), work.end(), work[rows] * thread / threads) -
-             work.begin();
-    };
+    const std::vector<int64_t> first_row = runs_of_equal_work(
+        rows, threads, [&](int64_t r) { return span_of(r).context - span_of(r).first; },
+        [&](int64_t r) { return !shared_context[r]; });
     at::parallel_for(0, threads, 1, [&](int64_t thread_begin, int64_t thread_end) {
-      const int64_t begin = first_row_of(thread_begin), end = first_row_of(thread_end);
+      const int64_t begin = first_row[thread_begin], end = first_row[thread_end];
       Scratch scratch;
       for (int64_t r = begin; r < end; ++r) {
         const Span span = span_of(r);
@@ -584,8 +592,8 @@ bool attend_groups(T* out, const T* q, const T* cache, const int64_t* tables, in
 #ifdef SPLITSERVE_AVX2
 
 // The whole call through attention_avx2.h: whole rows as work items when there are at least
-// two a thread (each fetching the start of the thread's next row), else (row, head) items so
-// that a few rows still spread over the threads.
+// two a thread (each fetching the start of the thread's next row; runs_of_equal_work), else
+// (row, head) items so that a few rows still spread over the threads.
 template <typename T>
 void attend_avx2(T* out, const T* q, const T* cache, const int64_t* tables, int64_t width,
                  const int64_t* table_of, const int64_t* context_of, int64_t rows, int64_t heads,
@@ -602,7 +610,20 @@ void attend_avx2(T* out, const T* q, const T* cache, const int64_t* tables, int6
     const int64_t first = window > 0 ? std::max<int64_t>(0, context_of[r] - window) : 0;
     return paged_kv::Context{tables + table_of[r] * width, first, context_of[r]};
   };
-  at::parallel_for(0, rows * heads / per_item, 1, [&](int64_t begin, int64_t end) {
+  // whole rows: a run of rows of equal work a thread; else (row, head) items, equal counts
+  const int64_t threads = at::get_num_threads();
+  const auto shares_context = [&](int64_t r) {
+    return (r > 0 && table_of[r - 1] == table_of[r]) ||
+           (r + 1 < rows && table_of[r + 1] == table_of[r]);
+  };
+  const auto tokens = [&](int64_t r) { return context(r).context - context(r).first; };
+  const std::vector<int64_t> first_row =
+      whole_rows ? runs_of_equal_work(rows, threads, tokens,
+                                      [&](int64_t r) { return !shares_context(r); })
+                 : std::vector<int64_t>{};
+  at::parallel_for(0, whole_rows ? threads : rows * heads, 1, [&](int64_t task, int64_t task_end) {
+    const int64_t begin = whole_rows ? first_row[task] : task;
+    const int64_t end = whole_rows ? first_row[task_end] : task_end;
     attention_avx2::Scratch<T> scratch;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t head = item * per_item, r = head / heads, h0 = head % heads;
