@@ -22,6 +22,7 @@
 #include "attention_bf16.h"
 #include "ops.h"
 #include "paged_layout.h"
+#include "row_runs.h"
 #include "vec_math.h"
 
 namespace {
@@ -79,32 +80,6 @@ void attend_one(const T* q_in, T* out, const T* cache, const int64_t* table, int
   }
   const float inv = 1.f / total;
   for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(acc[i] * inv);
-}
-
-// Many rows go to the threads as runs of about equal work, not equal counts: a step that mixes
-// decodes (first) with a prompt's chunk otherwise left most decodes on one thread. Work is
-// counted in context tokens: those of a row reading a context of its own from memory (a
-// decode's) count kOwnContextWork times those of a chunk row, whose context its neighbours
-// share in cache; each row costs kRowWork more. Tried on the 2-core AVX512-BF16 host
-// (2026-12-04, 64 x 128 -> 128 offline, the AVX-512 path): own-context weights 1 / 2 / 3 and
-// row costs 8 / 32 / 64; 2 and 32 were best or tied at every mix of decodes and chunk rows.
-constexpr int64_t kOwnContextWork = 2;
-constexpr int64_t kRowWork = 32;
-
-// first[t], t in [0, threads]: thread t takes rows [first[t], first[t + 1]). tokens(r): row r's
-// context tokens; own(r): whether no other row shares its context.
-template <typename Tokens, typename Own>
-std::vector<int64_t> runs_of_equal_work(int64_t rows, int64_t threads, const Tokens& tokens,
-                                        const Own& own) {
-  std::vector<int64_t> work(rows + 1, 0);  // strictly growing: a row costs kRowWork at least
-  for (int64_t r = 0; r < rows; ++r) {
-    work[r + 1] = work[r] + tokens(r) * (own(r) ? kOwnContextWork : 1) + kRowWork;
-  }
-  std::vector<int64_t> first(threads + 1);
-  for (int64_t t = 0; t <= threads; ++t) {
-    first[t] = std::lower_bound(work.begin(), work.end(), work[rows] * t / threads) - work.begin();
-  }
-  return first;
 }
 
 #ifdef __AVX512F__
@@ -473,7 +448,7 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
   };
   if (rows >= 4 * at::get_num_threads()) {
     const int64_t threads = at::get_num_threads();
-    const std::vector<int64_t> first_row = runs_of_equal_work(
+    const std::vector<int64_t> first_row = row_runs::runs_of_equal_work(
         rows, threads, [&](int64_t r) { return span_of(r).context - span_of(r).first; },
         [&](int64_t r) { return !shared_context[r]; });
     at::parallel_for(0, threads, 1, [&](int64_t thread_begin, int64_t thread_end) {
@@ -592,8 +567,9 @@ bool attend_groups(T* out, const T* q, const T* cache, const int64_t* tables, in
 #ifdef SPLITSERVE_AVX2
 
 // The whole call through attention_avx2.h: whole rows as work items when there are at least
-// two a thread (each fetching the start of the thread's next row; runs_of_equal_work), else
-// (row, head) items so that a few rows still spread over the threads.
+// two a thread (each fetching the start of the thread's next row; a run of rows a thread, as
+// row_runs.h splits them), else (row, head) items so that a few rows still spread over the
+// threads.
 template <typename T>
 void attend_avx2(T* out, const T* q, const T* cache, const int64_t* tables, int64_t width,
                  const int64_t* table_of, const int64_t* context_of, int64_t rows, int64_t heads,
@@ -618,8 +594,8 @@ void attend_avx2(T* out, const T* q, const T* cache, const int64_t* tables, int6
   };
   const auto tokens = [&](int64_t r) { return context(r).context - context(r).first; };
   const std::vector<int64_t> first_row =
-      whole_rows ? runs_of_equal_work(rows, threads, tokens,
-                                      [&](int64_t r) { return !shares_context(r); })
+      whole_rows ? row_runs::runs_of_equal_work(rows, threads, tokens,
+                                                [&](int64_t r) { return !shares_context(r); })
                  : std::vector<int64_t>{};
   at::parallel_for(0, whole_rows ? threads : rows * heads, 1, [&](int64_t task, int64_t task_end) {
     const int64_t begin = whole_rows ? first_row[task] : task;
