@@ -5,8 +5,8 @@ scattered over the cache; on 4 KiB pages that is a TLB miss every 4 KiB. With th
 THP mode `madvise` (the usual default), memory gets 2 MiB pages only where a process asks for
 them with madvise(MADV_HUGEPAGE) before it first touches the pages. `zeros_on_huge_pages`
 allocates, asks over the 2 MiB-aligned part, then zeroes (the faults then take huge pages
-when the kernel has free ones: with memory fragmented it falls back to 4 KiB pages, so
-`huge_page_bytes` reads what the process actually got from /proc/self/smaps).
+when the kernel has free ones: with memory fragmented it falls back to 4 KiB pages; a
+process's AnonHugePages in /proc/PID/smaps say what it got).
 
 Measured on the 2-core AMD EPYC host (2026-12-04, the engine alone, 2 threads, one process
 switching the engine between a cache on 4 KiB pages and one on 2 MiB pages step by step,
@@ -24,7 +24,6 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -61,8 +60,8 @@ def _madvise() -> Callable[[int, int, int], int] | None:
 
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
     """(a zeroed CPU tensor of `shape`, contiguous, starting on a 2 MiB boundary; whether the
-    kernel took the request for huge pages in a mode that gives them: how many it had free to
-    give, `huge_page_bytes` says). Small tensors and other systems get plain pages."""
+    kernel took the request for huge pages in a mode that gives them, if it has free ones).
+    Small tensors and other systems get plain pages."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     madvise = _madvise()
     if madvise is None or nbytes < HUGE_PAGE or thp_mode() not in ("always", "madvise"):
@@ -74,40 +73,3 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[tor
         log.debug("madvise(MADV_HUGEPAGE) failed: errno %d", ctypes.get_errno())
     tensor = raw[offset : offset + nbytes].view(dtype).view(shape)
     return tensor.zero_(), advised
-
-
-@dataclass(frozen=True, slots=True)
-class Mapping:
-    """One memory mapping of this process, as /proc/self/smaps lists it."""
-
-    start: int
-    end: int
-    anon_huge_bytes: int  # AnonHugePages
-    flags: tuple[str, ...]  # VmFlags: "hg" once madvise(MADV_HUGEPAGE) applies
-
-
-def mappings() -> list[Mapping]:
-    """This process's mappings (none where /proc/self/smaps cannot be read)."""
-    try:
-        lines = Path("/proc/self/smaps").read_text().splitlines()
-    except OSError:
-        return []
-    found: list[Mapping] = []
-    start = end = huge = 0
-    for line in lines:
-        head = line.split(maxsplit=1)[0] if line else ""
-        if not head.endswith(":"):  # "start-end perms offset dev inode [path]"
-            start, end = (int(part, 16) for part in head.split("-"))
-            huge = 0
-        elif head == "AnonHugePages:":
-            huge = int(line.split()[1]) * 1024
-        elif head == "VmFlags:":  # the last field of a mapping
-            found.append(Mapping(start, end, huge, tuple(line.split()[1:])))
-    return found
-
-
-def huge_page_bytes(tensor: torch.Tensor) -> int:
-    """How much of the mappings behind `tensor`'s bytes sits on transparent huge pages."""
-    first = tensor.data_ptr()
-    last = first + tensor.nbytes
-    return sum(m.anon_huge_bytes for m in mappings() if m.start < last and first < m.end)

@@ -15,7 +15,7 @@ import logging
 import torch
 
 from shared.engine.errors import InvalidRequest
-from shared.engine.huge_pages import huge_page_bytes, thp_mode, zeros_on_huge_pages
+from shared.engine.huge_pages import thp_mode, zeros_on_huge_pages
 from shared.engine.model_config import ModelConfig
 
 CPU = torch.device("cpu")
@@ -40,11 +40,10 @@ class KVCache:
             every_layer, advised = zeros_on_huge_pages((config.num_layers, *shape), dtype)
             self.layers = list(every_layer.unbind(0))
             log.info(
-                "KV cache: %d MiB, %d MiB of it on 2 MiB pages (transparent huge pages: %s%s)",
+                "KV cache: %d MiB, %s (transparent huge pages: %s)",
                 every_layer.nbytes >> 20,
-                huge_page_bytes(every_layer) >> 20 if advised else 0,
+                "2 MiB pages asked for" if advised else "4 KiB pages",
                 thp_mode(),
-                ", asked for" if advised else "",
             )
         else:
             self.layers = [
