@@ -588,14 +588,11 @@ void attend_avx2(T* out, const T* q, const T* cache, const int64_t* tables, int6
   };
   // whole rows: a run of rows of equal work a thread; else (row, head) items, equal counts
   const int64_t threads = at::get_num_threads();
-  const auto shares_context = [&](int64_t r) {
-    return (r > 0 && table_of[r - 1] == table_of[r]) ||
-           (r + 1 < rows && table_of[r + 1] == table_of[r]);
-  };
   const auto tokens = [&](int64_t r) { return context(r).context - context(r).first; };
+  // a row alone on its block table (a decode's) reads a context of its own
+  const auto own = [&](int64_t r) { return leads(r) && (r + 1 == rows || leads(r + 1)); };
   const std::vector<int64_t> first_row =
-      whole_rows ? row_runs::runs_of_equal_work(rows, threads, tokens,
-                                                [&](int64_t r) { return !shares_context(r); })
+      whole_rows ? row_runs::runs_of_equal_work(rows, threads, tokens, own)
                  : std::vector<int64_t>{};
   at::parallel_for(0, whole_rows ? threads : rows * heads, 1, [&](int64_t task, int64_t task_end) {
     const int64_t begin = whole_rows ? first_row[task] : task;
