@@ -32,7 +32,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16_pairs", &linear_bf16_pairs,
         "x @ w.T (+ bias) over pair-packed bf16 weights, by the named kernel", py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
-        py::arg("kernel") = "auto", py::call_guard<py::gil_scoped_release>());
+        py::arg("kernel") = "auto", py::arg("float_out") = false,
+        py::call_guard<py::gil_scoped_release>());
   m.def("linear_silu_mul_bf16_pairs", &linear_silu_mul_bf16_pairs,
         "silu(gate) * up over a pair-packed gate_up, by the named kernel", py::arg("x"),
         py::arg("packed"), py::arg("inter"), py::arg("kernel") = "auto",
@@ -43,7 +44,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, "batch-invariant x @ w.T (+ bias) over a packed weight",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("float_out") = false, py::call_guard<py::gil_scoped_release>());
   m.def("linear_silu_mul", &linear_silu_mul,
         "silu(gate) * up of x @ w.T over a gate_up weight packed as pairs of panels",
         py::arg("x"), py::arg("packed"), py::arg("inter"), py::call_guard<py::gil_scoped_release>());

@@ -296,9 +296,9 @@ torch::Tensor pack_linear_weight(torch::Tensor w) {
 }
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                     c10::optional<torch::Tensor> bias) {
+                     c10::optional<torch::Tensor> bias, bool float_out) {
   if (packed.dim() == 3 && packed.size(2) == 2 * kPanel) {
-    return linear_bf16_pairs(x, packed, out_features, bias, "auto");
+    return linear_bf16_pairs(x, packed, out_features, bias, "auto", float_out);
   }
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, K, 64]");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
@@ -313,7 +313,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features
     TORCH_CHECK(bias->numel() == N, "bias: [N]");
     y.add_(bias->to(torch::kFloat));  // one rounding per element, after the whole chain
   }
-  return y.to(x.scalar_type());
+  return float_out ? y : y.to(x.scalar_type());
 }
 
 torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter) {

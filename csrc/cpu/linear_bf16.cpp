@@ -158,10 +158,12 @@ void run_pairs(DotKernel kernel, const torch::Tensor& x, int64_t M, const torch:
 }  // namespace
 
 torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                                c10::optional<torch::Tensor> bias, const std::string& kernel) {
+                                c10::optional<torch::Tensor> bias, const std::string& kernel,
+                                bool float_out) {
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, pairs, 128]");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  const auto out_dtype = x.scalar_type();  // y comes back in x's dtype, unrounded for fp32
+  // y comes back in x's dtype (unrounded for fp32), or in fp32 with float_out
+  const auto out_dtype = float_out ? torch::kFloat : x.scalar_type();
   const DotKernel path = pick_dot_kernel(kernel, bf16_dot_product_kernel(), "AVX512-BF16");
   x = pairs_input(x, packed, N, path);
   auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));

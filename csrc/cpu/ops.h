@@ -29,13 +29,15 @@ std::string attention_path(torch::ScalarType dtype, int64_t heads, int64_t kv_he
 
 // Batch-invariant linear (linear.cpp). pack_linear_weight lays an [N, K] float32 or
 // bfloat16 matrix out once as the kernel reads it: [ceil(N / 64), K, 64], zero-padded.
-// linear: y [M, N] = x [M, K] @ w.T (+ bias [N]) in x's dtype (w's dtype), each y[m, n] one
-// k-ordered chain of fused multiply-adds in fp32 whatever M, the blocking or the threads.
+// linear: y [M, N] = x [M, K] @ w.T (+ bias [N]) in x's dtype (w's dtype), or in fp32 with
+// float_out (a bf16 x into the fp32 residual stream: no widening pass before, no rounding
+// after), each y[m, n] one k-ordered chain of fused multiply-adds in fp32 whatever M, the
+// blocking or the threads.
 // bf16 weights on a CPU with AVX512-BF16 are packed [ceil(N / 64), ceil(K / 2), 128] for the
 // dot-product kernel of linear_bf16.cpp instead; `linear` takes either layout.
 torch::Tensor pack_linear_weight(torch::Tensor w);
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                     c10::optional<torch::Tensor> bias);
+                     c10::optional<torch::Tensor> bias, bool float_out = false);
 // linear_silu_mul: silu(gate) * up [M, inter] of x [M, K] (fp32) and a gate_up matrix packed
 // as pairs of panels (64 rows of gate, then the same 64 of up; inter a multiple of 64): the
 // bits of silu_mul over the plain product, taken from each part of it while it is in cache.
@@ -48,7 +50,8 @@ torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t int
 bool bf16_dot_product_kernel();
 torch::Tensor pack_bf16_pairs(torch::Tensor w);
 torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t out_features,
-                                c10::optional<torch::Tensor> bias, const std::string& kernel);
+                                c10::optional<torch::Tensor> bias, const std::string& kernel,
+                                bool float_out = false);
 torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter,
                                          const std::string& kernel);
 // Whether it and linear_int8 run on AMX tiles: "on", "refused" (the OS did not grant tile

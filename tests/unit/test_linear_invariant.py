@@ -58,6 +58,20 @@ def test_half_precision_weights_round_the_fp32_sum_once(dtype):
     assert torch.allclose(y32.double(), reference, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_float_out_gives_the_fp32_sum_of_the_widened_input(dtype):
+    """float_out (attention's bf16 output into the fp32 residual stream through o_proj): the
+    bits of widening x to fp32 first, left in fp32; without it the same sums rounded once."""
+    gen = torch.Generator().manual_seed(2)
+    w, x, bias = (torch.randn(*s, generator=gen).to(dtype) for s in ((130, 67), (9, 67), (130,)))
+    layer = batch_invariant.PackedLinear.pack(w)
+    for b in (None, bias):
+        y = layer(x, b, float_out=True)
+        assert y.dtype == torch.float32
+        assert torch.equal(y, layer(x.float(), b))
+        assert torch.equal(layer(x, b), y.to(dtype))
+
+
 @pytest.mark.parametrize("shape", [(67, 130), (576, 960)], ids=["K67-N130", "K576-N960"])
 @pytest.mark.parametrize(
     "weight_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]

@@ -25,6 +25,10 @@ def default_layer(q: torch.Tensor) -> LayerAttention:
 
 
 class AttentionBackend(Protocol):
+    # whether attend reads `kv` (the new tokens' KV, in the cache's dtype); those that do not
+    # read only the cache, which holds them by then
+    reads_new_kv: bool
+
     def write_kv(self, cache: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata) -> None:
         """Store the new tokens' KV. cache: [num_blocks, block_size, 2, kv_heads, d];
         kv: [T, 2, kv_heads, d]."""
@@ -38,5 +42,6 @@ class AttentionBackend(Protocol):
         layer: LayerAttention | None = None,
     ) -> torch.Tensor:
         """Causal attention of the new tokens over their context (already written), within
-        the layer's window. q: [T, heads, d]; kv: the new tokens' [T, 2, kv_heads, d].
+        the layer's window. q: [T, heads, d]; kv: the new tokens' [T, 2, kv_heads, d] (in the
+        query's dtype where reads_new_kv, else possibly another: not read).
         Returns [T, heads, d]. layer None: plain attention at head_dim ** -0.5."""

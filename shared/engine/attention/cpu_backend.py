@@ -12,6 +12,8 @@ from shared.engine.attention.row_plan import RowPlan, plan_rows
 
 
 class CpuAttention:
+    reads_new_kv = False
+
     def __init__(self) -> None:
         kernels = native.load()
         if kernels is None:

@@ -18,6 +18,8 @@ from shared.engine.attention.row_plan import decode_lengths
 
 
 class TorchAttention:
+    reads_new_kv = True  # a prefill chunk attends over its own new KV with the cached context
+
     def write_kv(self, cache: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata) -> None:
         slots = cache.view(-1, *cache.shape[2:])  # [num_blocks * block_size, 2, kv_heads, d]
         slots.index_copy_(0, meta.slot_mapping, kv)

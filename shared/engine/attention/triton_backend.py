@@ -23,6 +23,8 @@ class DevicePlan:
 
 
 class TritonAttention:
+    reads_new_kv = False
+
     def __init__(self) -> None:
         self._plan: DevicePlan | None = None
 

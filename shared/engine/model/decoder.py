@@ -75,10 +75,16 @@ class DecoderModel:
                 qkv[:, heads : heads + kv_heads], layer.k_norm
             )
         self.ops.rope_write_kv(qkv, heads, rope, cache, meta, self.attention)  # in cache's dtype
-        qkv = qkv.to(cache.dtype)  # attention reads q in the cache's dtype
-        q, kv = qkv[:, :heads], qkv[:, heads:].view(t, 2, kv_heads, d)
+        # attention reads q (and, for a backend that reads_new_kv, the new kv) in the cache's
+        # dtype; the query heads alone convert to a contiguous [T, heads, d] in one pass
+        if self.attention.reads_new_kv:
+            qkv = qkv.to(cache.dtype)
+        q, kv = qkv[:, :heads].to(cache.dtype), qkv[:, heads:].view(t, 2, kv_heads, d)
         attn = self.attention.attend(q, kv, cache, meta, self.layer_attention[i])  # [T, heads, d]
-        return linear(attn.reshape(t, heads * d).to(x.dtype), layer.o_proj)
+        attn = attn.reshape(t, heads * d)
+        if isinstance(layer.o_proj, PackedLinear):  # widened to x's fp32 inside the kernel
+            return layer.o_proj(attn, float_out=True)
+        return linear(attn.to(x.dtype), layer.o_proj)
 
     def dense_mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         return gated_mlp(x, layer.gate_up, layer.down, self.config.hidden_act, self.ops)

@@ -49,10 +49,13 @@ class PackedLinear:
         """w: [N, K] float32, bfloat16 or float16 (any layout)."""
         return cls(_kernels().pack_linear_weight(w), w.shape[0])
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, float_out: bool = False
+    ) -> torch.Tensor:
         """x: [T, K] in fp32 (the engine's activations) or the weight's dtype -> [T, N] in
-        x's dtype; bias [N] added once, after the sum."""
-        return _kernels().linear(x, self.packed, self.out_features, bias)
+        x's dtype, or in fp32 with float_out (the same bits as widening x first); bias [N]
+        added once, after the sum."""
+        return _kernels().linear(x, self.packed, self.out_features, bias, float_out)
 
 
 @dataclass(slots=True, frozen=True)
