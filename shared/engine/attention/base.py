@@ -25,8 +25,8 @@ def default_layer(q: torch.Tensor) -> LayerAttention:
 
 
 class AttentionBackend(Protocol):
-    # whether attend reads `kv` (the new tokens' KV, in the cache's dtype); those that do not
-    # read only the cache, which holds them by then
+    # whether attend reads `kv` (the new tokens' KV, in the cache's dtype); a backend that
+    # does not finds them in the cache, written there before attend
     reads_new_kv: bool
 
     def write_kv(self, cache: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata) -> None:
