@@ -36,7 +36,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_silu_mul_bf16_pairs", &linear_silu_mul_bf16_pairs,
         "silu(gate) * up over a pair-packed gate_up, by the named kernel", py::arg("x"),
-        py::arg("packed"), py::arg("inter"), py::arg("kernel") = "auto",
+        py::arg("packed"), py::arg("inter"), py::arg("kernel") = "auto", py::arg("bf16_out") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("cpu_features", &cpu_features, "instruction sets the kernels were built with");
   m.def("core_peak_gops", &core_peak_gops, "one core's multiply-add peak, measured (Gop/s)",
@@ -47,13 +47,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("float_out") = false, py::call_guard<py::gil_scoped_release>());
   m.def("linear_silu_mul", &linear_silu_mul,
         "silu(gate) * up of x @ w.T over a gate_up weight packed as pairs of panels",
-        py::arg("x"), py::arg("packed"), py::arg("inter"), py::call_guard<py::gil_scoped_release>());
+        py::arg("x"), py::arg("packed"), py::arg("inter"), py::arg("bf16_out") = false,
+        py::call_guard<py::gil_scoped_release>());
   m.def("argmax_rows", &argmax_rows, "each row's first maximum, as torch.argmax",
         py::call_guard<py::gil_scoped_release>());
-  m.def("rms_norm", &rms_norm, "per-row RMSNorm times weight",
-        py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "per-row RMSNorm times weight", py::arg("x"), py::arg("weight"),
+        py::arg("eps"), py::arg("bf16_out") = false, py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm", &add_rms_norm, "residual += delta in place; returns its RMSNorm",
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("residual"), py::arg("delta"), py::arg("weight"), py::arg("eps"),
+        py::arg("bf16_out") = false, py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [rows, 2 * inter] product",
         py::call_guard<py::gil_scoped_release>());
   m.def("rope_write_kv", &rope_write_kv, "rotate q and k in place, write k and v to the cache",

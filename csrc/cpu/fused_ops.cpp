@@ -22,6 +22,9 @@ namespace {
 
 constexpr int64_t kLanes = 16;
 
+// Rows per task: enough work (~16K elements) that a thread is worth waking.
+int64_t row_grain(int64_t n) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(n, 1)); }
+
 // 1 / sqrt(mean(x^2) + eps) over one row, in fp32: 16 running sums (lane l takes the
 // elements i = l mod 16, in order), then a fixed pairwise tree.
 template <typename T>
@@ -44,13 +47,39 @@ float inverse_rms(const T* x, int64_t n, float eps) {
   return 1.0f / std::sqrt(acc[0] / static_cast<float>(n) + eps);
 }
 
-template <typename T>
-void norm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
+// out: x's type T, or bf16 beside fp32 x (the T result rounded once more, as torch's .to).
+template <typename T, typename O>
+void norm_row(O* out, const T* x, const T* w, int64_t n, float eps) {
   const float r = inverse_rms(x, n, eps);
   for (int64_t i = 0; i < n; ++i) {
     const T normed = static_cast<T>(static_cast<float>(x[i]) * r);  // rounded, as HF
-    out[i] = static_cast<T>(static_cast<float>(normed) * static_cast<float>(w[i]));
+    const T y = static_cast<T>(static_cast<float>(normed) * static_cast<float>(w[i]));
+    out[i] = static_cast<O>(static_cast<float>(y));
   }
+}
+
+// rows of x (row stride ld) normed into dst [rows, n]
+template <typename T, typename O>
+void norm_rows(O* dst, const T* src, int64_t ld, const T* w, int64_t rows, int64_t n, float eps) {
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) norm_row(dst + r * n, src + r * ld, w, n, eps);
+  });
+}
+
+// residual rows h [rows, n] += delta rows (row stride ld), each then normed into dst
+template <typename T, typename O>
+void add_norm_rows(O* dst, T* h, const T* d, int64_t ld, const T* w, int64_t rows, int64_t n,
+                   float eps) {
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* hr = h + r * n;
+      const T* dr = d + r * ld;
+      for (int64_t i = 0; i < n; ++i) {  // rounded once, as torch's add
+        hr[i] = static_cast<T>(static_cast<float>(hr[i]) + static_cast<float>(dr[i]));
+      }
+      norm_row(dst + r * n, hr, w, n, eps);
+    }
+  });
 }
 
 void check_rows(const torch::Tensor& x, const torch::Tensor& weight, const char* name) {
@@ -60,52 +89,47 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& weight, const char*
               name, ": weight must be [n] in x's dtype");
 }
 
-// Rows per task: enough work (~16K elements) that a thread is worth waking.
-int64_t row_grain(int64_t n) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(n, 1)); }
-
 }  // namespace
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool bf16_out) {
   check_rows(x, weight, "rms_norm");
-  auto out = torch::empty(x.sizes(), x.options());
+  TORCH_CHECK(!bf16_out || x.scalar_type() == torch::kFloat, "rms_norm: bf16_out takes float32 x");
+  auto out = torch::empty(x.sizes(), x.options().dtype(bf16_out ? torch::kBFloat16 : x.scalar_type()));
   const int64_t rows = x.size(0), n = x.size(1), ld = x.stride(0);
+  const float e = static_cast<float>(eps);
+  if (bf16_out) {
+    norm_rows(out.data_ptr<c10::BFloat16>(), x.data_ptr<float>(), ld, weight.data_ptr<float>(),
+              rows, n, e);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
-    const scalar_t* src = x.data_ptr<scalar_t>();
-    const scalar_t* w = weight.data_ptr<scalar_t>();
-    scalar_t* dst = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        norm_row(dst + r * n, src + r * ld, w, n, static_cast<float>(eps));
-      }
-    });
+    norm_rows(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), ld, weight.data_ptr<scalar_t>(),
+              rows, n, e);
   });
   return out;
 }
 
 torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
-                           double eps) {
+                           double eps, bool bf16_out) {
   check_rows(residual, weight, "add_rms_norm");
   TORCH_CHECK(residual.is_contiguous() && delta.sizes() == residual.sizes() &&
                   delta.stride(1) == 1 && delta.scalar_type() == residual.scalar_type(),
               "add_rms_norm: residual contiguous [rows, n], delta [rows, n] in its dtype");
-  auto out = torch::empty(residual.sizes(), residual.options());
+  TORCH_CHECK(!bf16_out || residual.scalar_type() == torch::kFloat,
+              "add_rms_norm: bf16_out takes a float32 residual");
+  auto out = torch::empty(residual.sizes(),
+                          residual.options().dtype(bf16_out ? torch::kBFloat16 : residual.scalar_type()));
   const int64_t rows = residual.size(0), n = residual.size(1), ld = delta.stride(0);
+  const float e = static_cast<float>(eps);
+  if (bf16_out) {
+    add_norm_rows(out.data_ptr<c10::BFloat16>(), residual.data_ptr<float>(), delta.data_ptr<float>(),
+                  ld, weight.data_ptr<float>(), rows, n, e);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, residual.scalar_type(), "add_rms_norm", [&] {
-        scalar_t* h = residual.data_ptr<scalar_t>();
-        const scalar_t* d = delta.data_ptr<scalar_t>();
-        const scalar_t* w = weight.data_ptr<scalar_t>();
-        scalar_t* dst = out.data_ptr<scalar_t>();
-        at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
-          for (int64_t r = begin; r < end; ++r) {
-            scalar_t* hr = h + r * n;
-            const scalar_t* dr = d + r * ld;
-            for (int64_t i = 0; i < n; ++i) {  // rounded once, as torch's add
-              hr[i] = static_cast<scalar_t>(static_cast<float>(hr[i]) + static_cast<float>(dr[i]));
-            }
-            norm_row(dst + r * n, hr, w, n, static_cast<float>(eps));
-          }
-        });
+        add_norm_rows(out.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(),
+                      delta.data_ptr<scalar_t>(), ld, weight.data_ptr<scalar_t>(), rows, n, e);
       });
   return out;
 }

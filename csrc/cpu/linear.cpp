@@ -316,10 +316,12 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features
   return float_out ? y : y.to(x.scalar_type());
 }
 
-torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter) {
+torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter,
+                              bool bf16_out) {
   if (packed.dim() == 3 && packed.size(2) == 2 * kPanel) {
-    return linear_silu_mul_bf16_pairs(x, packed, inter, "auto");
+    return linear_silu_mul_bf16_pairs(x, packed, inter, "auto", bf16_out);
   }
+  TORCH_CHECK(!bf16_out, "linear_silu_mul: bf16_out with pair-packed bf16 weights only");
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, K, 64]");
   TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear_silu_mul: x must be float32");
   TORCH_CHECK(inter > 0 && inter % kPanel == 0,
@@ -330,7 +332,7 @@ torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t int
   auto out = torch::empty({M, inter}, x32.options());
   if (M > 0 && x.size(1) > 0) {
     float* y_ptr = y.data_ptr<float>();
-    run(x32, packed, y_ptr, M, N, SiluMulPanels{y_ptr, out.data_ptr<float>(), inter});
+    run(x32, packed, y_ptr, M, N, SiluMulPanels<float>{y_ptr, out.data_ptr<float>(), inter});
   } else {
     out.zero_();  // silu(0) * 0
   }

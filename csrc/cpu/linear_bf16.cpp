@@ -180,20 +180,26 @@ torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t o
 }
 
 torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter,
-                                         const std::string& kernel) {
+                                         const std::string& kernel, bool bf16_out) {
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3, "x: [M, K]; packed: [P, pairs, 128]");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear_silu_mul: x must be float32");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16,
+              "linear_silu_mul: x must be float32 or bfloat16");
   TORCH_CHECK(inter > 0 && inter % kPanel == 0,
               "linear_silu_mul: inter must be a multiple of ", kPanel);
   const int64_t M = x.size(0), K = x.size(1);
   const DotKernel path = pick_dot_kernel(kernel, bf16_dot_product_kernel(), "AVX512-BF16");
   x = pairs_input(x, packed, 2 * inter, path);
   auto y = torch::empty({M, 2 * inter}, x.options().dtype(torch::kFloat));
-  auto out = torch::empty({M, inter}, y.options());
+  auto out = torch::empty({M, inter}, y.options().dtype(bf16_out ? torch::kBFloat16 : torch::kFloat));
   if (M > 0 && K > 0) {
     float* y_ptr = y.data_ptr<float>();
-    run_pairs(path, x, M, packed, y_ptr, 2 * inter,
-              SiluMulPanels{y_ptr, out.data_ptr<float>(), inter});
+    if (bf16_out) {
+      run_pairs(path, x, M, packed, y_ptr, 2 * inter,
+                SiluMulPanels<c10::BFloat16>{y_ptr, out.data_ptr<c10::BFloat16>(), inter});
+    } else {
+      run_pairs(path, x, M, packed, y_ptr, 2 * inter,
+                SiluMulPanels<float>{y_ptr, out.data_ptr<float>(), inter});
+    }
   } else {
     out.zero_();  // silu(0) * 0
   }

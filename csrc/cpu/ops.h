@@ -41,7 +41,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, int64_t out_features
 // linear_silu_mul: silu(gate) * up [M, inter] of x [M, K] (fp32) and a gate_up matrix packed
 // as pairs of panels (64 rows of gate, then the same 64 of up; inter a multiple of 64): the
 // bits of silu_mul over the plain product, taken from each part of it while it is in cache.
-torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter);
+// With pair-packed bf16 weights x may be bf16, and bf16_out gives those bits rounded to bf16
+// (as .to(torch.bfloat16) would) for the bf16 matmul next.
+torch::Tensor linear_silu_mul(torch::Tensor x, torch::Tensor packed, int64_t inter,
+                              bool bf16_out = false);
 
 // linear_bf16.cpp: whether this build has the AVX512-BF16 kernel, the pair packing
 // [ceil(N / 64), pairs, 128] (pairs: ceil(K / 2) rounded up to 16) and the linear over it.
@@ -53,7 +56,7 @@ torch::Tensor linear_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t o
                                 c10::optional<torch::Tensor> bias, const std::string& kernel,
                                 bool float_out = false);
 torch::Tensor linear_silu_mul_bf16_pairs(torch::Tensor x, torch::Tensor packed, int64_t inter,
-                                         const std::string& kernel);
+                                         const std::string& kernel, bool bf16_out = false);
 // Whether it and linear_int8 run on AMX tiles: "on", "refused" (the OS did not grant tile
 // data) or "absent" (amx_tiles.h).
 std::string amx_tiles();
@@ -76,14 +79,16 @@ double core_peak_gops(const std::string& numerics, int64_t iterations);
 
 // fused_ops.cpp: per-row steps between the matmuls (any float dtype, fp32 math, rounded to the
 // dtype where torch rounds). rms_norm: x [rows, n] (rows contiguous) -> x * rsqrt(mean(x^2) +
-// eps) * weight. add_rms_norm: residual += delta in place, returns rms_norm(residual).
+// eps) * weight. add_rms_norm: residual += delta in place, returns rms_norm(residual). With
+// bf16_out (float32 x or residual) the norm comes back rounded to bf16, as .to(torch.bfloat16)
+// would round it, for a bf16 matmul next.
 // silu_mul: fused [rows, 2 * inter] (gate, up) -> silu(gate) * up [rows, inter].
 // rope_write_kv: qkv [T, heads + 2 * kv_heads, d]: rotates the leading 2 * r/2 dims of the q
 // and k heads in place by rotations [max_len, r/2, 2] (cos, sin) at each token's position,
 // then writes the token's k and v into cache slot slot_mapping[t].
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool bf16_out = false);
 torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
-                           double eps);
+                           double eps, bool bf16_out = false);
 torch::Tensor silu_mul(torch::Tensor fused);
 void rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::Tensor positions,
                    torch::Tensor cache, torch::Tensor slot_mapping, int64_t heads);

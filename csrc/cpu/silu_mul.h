@@ -53,18 +53,27 @@ void silu_mul_row(T* out, const T* gate, const T* up, int64_t n) {
 
 // linear_tiles' epilogue for a gate_up matrix packed as pairs of panels (64 columns of gate,
 // then the same 64 of up): once rows [m0, m1) of pair u are summed, out gets their
-// silu(gate) * up, as silu_mul would give from the plain product.
+// silu(gate) * up, as silu_mul would give from the plain product; a bf16 out gets those fp32
+// values rounded once (to nearest even, as torch's conversion), for a bf16 matmul next.
+template <typename O>
 struct SiluMulPanels {
   static constexpr int64_t kUnitVectors = 2 * linear_tiles::kPanelVectors;
   const float* y;  // [M, 2 * inter]: the product, panel pairs in order
-  float* out;      // [M, inter]
+  O* out;          // [M, inter]
   int64_t inter;
 
   void operator()(int64_t m0, int64_t m1, int64_t u) const {
     constexpr int64_t panel = linear_tiles::kPanel;
     for (int64_t m = m0; m < m1; ++m) {
       const float* gate = y + m * 2 * inter + u * 2 * panel;
-      silu_mul_row(out + m * inter + u * panel, gate, gate + panel, panel);
+      O* row = out + m * inter + u * panel;
+      if constexpr (std::is_same_v<O, float>) {
+        silu_mul_row(row, gate, gate + panel, panel);
+      } else {
+        float product[panel];
+        silu_mul_row(product, gate, gate + panel, panel);
+        for (int64_t j = 0; j < panel; ++j) row[j] = static_cast<O>(product[j]);
+      }
     }
   }
 };

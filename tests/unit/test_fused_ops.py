@@ -62,6 +62,27 @@ def test_norms_match_torch(dtype, n):
     _close(normed_native, normed_torch, dtype)
 
 
+@pytest.mark.parametrize("n", [576, 67])
+def test_norms_in_bf16_are_the_fp32_norms_rounded_once(n):
+    """bf16_out (for a bf16 matmul next): the fp32 path's bits, rounded as torch's .to
+    (a NaN stays a NaN; its payload bits may differ)."""
+    x, delta = _rows(37, n, torch.float32), _rows(37, n, torch.float32, seed=1)
+    x[0, 0], x[1, 0], x[2, 0] = 3e38, -1e-39, float("nan")  # an overflow, a subnormal, a NaN
+    weight = _rows(1, n, torch.float32, seed=2)[0]
+    ops = _ops(True)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> None:
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+    same(ops.norm(x, weight, bf16_out=True), ops.norm(x, weight).bfloat16())
+    h, normed = ops.add_norm(x.clone(), delta, weight)
+    h_too, normed_bf16 = ops.add_norm(x.clone(), delta, weight, bf16_out=True)
+    same(h_too, h)
+    same(normed_bf16, normed.bfloat16())
+    with pytest.raises(RuntimeError, match="bf16_out takes float32 x"):
+        kernels.rms_norm(x.bfloat16(), weight.bfloat16(), EPS, True)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inter", [1536, 41])
 def test_silu_mul_matches_torch(dtype, inter):

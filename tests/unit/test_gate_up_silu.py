@@ -65,6 +65,23 @@ def test_zero_rows_and_a_bad_input_dtype():
         fused.silu_mul(torch.zeros(3, 32, dtype=torch.bfloat16))
 
 
+@pytest.mark.skipif(not kernels.bf16_dot_product_kernel(), reason="no AVX512-BF16")
+def test_pair_packed_bf16_rows_in_and_out_keep_the_fp32_bits():
+    """Pair kernels round x's rows to bf16 themselves, so bf16 rows in give the same bits; and
+    bf16_out is the fp32 result rounded once (as torch's .to), for down's matmul next."""
+    fused = PackedGateUp.pack(_gate_up(192, 575, torch.bfloat16))
+    assert fused.rounds_rows_to_bf16
+    x = torch.randn(37, 575, generator=torch.Generator().manual_seed(6))
+    fp32 = fused.silu_mul(x)
+    assert torch.equal(fused.silu_mul(x.bfloat16()), fp32)
+    rounded = fused.silu_mul(x, bf16_out=True)
+    assert torch.equal(rounded.view(torch.int16), fp32.bfloat16().view(torch.int16))
+    fma = PackedGateUp.pack(_gate_up(64, 32, torch.float32))
+    assert not fma.rounds_rows_to_bf16  # the fp32 chain takes rows unrounded
+    with pytest.raises(RuntimeError, match="pair-packed bf16 weights only"):
+        fma.silu_mul(torch.zeros(3, 32), bf16_out=True)
+
+
 def test_gated_mlp_takes_the_fused_call_and_keeps_its_result():
     gen = torch.Generator().manual_seed(4)
     w, down = _gate_up(128, 96, torch.float32), torch.randn(96, 128, generator=gen) * 0.1

@@ -191,3 +191,27 @@ def test_logits_and_seeded_tokens_do_not_depend_on_batch_chunking_or_resume(
         assert reference[:k] + run_to_completion(engine)["r"] == reference, k
         for pos, row in rows_of(recorder, PROMPT).items():
             assert torch.equal(row, reference_rows[pos]), (k, pos)
+
+
+@pytest.mark.skipif(
+    native.load() is None or not native.load().bf16_dot_product_kernel(),
+    reason="bf16 rows go to the pair kernels only (AMX or AVX512-BF16)",
+)
+def test_bf16_rows_from_the_norms_give_the_logits_of_each_matmul_rounding_its_own(
+    tiny_model_dir,
+):
+    """With bf16 pair-packed weights the norms and SiLU·up hand the matmuls bf16 rows
+    (DecoderModel.bf16_rows): every logit bitwise as when each matmul rounds fp32 rows."""
+    rows = {}
+    for bf16_rows in (True, False):
+        engine, recorder = recorded_engine(tiny_model_dir, dtype="bfloat16")
+        assert engine.runner.model.bf16_rows
+        engine.runner.model.bf16_rows = bf16_rows
+        for j, other in enumerate(OTHERS):
+            engine.add_request(f"other{j}", other, SEEDED)
+        engine.add_request("r", PROMPT, SEEDED)
+        run_to_completion(engine)
+        rows[bf16_rows] = rows_of(recorder, PROMPT)
+    assert rows[True] and rows[True].keys() == rows[False].keys()
+    for pos, row in rows[True].items():
+        assert torch.equal(row, rows[False][pos]), pos

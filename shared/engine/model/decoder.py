@@ -43,6 +43,9 @@ class DecoderModel:
         # the weights' own. The embedding rows and attention's q/kv convert at the edges.
         self.act_dtype = weights.norm.dtype
         self.ops: LayerOps = layer_ops(attention, config.rms_norm_eps)
+        # The norms and SiLU·up hand the matmuls bf16 rows where every matmul of a layer would
+        # round its rows to bf16 anyway: the same bits, without a conversion pass per matmul.
+        self.bf16_rows = all(_rounds_rows_to_bf16(layer) for layer in weights.layers)
         self.layer_attention = [
             LayerAttention(config.softmax_scale, config.window_of(i), config.attn_softcap)
             for i in range(config.num_layers)
@@ -52,9 +55,9 @@ class DecoderModel:
         """[T] int64 -> [T, hidden] in act_dtype."""
         return F.embedding(input_ids, self.weights.embed).to(self.act_dtype)
 
-    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, bf16_out: bool = False) -> torch.Tensor:
         """RMSNorm over the last axis; Gemma's (1 + w) offset is already in `weight`."""
-        return self.ops.norm(x, weight)
+        return self.ops.norm(x, weight, bf16_out)
 
     def self_attention(
         self,
@@ -82,12 +85,14 @@ class DecoderModel:
         q, kv = qkv[:, :heads].to(cache.dtype), qkv[:, heads:].view(t, 2, kv_heads, d)
         attn = self.attention.attend(q, kv, cache, meta, self.layer_attention[i])  # [T, heads, d]
         attn = attn.reshape(t, heads * d)
-        if isinstance(layer.o_proj, PackedLinear):  # widened to x's fp32 inside the kernel
-            return layer.o_proj(attn, float_out=True)
-        return linear(attn.to(x.dtype), layer.o_proj)
+        if not isinstance(layer.o_proj, PackedLinear):  # a packed one takes the bf16 rows as is
+            attn = attn.to(x.dtype)
+        return linear(attn, layer.o_proj)
 
     def dense_mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        return gated_mlp(x, layer.gate_up, layer.down, self.config.hidden_act, self.ops)
+        return gated_mlp(
+            x, layer.gate_up, layer.down, self.config.hidden_act, self.ops, self.bf16_rows
+        )
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h: [S, hidden], the wanted rows before the final norm -> [S, vocab] float32."""
@@ -107,10 +112,11 @@ def gated_mlp(
     down: LinearWeight,
     act: str,
     ops: LayerOps | None = None,  # None: torch's SiLU
+    bf16_rows: bool = False,  # SiLU·up in bf16 for down (DecoderModel.bf16_rows)
 ) -> torch.Tensor:
     """x: [T, hidden] -> [T, hidden]: down(act(gate(x)) * up(x)), gate and up fused."""
     if isinstance(gate_up, PackedGateUp):  # a SiLU MLP's, SiLU·up inside the matmul
-        return linear(gate_up.silu_mul(x), down)
+        return linear(gate_up.silu_mul(x, bf16_rows), down)
     fused = linear(x, gate_up)
     if act == "silu" and ops is not None:
         return linear(ops.silu_mul(fused), down)
@@ -127,11 +133,24 @@ def linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, in] -> [T, out]. `w` is a float matrix (torch's matmul), one packed by
-    `batch_invariant.pack_weights` (the batch-invariant C++ kernel), or an int8 / int4 one
-    made by `quantization.quantize_weights`, which runs its own kernel."""
+    `batch_invariant.pack_weights` (the batch-invariant C++ kernel: fp32 out, the residual
+    stream's dtype beside packed weights, whether x's rows are fp32 or bf16), or an int8 /
+    int4 one made by `quantization.quantize_weights`, which runs its own kernel."""
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, bias)
     if isinstance(w, PackedLinear):
-        return w(x, bias)
+        return w(x, bias, float_out=True)
     y = w(x)
     return y if bias is None else y + bias
+
+
+def _rounds_rows_to_bf16(layer: LayerWeights) -> bool:
+    """Whether every matmul of a dense SiLU layer rounds its rows to bf16 itself."""
+    return (
+        isinstance(layer.gate_up, PackedGateUp)
+        and all(
+            isinstance(w, PackedLinear) and w.rounds_rows_to_bf16
+            for w in (layer.qkv, layer.o_proj, layer.down)
+        )
+        and layer.gate_up.rounds_rows_to_bf16
+    )

@@ -45,20 +45,23 @@ class LayerOps:
         rotations = None if self.native else table[positions].unsqueeze(1)
         return StepRope(torch.view_as_real(table), positions, rotations)
 
-    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm over the last axis of x [..., n]; Gemma's (1 + w) is already in weight."""
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, bf16_out: bool = False) -> torch.Tensor:
+        """RMSNorm over the last axis of x [..., n]; Gemma's (1 + w) is already in weight.
+        bf16_out: the result rounded to bf16 (fp32 x), for a bf16 matmul next."""
         if self.native and x.dim() == 2 and x.stride(1) == 1:
-            return self.native.rms_norm(x, weight, self.eps)
-        return F.rms_norm(x, weight.shape, weight, self.eps)
+            return self.native.rms_norm(x, weight, self.eps, bf16_out)
+        out = F.rms_norm(x, weight.shape, weight, self.eps)
+        return out.to(torch.bfloat16) if bf16_out else out
 
     def add_norm(
-        self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor
+        self, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bf16_out: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h + delta, its RMSNorm); h [T, n] is updated in place on the native path."""
+        """(h + delta, its RMSNorm, as norm's); h [T, n] is updated in place on the native
+        path."""
         if self.native:
-            return h, self.native.add_rms_norm(h, delta, weight, self.eps)
+            return h, self.native.add_rms_norm(h, delta, weight, self.eps, bf16_out)
         h = h + delta
-        return h, self.norm(h, weight)
+        return h, self.norm(h, weight, bf16_out)
 
     def silu_mul(self, fused: torch.Tensor) -> torch.Tensor:
         """fused [T, 2 * inter] (gate, up) -> silu(gate) * up [T, inter]."""

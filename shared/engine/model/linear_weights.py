@@ -49,6 +49,12 @@ class PackedLinear:
         """w: [N, K] float32, bfloat16 or float16 (any layout)."""
         return cls(_kernels().pack_linear_weight(w), w.shape[0])
 
+    @property
+    def rounds_rows_to_bf16(self) -> bool:
+        """bf16 pair-packed (AMX tiles or AVX512-BF16): x's rows go in rounded to bf16, so rows
+        already bf16 give the same bits (the fp32 FMA chain takes fp32 rows unrounded)."""
+        return _pair_packed(self.packed)
+
     def __call__(
         self, x: torch.Tensor, bias: torch.Tensor | None = None, float_out: bool = False
     ) -> torch.Tensor:
@@ -80,9 +86,20 @@ class PackedGateUp:
         pairs = w.reshape(2, inter // PANEL, PANEL, w.shape[1]).transpose(0, 1)
         return cls(_kernels().pack_linear_weight(pairs.reshape(2 * inter, w.shape[1])), inter)
 
-    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, K] fp32 -> silu(gate) * up [T, inter] fp32."""
-        return _kernels().linear_silu_mul(x, self.packed, self.inter)
+    @property
+    def rounds_rows_to_bf16(self) -> bool:
+        """As PackedLinear's."""
+        return _pair_packed(self.packed)
+
+    def silu_mul(self, x: torch.Tensor, bf16_out: bool = False) -> torch.Tensor:
+        """x: [T, K] fp32 (or bf16 where rounds_rows_to_bf16) -> silu(gate) * up [T, inter]
+        fp32, or with bf16_out those values rounded to bf16 (pair-packed only)."""
+        return _kernels().linear_silu_mul(x, self.packed, self.inter, bf16_out)
+
+
+def _pair_packed(packed: torch.Tensor) -> bool:
+    """The layout of the bf16 pair kernels: [P, pairs, 2 * 64] (linear_bf16.cpp)."""
+    return packed.dtype == torch.bfloat16 and packed.shape[-1] == 2 * PANEL
 
 
 def _kernels() -> ModuleType:

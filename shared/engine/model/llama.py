@@ -30,11 +30,11 @@ class LlamaModel(DecoderModel):
         y = None  # the previous layer's MLP output, joining the residual stream
         for i, (layer, cache) in enumerate(zip(w.layers, kv_cache, strict=True)):
             if y is None:
-                x = self.norm(h, layer.input_norm)
+                x = self.norm(h, layer.input_norm, self.bf16_rows)
             else:
-                h, x = self.ops.add_norm(h, y, layer.input_norm)
+                h, x = self.ops.add_norm(h, y, layer.input_norm, self.bf16_rows)
             attn = self.self_attention(i, x, layer, cache, rope, meta)
-            h, x = self.ops.add_norm(h, attn, layer.post_norm)
+            h, x = self.ops.add_norm(h, attn, layer.post_norm, self.bf16_rows)
             y = self.mlp(x, layer)
         assert y is not None, "a model has layers"
         return self.logits(h[logits_rows] + y[logits_rows])
