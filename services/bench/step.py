@@ -77,9 +77,9 @@ class TimedGateUp(PackedGateUp):
 
     clock: StageClock | None = None
 
-    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+    def silu_mul(self, x: torch.Tensor, bf16_out: bool = False) -> torch.Tensor:
         run = PackedGateUp.silu_mul
-        return self.clock.wrap("matmul gate_up + silu * up", run)(self, x)
+        return self.clock.wrap("matmul gate_up + silu * up", run)(self, x, bf16_out)
 
 
 def instrument(runner: ModelRunner, clock: StageClock) -> None:

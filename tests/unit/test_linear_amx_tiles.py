@@ -179,7 +179,9 @@ using Int8 = amx::HardwareTiles<amx::Int8>;
 template void linear_amx::run<Bf16>(const bf16*, int64_t, const bf16*, float*, int64_t, int64_t,
     int64_t, const linear_tiles::NoEpilogue&);
 template void linear_amx::run<Bf16>(const bf16*, int64_t, const bf16*, float*, int64_t, int64_t,
-    int64_t, const SiluMulPanels&);
+    int64_t, const SiluMulPanels<float>&);
+template void linear_amx::run<Bf16>(const bf16*, int64_t, const bf16*, float*, int64_t, int64_t,
+    int64_t, const SiluMulPanels<c10::BFloat16>&);
 template void linear_amx::run<Int8>(const uint8_t*, int64_t, const int8_t*, int32_t*, int64_t,
     int64_t, int64_t, const linear_tiles::NoEpilogue&);
 """
