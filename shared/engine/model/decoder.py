@@ -146,11 +146,7 @@ def linear(
 
 def _rounds_rows_to_bf16(layer: LayerWeights) -> bool:
     """Whether every matmul of a dense SiLU layer rounds its rows to bf16 itself."""
-    return (
-        isinstance(layer.gate_up, PackedGateUp)
-        and all(
-            isinstance(w, PackedLinear) and w.rounds_rows_to_bf16
-            for w in (layer.qkv, layer.o_proj, layer.down)
-        )
-        and layer.gate_up.rounds_rows_to_bf16
+    matrices = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+    return isinstance(layer.gate_up, PackedGateUp) and all(
+        isinstance(w, PackedLinear | PackedGateUp) and w.rounds_rows_to_bf16 for w in matrices
     )
