@@ -5,13 +5,13 @@
 // 4: int8 quad dot products); a panel holds, per k step, 64 columns x kPack values, so the
 // packed weight is [P, steps, 64 * kPack] with steps = ceil(K / kPack). A tile is up to 6 rows
 // x 4 vectors of 16 columns with its accumulators in registers; steps run in blocks whose
-// slice of the panel stays in L1 while every row tile passes over it, the partial sums
-// waiting in y (fp32 or int32, exact) between blocks. The next block is prefetched while a
-// block's tiles run, a few lines a k step.
+// slice of the panel stays in L1 (a few rows) or L2 (many rows) while every row tile passes
+// over it, the partial sums waiting in y (fp32 or int32, exact) between blocks. The next block
+// is prefetched while a block's tiles run, a few lines a k step.
 //
-// Every y[m, n] is one chain of dot-product steps over k in order, whatever M, the row or
-// column blocking, vector tails or the thread count (threads split the columns): row m of
-// the result is bitwise the same whatever other rows share the call.
+// Every y[m, n] is one chain of dot-product steps over k in order, whatever M, the row, column
+// or k blocking, vector tails or the thread count (threads split the columns): row m of the
+// result is bitwise the same whatever other rows share the call.
 //
 // An epilogue may take each unit of columns (kUnitVectors vectors, handed to one thread whole)
 // once a row block's sums over them are complete, while they are still in cache.
@@ -29,6 +29,18 @@ constexpr int64_t kPanel = 64;  // columns per panel
 constexpr int64_t kPanelVectors = kPanel / kLanes;
 constexpr int kMaxRows = 6;                     // rows per tile: 6 x 4 accumulators
 constexpr int64_t kBlockBytes = 24 * 1024;      // one k block of a panel: fits L1
+// From kWideRows rows on, a block is up to kWideBlockBytes, read from L2 by each row tile: a
+// block's tiles then store and reload their sums a third as often (a panel of K = 576 is one
+// block). On the 2-core AMD EPYC host with AVX-512 and AVX512-BF16 (2026-12-05, the engine's
+// steps, 2 threads, weights on 2 MiB pages, the sizes alternated step by step in one process,
+// medians of 6-27 steps; whole step ms at 24 / 64 / 96 / 128 KiB): a 256-token prefill step
+// 150.7 / 148.7 / 147.0 / 148.2, 64 decodes 64.9 / 64.4 / 63.8 / 63.6, but 16 decodes 16.8 /
+// 17.2 / 17.1 / 17.5 and 1 decode 10.8 / 10.6 / 11.0 / 11.1; 32 decodes 30.7 at 24 and 96.
+// The fp32 and int8 kernels on their own (30 layers' weights, 10 rounds): 96 KiB +3-4% at
+// 64 and 256 rows. Kernels that stream their panel rows themselves (kFetchesAhead) keep
+// kBlockBytes.
+constexpr int64_t kWideRows = 32;
+constexpr int64_t kWideBlockBytes = 96 * 1024;
 constexpr int64_t kRowBlockBytes = 512 * 1024;  // x rows kept in L2 across the panels
 // Every tile of a block fetches its share of the next block's lines into L2, a line or a few
 // each k step (fetch_step), so a panel streams from memory at an even pace while the block's
@@ -99,8 +111,9 @@ void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K
   constexpr int64_t unit = Epilogue::kUnitVectors;
   constexpr int64_t pack = K::kPack;
   constexpr int64_t step_bytes = kPanel * pack * sizeof(typename K::W);
-  constexpr int64_t block = std::max<int64_t>(1, kBlockBytes / step_bytes);
-  constexpr int64_t block_lines = block * step_bytes / 64;
+  const int64_t block_bytes = M >= kWideRows && !fetches_ahead<K>() ? kWideBlockBytes : kBlockBytes;
+  const int64_t block = std::max<int64_t>(1, block_bytes / step_bytes);
+  const int64_t block_lines = block * step_bytes / 64;
   const int64_t vectors = (N + kLanes - 1) / kLanes;
   const int64_t all_steps = (vectors + kPanelVectors - 1) / kPanelVectors * steps;  // of w
   const int64_t row_bytes = steps * pack * static_cast<int64_t>(sizeof(typename K::X));

@@ -14,6 +14,7 @@ from shared.engine.attention import get_backend
 from shared.engine.attention.cpu_backend import CpuAttention
 from shared.engine.attention.metadata import AttentionMetadata, PrefillChunk
 from shared.engine.engine_config import EngineConfig
+from shared.engine.huge_pages import move_onto_huge_pages, tensors_in, thp_mode
 from shared.engine.kv_cache import KVCache
 from shared.engine.model.families import model_class
 from shared.engine.model.weights import load_weights
@@ -65,6 +66,12 @@ class ModelRunner:
             weights = batch_invariant.pack_weights(weights, model_config.hidden_act == "silu")
         if device.type == "cpu":
             log.info("CPU matmuls: %s", batch_invariant.describe_matmuls(config, packed))
+            moved, advised = move_onto_huge_pages(tensors_in(weights))
+            log.info(
+                "weights: %s (transparent huge pages: %s)",
+                f"{moved >> 20} MiB on 2 MiB pages asked for" if advised else "4 KiB pages",
+                thp_mode(),
+            )
         attention = get_backend(config.attention_backend, device)
         if isinstance(attention, CpuAttention):
             log.info(
