@@ -111,7 +111,8 @@ void run(const typename K::X* x, int64_t ldx, const typename K::W* w, typename K
   constexpr int64_t unit = Epilogue::kUnitVectors;
   constexpr int64_t pack = K::kPack;
   constexpr int64_t step_bytes = kPanel * pack * sizeof(typename K::W);
-  const int64_t block_bytes = M >= kWideRows && !fetches_ahead<K>() ? kWideBlockBytes : kBlockBytes;
+  const int64_t block_bytes =
+      M >= kWideRows && !fetches_ahead<K>() ? kWideBlockBytes : kBlockBytes;
   const int64_t block = std::max<int64_t>(1, block_bytes / step_bytes);
   const int64_t block_lines = block * step_bytes / 64;
   const int64_t vectors = (N + kLanes - 1) / kLanes;
