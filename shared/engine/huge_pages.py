@@ -108,36 +108,30 @@ def move_onto_huge_pages(tensors: Iterator[torch.Tensor]) -> tuple[int, bool]:
     tensor keeps its identity, shape, strides and values, and tensors that shared memory
     still do (a tied head and embedding). Returns (bytes moved, whether huge pages were
     asked for); nothing moves where the kernel offers none."""
-    storages: dict[int, torch.UntypedStorage] = {}
-    by_storage: dict[int, dict[int, torch.Tensor]] = {}  # storage -> id -> tensor, once each
+    # storage -> (it, the tensors over it once each): a storage moves once, all its tensors with it
+    groups: dict[int, tuple[torch.UntypedStorage, dict[int, torch.Tensor]]] = {}
     for tensor in tensors:
-        if tensor.device.type != "cpu":
-            continue
-        storage = tensor.untyped_storage()
-        storages.setdefault(storage.data_ptr(), storage)
-        by_storage.setdefault(storage.data_ptr(), {})[id(tensor)] = tensor
+        if tensor.device.type == "cpu":
+            storage = tensor.untyped_storage()
+            groups.setdefault(storage.data_ptr(), (storage, {}))[1][id(tensor)] = tensor
     # each storage at a 64-byte boundary: any element type's offset stays whole
-    starts, total = {}, 0
-    for key, storage in storages.items():
-        starts[key] = total
-        total += -(-storage.nbytes() // 64) * 64
-    if thp_mode() not in ("always", "madvise") or total < HUGE_PAGE:
-        return 0, False
-    arena, advised = empty_on_huge_pages(total)
+    sizes = [-(-storage.nbytes() // 64) * 64 for storage, _ in groups.values()]
+    arena, advised = empty_on_huge_pages(sum(sizes))
     if not advised:
         return 0, False
-    for key, start in starts.items():  # each old storage let go once copied: no 2x peak
-        storage = storages.pop(key)
+    start = 0
+    for key, size in zip(list(groups), sizes, strict=True):
+        storage, sharing = groups.pop(key)  # the old storage let go once copied: no 2x peak
         arena[start : start + storage.nbytes()].copy_(
             torch.empty(0, dtype=torch.uint8).set_(storage)
         )
         del storage
-        for tensor in by_storage.pop(key).values():
-            width = tensor.element_size()
+        for tensor in sharing.values():
             tensor.set_(
                 arena.untyped_storage(),
-                (arena.storage_offset() + start) // width + tensor.storage_offset(),
+                (arena.storage_offset() + start) // tensor.element_size() + tensor.storage_offset(),
                 tensor.shape,
                 tensor.stride(),
             )
-    return total, True
+        start += size
+    return start, True
