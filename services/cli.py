@@ -168,8 +168,12 @@ def _bench_peers(args: argparse.Namespace) -> None:
     from services.bench.peer_venv import PeerSetupError
     from services.bench.peers import PeersConfig, run_peers_bench
 
-    offline = OfflineConfig(num_prompts=args.offline_prompts, engine_dtype=args.engine_dtype)
     try:
+        offline = OfflineConfig(
+            num_prompts=args.offline_prompts,
+            engine_dtype=args.engine_dtype,
+            repeats=args.offline_repeats,
+        )
         config = PeersConfig(
             model=args.model,
             model_dir=args.model_dir,
@@ -365,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     peers.add_argument("--llama-build-timeout", type=float, default=1800.0, help="seconds")
     peers.add_argument("--no-offline", action="store_true", help="skip the offline comparison")
     peers.add_argument("--offline-prompts", type=int, default=64, help="128 tokens -> 128 each")
+    peers.add_argument("--offline-repeats", type=int, default=2, help="runs a side; best counts")
     peers.add_argument("--engine-dtype", help="offline: our engine's dtype (default: its own)")
     peers.add_argument("--out", type=Path, default=Path("artifacts/bench-peers"))
     peers.add_argument(

@@ -12,7 +12,6 @@ reason is printed and recorded.
 from __future__ import annotations
 
 import importlib.util
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,20 +82,23 @@ class Peers:
 
     def offline(self, model_dir: Path) -> OfflineResult:
         """Offline output tok/s of our engine and of vLLM's LLM.generate, same prompts."""
-        from services.bench.peer_offline import OfflineResult, ours_offline, vllm_offline
+        from services.bench.peer_offline import (
+            OfflineResult,
+            offline_prompt_sets,
+            ours_offline,
+            vllm_offline,
+        )
 
         cfg = self.cfg.offline
         assert cfg is not None and self.vllm_python is not None
-        vocab = _vocab_size(model_dir)
-        rng = random.Random(0)
-        prompts = [
-            [rng.randrange(100, vocab) for _ in range(cfg.input_len)]
-            for _ in range(cfg.num_prompts)
-        ]
-        print(f"offline: {cfg.num_prompts} prompts x {cfg.input_len} tokens -> {cfg.output_len}")
-        ours = ours_offline(model_dir, prompts, cfg)
+        prompt_sets = offline_prompt_sets(cfg, _vocab_size(model_dir))
+        print(
+            f"offline: {cfg.num_prompts} prompts x {cfg.input_len} tokens -> {cfg.output_len}, "
+            f"{cfg.repeats} runs a side"
+        )
+        ours = ours_offline(model_dir, prompt_sets, cfg)
         log = self.cfg.out / "vllm-offline.log"
-        theirs = vllm_offline(self.vllm_python, model_dir, prompts, cfg, self.vllm_env(), log)
+        theirs = vllm_offline(self.vllm_python, model_dir, prompt_sets, cfg, self.vllm_env(), log)
         return OfflineResult(ours, theirs)
 
 

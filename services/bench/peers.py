@@ -230,7 +230,14 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
         "runs": [asdict(r) for r in runs],
         "medians": by_server,
         "ratios": peer_ratios,
-        "offline": offline and asdict(offline) | {"ratio": offline.ratio},
+        "offline": offline
+        and asdict(offline)
+        | {
+            "ours_tok_s": offline.ours_tok_s,
+            "vllm_tok_s": offline.vllm_tok_s,
+            "ratio": offline.ratio,
+            "unstable": offline.unstable(),
+        },
     }
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "peers.json").write_text(json.dumps(result, indent=1, default=str))
