@@ -7,7 +7,10 @@ reaches only the launcher and shutdown keeps its order.
 
 Supervision (services/supervisor.py): a child that exits unexpectedly is logged and
 restarted after a backoff that doubles with each recent restart; past
-`max_restarts_per_minute` the launcher gives up on it (and says so). A restarted worker
+`max_restarts_per_minute` the launcher gives up on it (and says so); given up on the gateway
+or the scheduler, which every request passes, it stops the mesh and exits with an error,
+rather than leave a mesh that serves nobody. A gateway port that is taken stops `up` before
+anything starts. A restarted worker
 registers as a new incarnation, `<worker id>-r<n>`: the scheduler then expires the old one
 and reports its requests lost (`WorkerLost`), so the gateway migrates them at once even when
 the restart beats the heartbeat timeout.
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -53,7 +57,7 @@ from pathlib import Path
 from services.gateway.config import GatewayConfig
 from services.mesh_config import MeshConfig, MeshConfigError, load_mesh_config, model_dir_of
 from services.scheduler.config import SchedulerConfig
-from services.supervisor import ChildSpec, Supervisor
+from services.supervisor import ChildSpec, MeshDown, Supervisor
 from services.worker.cli import add_engine_arguments, engine_argv
 from services.worker.config import WorkerConfig
 from shared.config import env
@@ -227,6 +231,11 @@ def _supervise(
     next_probe = 0.0
     while not stop.wait(poll_interval):
         supervisor.poll()
+        if lost := supervisor.lost_essentials():
+            raise MeshDown(
+                f"gave up on {', '.join(lost)} (see its log above): the mesh cannot serve "
+                "without it, so it is stopped"
+            )
         now = time.monotonic()
         if not waiting_for_ready or now < next_probe:
             continue
@@ -242,6 +251,22 @@ def _supervise(
                 missing,
             )
             waiting_for_ready = False
+
+
+def gateway_port_problem(host: str, port: int) -> str | None:
+    """Why the gateway could not listen on host:port (the port taken, the address not this
+    machine's), or None."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as exc:
+        return f"{host!r} does not resolve ({exc})"
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the gateway binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -333,6 +358,11 @@ def main(args: argparse.Namespace) -> None:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s up: %(message)s"
     )
     config = config_from_args(args, default_home())
+    if problem := gateway_port_problem(config.host, config.port):
+        sys.exit(
+            f"splitserve up: the gateway cannot listen on {config.host}:{config.port} "
+            f"({problem}); choose another --port"
+        )
     if args.config is not None:
         config = with_mesh_config(config, args)
     if config.model_dir is None:
@@ -344,4 +374,7 @@ def main(args: argparse.Namespace) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    run_mesh(config, stop)
+    try:
+        run_mesh(config, stop)
+    except MeshDown as exc:
+        sys.exit(f"splitserve up: {exc}")

@@ -1,6 +1,7 @@
 """The children of `splitserve up` and their supervision: each service a process in its own
 session; one that exits is restarted after a backoff that doubles with each recent restart,
-up to `max_restarts_per_minute`; shutdown goes group by group (gateway, workers, scheduler),
+up to `max_restarts_per_minute`, then given up on (`lost_essentials` names those the mesh
+cannot serve without); shutdown goes group by group (gateway, workers, scheduler),
 SIGTERM, `grace` seconds, then SIGUSR1 for a hung child's thread stacks, then SIGKILL; what
 a child leaves in its session is killed with it.
 """
@@ -21,8 +22,14 @@ from shared.service_loop import STACK_DUMP_SIGNAL
 log = logging.getLogger(__name__)
 
 STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
+# Every request passes these: a mesh that gave up on one serves nobody.
+ESSENTIAL_ROLES = ("gateway", "scheduler")
 MAX_BACKOFF_S = 30.0
 STACK_DUMP_WAIT_S = 2.0  # for a hung child to print its stacks before SIGKILL
+
+
+class MeshDown(RuntimeError):
+    """The supervisor gave up on a child of an essential role."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,10 @@ class Supervisor:
         delay = min(MAX_BACKOFF_S, self.restart_backoff * 2 ** len(child.restarts))
         child.restart_at = now + delay
         log.warning("%s exited with %s; restarting in %.1fs", child.spec.name, code, delay)
+
+    def lost_essentials(self) -> list[str]:
+        """The children of an essential role given up on."""
+        return [c.spec.name for c in self.children if c.gave_up and c.spec.role in ESSENTIAL_ROLES]
 
     def missing(self) -> list[str]:
         return [child.spec.name for child in self.children if not child.running]

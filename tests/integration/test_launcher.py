@@ -15,7 +15,7 @@ from pathlib import Path
 from services import launcher
 from services.cli import build_parser
 from services.launcher import ChildSpec, LauncherConfig, child_specs, run_mesh
-from services.supervisor import Supervisor
+from services.supervisor import MeshDown, Supervisor
 from services.worker import cli as worker_cli
 from services.worker.cli import engine_argv
 from shared.nats_server import free_port
@@ -104,6 +104,62 @@ def test_restart_limit_ordered_shutdown_and_ready_deadline(tmp_path, caplog):
         raise AssertionError("nats-server still listening")
     except ConnectionRefusedError:
         pass
+
+
+def test_a_gateway_that_keeps_crashing_stops_the_mesh(tmp_path):
+    nats_port = free_port()
+    config = LauncherConfig(
+        home=tmp_path / "home",
+        nats_port=nats_port,
+        grace=0.5,
+        restart_backoff=0.05,
+        max_restarts_per_minute=2,
+    )
+
+    def children(nats_url: str) -> list[ChildSpec]:
+        return [
+            stand_in(tmp_path, "sched", "scheduler"),
+            stand_in(tmp_path, "w", "worker"),
+            stand_in(tmp_path, "gw", "gateway", "crash"),
+        ]
+
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_mesh(config, threading.Event(), children, lambda: False)
+        except BaseException as exc:  # handed to the test's thread
+            failures.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    runner.join(20)  # never stopped from outside: it ends by itself
+    assert not runner.is_alive()
+    assert len(failures) == 1 and isinstance(failures[0], MeshDown)
+    assert "gave up on gw" in str(failures[0])
+    assert [line.split()[0] for line in lines(tmp_path / "starts")].count("gw") == 3
+    assert lines(tmp_path / "stops") == ["w", "sched"]  # the rest stopped, in order
+    try:
+        socket.create_connection(("127.0.0.1", nats_port), timeout=1).close()
+        raise AssertionError("nats-server still listening")
+    except ConnectionRefusedError:
+        pass
+
+
+def test_up_refuses_a_taken_gateway_port_before_starting_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert "in use" in launcher.gateway_port_problem("127.0.0.1", port)
+        args = build_parser().parse_args(["up", "--port", str(port), "--model-dir", "/none"])
+        try:
+            args.func(args)
+            raise AssertionError("up started")
+        except SystemExit as exc:
+            assert f"cannot listen on 127.0.0.1:{port} (Address already in use)" in str(exc)
+    assert launcher.gateway_port_problem("127.0.0.1", port) is None  # free again
+    assert "does not resolve" in launcher.gateway_port_problem("no-such-host.invalid", port)
 
 
 def test_external_nats_and_ready_banner(tmp_path, capsys, nats_server):
