@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,4 +117,5 @@ def test_sigusr1_prints_every_threads_stack_while_the_loop_is_blocked():
         child.kill()
     stderr = child.communicate(timeout=10)[1]
     assert "Current thread" in stderr or "Thread 0x" in stderr, stderr
-    assert 'File "<string>", line 6 in main' in stderr, stderr
+    # in main: on its sleep (line 6), or still on the print's line when the signal came first
+    assert re.search(r'File "<string>", line [56] in main', stderr), stderr
