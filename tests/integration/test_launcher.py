@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from services import launcher
 from services.cli import build_parser
 from services.launcher import ChildSpec, LauncherConfig, child_specs, run_mesh
@@ -48,6 +50,11 @@ def stand_in(tmp: Path, name: str, role: str, mode: str = "serve") -> ChildSpec:
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def assert_closed(port: int) -> None:
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:
@@ -99,11 +106,7 @@ def test_restart_limit_ordered_shutdown_and_ready_deadline(tmp_path, caplog):
     # Before the SIGKILL, the hung child was asked for its stacks: they show where it hung.
     assert "in <module>" in (tmp_path / "stops.stubborn.stacks").read_text()
     assert seen_urls == [f"nats://127.0.0.1:{nats_port}"]
-    try:
-        socket.create_connection(("127.0.0.1", nats_port), timeout=1).close()
-        raise AssertionError("nats-server still listening")
-    except ConnectionRefusedError:
-        pass
+    assert_closed(nats_port)  # nats-server stopped
 
 
 def test_a_gateway_that_keeps_crashing_stops_the_mesh(tmp_path):
@@ -139,11 +142,7 @@ def test_a_gateway_that_keeps_crashing_stops_the_mesh(tmp_path):
     assert "gave up on gw" in str(failures[0])
     assert [line.split()[0] for line in lines(tmp_path / "starts")].count("gw") == 3
     assert lines(tmp_path / "stops") == ["w", "sched"]  # the rest stopped, in order
-    try:
-        socket.create_connection(("127.0.0.1", nats_port), timeout=1).close()
-        raise AssertionError("nats-server still listening")
-    except ConnectionRefusedError:
-        pass
+    assert_closed(nats_port)  # nats-server stopped
 
 
 def test_up_refuses_a_taken_gateway_port_before_starting_anything(tmp_path):
