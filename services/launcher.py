@@ -10,10 +10,9 @@ restarted after a backoff that doubles with each recent restart; past
 `max_restarts_per_minute` the launcher gives up on it (and says so); given up on the gateway
 or the scheduler, which every request passes, it stops the mesh and exits with an error,
 rather than leave a mesh that serves nobody. A gateway port that is taken stops `up` before
-anything starts. A restarted worker
-registers as a new incarnation, `<worker id>-r<n>`: the scheduler then expires the old one
-and reports its requests lost (`WorkerLost`), so the gateway migrates them at once even when
-the restart beats the heartbeat timeout.
+anything starts. A restarted worker registers as a new incarnation, `<worker id>-r<n>`: the
+scheduler then expires the old one and reports its requests lost (`WorkerLost`), so the
+gateway migrates them at once even when the restart beats the heartbeat timeout.
 Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each group SIGTERM, `grace`
 seconds, then SIGUSR1 for a hung child's thread stacks, then SIGKILL), nats-server last.
 Once the gateway's `/ready` answers 200 it prints `splitserve is up: http://HOST:PORT/v1`;

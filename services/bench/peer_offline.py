@@ -18,7 +18,7 @@ import json
 import random
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from services.bench.deadline_run import run_to_log
@@ -67,6 +67,11 @@ class OfflineResult:
         """The sides whose runs differ by more than UNSTABLE_SPREAD."""
         sides = {"splitserve": self.ours_runs, "vLLM": self.vllm_runs}
         return [name for name, runs in sides.items() if max(runs) > UNSTABLE_SPREAD * min(runs)]
+
+    def as_json(self) -> dict[str, object]:
+        """For peers.json: every run, each side's best, the ratio and the unstable sides."""
+        best = {"ours_tok_s": self.ours_tok_s, "vllm_tok_s": self.vllm_tok_s}
+        return asdict(self) | best | {"ratio": self.ratio, "unstable": self.unstable()}
 
     def line(self) -> str:
         def runs(values: tuple[float, ...]) -> str:

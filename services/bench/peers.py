@@ -230,14 +230,7 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
         "runs": [asdict(r) for r in runs],
         "medians": by_server,
         "ratios": peer_ratios,
-        "offline": offline
-        and asdict(offline)
-        | {
-            "ours_tok_s": offline.ours_tok_s,
-            "vllm_tok_s": offline.vllm_tok_s,
-            "ratio": offline.ratio,
-            "unstable": offline.unstable(),
-        },
+        "offline": offline and offline.as_json(),
     }
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "peers.json").write_text(json.dumps(result, indent=1, default=str))

@@ -77,6 +77,14 @@ def test_the_best_run_of_each_side_counts_and_a_wide_spread_is_flagged():
     disturbed = OfflineResult(ours_runs=(300.0, 290.0), vllm_runs=(180.0, 500.0))
     assert disturbed.ratio == 0.6 and disturbed.unstable() == ["vLLM"]
     assert "UNSTABLE: vLLM runs differ" in disturbed.line()
+    assert disturbed.as_json() == {
+        "ours_runs": (300.0, 290.0),
+        "vllm_runs": (180.0, 500.0),
+        "ours_tok_s": 300.0,
+        "vllm_tok_s": 500.0,
+        "ratio": 0.6,
+        "unstable": ["vLLM"],
+    }
 
 
 def test_each_run_gets_its_own_prompts_fixed_by_the_seed():
