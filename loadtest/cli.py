@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 # Light imports only: `splitserve` builds this parser for every command; aiohttp and
 # matplotlib load when a run starts.
 from loadtest.datasets import LOADERS, DatasetConfig, load_dataset
+from shared.models.registry import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from loadtest.client import ClientConfig
@@ -185,7 +186,7 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
     plot.set_defaults(func=_plot)
 
     matrix = commands.add_parser("matrix", help="start the mesh and run the standard matrix")
-    matrix.add_argument("--model", default="smollm2-135m-instruct")
+    matrix.add_argument("--model", default=DEFAULT_MODEL)
     matrix.add_argument("--model-dir", type=Path)
     matrix.add_argument("--num-prompts", type=int, default=32)
     matrix.add_argument("--concurrency", default="1,4,8,16")

@@ -21,6 +21,7 @@ from loadtest.mesh import MeshProcess
 from loadtest.metrics import Summary
 from loadtest.openloop import OpenLoopConfig, run_open_loop
 from loadtest.outputs import finish_run
+from shared.models.registry import DEFAULT_MODEL
 
 # (name, `splitserve up` flags, runs): each on a fresh mesh, so one failure does not spread
 MESHES = (
@@ -35,7 +36,7 @@ LLAMA_SERVER_F32 = {1: (235, 25.6, 36.7), 4: (923, 54.7, 65.1), 8: (1796, 63.4, 
 
 @dataclass(slots=True, frozen=True)
 class MatrixConfig:
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     model_dir: Path | None = None
     out: Path = Path("artifacts/loadtest")
     num_prompts: int = 32

@@ -62,6 +62,7 @@ from services.worker.config import WorkerConfig
 from shared.config import env
 from shared.engine.engine_config import EngineConfig
 from shared.flags import add_flags, changed_argv, flag_names
+from shared.models.registry import DEFAULT_MODEL
 from shared.nats_auth import service_role, start_mesh_nats
 from shared.nats_options import NatsAuth
 from shared.nats_server import free_port
@@ -69,7 +70,6 @@ from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 # `up`'s own flags of these names set them: not forwarded as the gateway's.
 GATEWAY_SET_BY_UP = ("host", "port", "model_dir", "mesh_config")
 WORKER_SET_BY_UP = ("worker_id", "role", "model_name")

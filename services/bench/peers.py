@@ -44,6 +44,7 @@ from services.bench.peer_figures import (
 )
 from services.bench.peer_offline import OfflineConfig, OfflineResult
 from shared.engine.model_config import ModelConfig, cpu_runs_bf16
+from shared.models.registry import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from loadtest.request import BenchRequest
@@ -53,7 +54,7 @@ SERVER_START_TIMEOUT_S = 600.0  # vLLM's first start compiles its kernels (~2.5 
 
 @dataclass(frozen=True, slots=True)
 class PeersConfig:
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     model_dir: Path | None = None
     servers: tuple[str, ...] = SERVERS
     rounds: int = 2

