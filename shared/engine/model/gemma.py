@@ -31,8 +31,11 @@ class GemmaModel(DecoderModel):
             local = self.config.window_of(i) and self.config.local_rope_theta
             rope = local_rope if local else global_rope
             x = self.norm(h, layer.input_norm)
-            x = self.self_attention(i, x, layer, cache, rope, meta)
+            keep = self.rows_kept_after(i, logits_rows, h.shape[0])
+            x = self.self_attention(i, x, layer, cache, rope, meta, keep)
+            if keep is not None:
+                h = h[keep]
             h = h + self.norm(x, layer.attn_out_norm)
             x = self.dense_mlp(self.norm(h, layer.post_norm), layer)
             h = h + self.norm(x, layer.mlp_out_norm)
-        return self.logits(h[logits_rows])
+        return self.logits(h)  # the last layer kept only the rows of logits_rows

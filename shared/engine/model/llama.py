@@ -33,11 +33,14 @@ class LlamaModel(DecoderModel):
                 x = self.norm(h, layer.input_norm, self.bf16_rows)
             else:
                 h, x = self.ops.add_norm(h, y, layer.input_norm, self.bf16_rows)
-            attn = self.self_attention(i, x, layer, cache, rope, meta)
+            keep = self.rows_kept_after(i, logits_rows, h.shape[0])
+            attn = self.self_attention(i, x, layer, cache, rope, meta, keep)
+            if keep is not None:
+                h = h[keep]
             h, x = self.ops.add_norm(h, attn, layer.post_norm, self.bf16_rows)
             y = self.mlp(x, layer)
         assert y is not None, "a model has layers"
-        return self.logits(h[logits_rows] + y[logits_rows])
+        return self.logits(h + y)  # the last layer kept only the rows of logits_rows
 
     def mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         """x: [T, hidden], normed -> [T, hidden]."""
