@@ -231,7 +231,7 @@ def _sequence_decoder(hint: Any, origin: type) -> Convert:
         if fixed and len(value) != len(args):
             raise _Mismatch(f"expected {len(args)} items, got {len(value)}")
         # every item already of the exact type (a bool is no int here): the list as it is
-        fast = exact is not None and all(type(v) is exact for v in value)
+        fast = exact is not None and (not value or set(map(type, value)) == {exact})
         items = value if fast else each(value)
         return tuple(items) if origin is tuple else items
 
