@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from shared.nats_server import free_port
+from shared.ports import free_port
 
 
 class MeshProcess:

@@ -65,7 +65,7 @@ from shared.flags import add_flags, changed_argv, flag_names
 from shared.models.registry import DEFAULT_MODEL
 from shared.nats_auth import service_role, start_mesh_nats
 from shared.nats_options import NatsAuth
-from shared.nats_server import free_port
+from shared.ports import free_port
 from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.ports import free_port
+
 DEFAULT_MAX_PAYLOAD = 8 * 2**20
 
 
@@ -38,12 +40,6 @@ def write_private(path: Path, text: str) -> None:
     os.fchmod(fd, 0o600)  # a file that was there before keeps its mode otherwise
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(text)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -58,7 +58,7 @@ class Peers:
 
     def start(self, turn: Turn, model_dir: Path) -> Server:
         from loadtest.mesh import MeshProcess
-        from shared.nats_server import free_port
+        from shared.ports import free_port
 
         log = self.cfg.out / f"{turn.server}-r{turn.round}.log"
         if turn.server == OURS:

@@ -16,6 +16,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 
 from services.worker.config import WorkerConfig
 from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
+from shared.ports import free_port
 
 GIB = 1 << 30
 
@@ -66,11 +67,5 @@ def set_environment(config: WorkerConfig) -> None:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     host = config.vllm_side_channel_host or socket.gethostbyname(socket.gethostname())
     os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
-    port = config.vllm_side_channel_port or _free_port(host)
+    port = config.vllm_side_channel_port or free_port(host)
     os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.nats_server import free_port
+from shared.ports import free_port
 from tests.e2e.chromium import Chromium, Page, chromium_missing
 from tests.e2e.test_mesh import Mesh, start_mesh
 

@@ -29,7 +29,7 @@ from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams
 from shared.nats_auth import MeshCredentials
-from shared.nats_server import free_port
+from shared.ports import free_port
 from shared.protocol import Heartbeat, MeshStatus, StatusQuery
 from shared.subjects import Subjects
 from tests.conftest import write_tiny_model

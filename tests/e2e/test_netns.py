@@ -24,7 +24,8 @@ import openai
 import pytest
 
 from shared.bus import Bus
-from shared.nats_server import free_port, start_nats_server
+from shared.nats_server import start_nats_server
+from shared.ports import free_port
 from shared.protocol import MeshStatus, StatusQuery
 from shared.subjects import Subjects
 from tests.e2e.test_chaos import assert_same_texts, make_jobs, reference, report, run_load

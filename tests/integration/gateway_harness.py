@@ -28,7 +28,8 @@ from services.gateway.config import GatewayConfig
 from services.gateway.prompting import ModelText
 from shared.bus import Bus
 from shared.config import CommonConfig
-from shared.nats_server import NatsServer, free_port
+from shared.nats_server import NatsServer
+from shared.ports import free_port
 from shared.protocol import (
     Cancel,
     Heartbeat,

@@ -20,7 +20,7 @@ from services.launcher import ChildSpec, LauncherConfig, child_specs, run_mesh
 from services.supervisor import MeshDown, Supervisor
 from services.worker import cli as worker_cli
 from services.worker.cli import engine_argv
-from shared.nats_server import free_port
+from shared.ports import free_port
 
 # A stand-in service: records its start (name pid), and on SIGTERM records its stop.
 STAND_IN = """

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.nats_server import free_port
+from shared.ports import free_port
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
 from tests.e2e.test_mesh import mesh_model_dir  # noqa: F401  (fixture)
 from tests.integration.test_observability import Receiver, metric, metrics_ports, scrape

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.kvtransfer.nixl_transport import nixl_available
-from shared.nats_server import free_port
+from shared.ports import free_port
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
 from tests.e2e.test_mesh import Mesh, mesh_model_dir, start_mesh  # noqa: F401  (fixture)
 

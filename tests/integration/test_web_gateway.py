@@ -20,7 +20,8 @@ from services.gateway.app import create_runner
 from services.gateway.config import GatewayConfig
 from shared.bus import Bus
 from shared.config import CommonConfig
-from shared.nats_server import NatsServer, free_port
+from shared.nats_server import NatsServer
+from shared.ports import free_port
 from shared.protocol import (
     Cancel,
     Heartbeat,

@@ -22,7 +22,8 @@ import yaml
 
 from shared.nats_auth import authorization_block, password_variable
 from shared.nats_permissions import ROLES
-from shared.nats_server import DEFAULT_MAX_PAYLOAD, find_binary, free_port
+from shared.nats_server import DEFAULT_MAX_PAYLOAD, find_binary
+from shared.ports import free_port
 from shared.subjects import Subjects
 from tests.unit.test_deploy_cli import invocation_problems, unreachable_engine_settings
 from tests.unit.test_deploy_images import dockerfile_env

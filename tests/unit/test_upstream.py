@@ -14,7 +14,7 @@ from aiohttp import web
 
 from services.gateway.upstream import UpstreamClient, UpstreamUnavailable
 from services.mesh_config import Upstream
-from shared.nats_server import free_port
+from shared.ports import free_port
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

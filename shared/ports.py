@@ -1,0 +1,50 @@
+"""Ports for a process this one starts, which binds them itself seconds later.
+
+A port found by binding to port 0 comes from the kernel's ephemeral range, the same range
+every outgoing connection takes its local port from: between the probe and the child's own
+bind, a connection (NATS, ZMQ, HTTP) may take it. A CI run lost a vLLM engine that way (its
+NIXL handshake listener's bind refused: address already in use). So the port is drawn at
+random below that range and checked to be free now.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+LOWEST = 10000  # below: the well-known and registered ports services tend to sit on
+_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_TRIES = 64
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for local ports of outgoing connections (Linux's default
+    elsewhere)."""
+    try:
+        low, high = map(int, _RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that is free now and outside the ephemeral range, when there is
+    such a port; else one the kernel picks."""
+    low, _ = ephemeral_range()
+    for _ in range(_TRIES if low > LOWEST else 0):
+        port = random.randrange(LOWEST, low)
+        if _bindable(host, port):
+            return port
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,47 @@
+"""Ports for child processes: free when drawn, and below the kernel's ephemeral range, where no
+outgoing connection takes its local port from."""
+
+from __future__ import annotations
+
+import socket
+
+from shared import ports
+
+
+def test_a_drawn_port_is_free_and_below_the_ephemeral_range():
+    low, _ = ports.ephemeral_range()
+    for _ in range(20):
+        port = ports.free_port()
+        assert ports.LOWEST <= port < low
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free: binds
+
+
+def test_a_port_in_use_is_passed_over(monkeypatch):
+    with socket.socket() as held, socket.socket() as probe:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        probe.bind(("127.0.0.1", 0))
+        taken, other = held.getsockname()[1], probe.getsockname()[1]
+        probe.close()  # `other` is free again
+        monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
+        draws = iter([taken, other])
+        monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+        assert ports.free_port() == other
+
+
+def test_without_room_below_the_range_the_kernel_picks(monkeypatch):
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.LOWEST, 60999))
+    port = ports.free_port()
+    assert port > 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_the_range_is_read_from_the_kernel_or_defaults(tmp_path, monkeypatch):
+    range_file = tmp_path / "ip_local_port_range"
+    range_file.write_text("40000\t50000\n")
+    monkeypatch.setattr(ports, "_RANGE_FILE", range_file)
+    assert ports.ephemeral_range() == (40000, 50000)
+    monkeypatch.setattr(ports, "_RANGE_FILE", tmp_path / "missing")
+    assert ports.ephemeral_range() == (32768, 60999)
