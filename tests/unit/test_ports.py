@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from shared import ports
 
 
 def test_a_drawn_port_is_free_and_below_the_ephemeral_range():
     low, _ = ports.ephemeral_range()
+    if low <= ports.LOWEST:
+        pytest.skip(f"this kernel's ephemeral range starts at {low}: no room below it")
     for _ in range(20):
         port = ports.free_port()
         assert ports.LOWEST <= port < low
