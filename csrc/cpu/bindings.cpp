@@ -58,6 +58,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bf16_out") = false, py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused [rows, 2 * inter] product",
         py::call_guard<py::gil_scoped_release>());
-  m.def("rope_write_kv", &rope_write_kv, "rotate q and k in place, write k and v to the cache",
+  m.def("rope_write_kv", &rope_write_kv,
+        "rotate q and k, write k and v to the cache; q in the cache's dtype where it rounds",
         py::call_guard<py::gil_scoped_release>());
 }

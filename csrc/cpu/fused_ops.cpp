@@ -154,10 +154,12 @@ torch::Tensor silu_mul(torch::Tensor fused) {
   return out;
 }
 
-// Rows of qkv [T, heads + 2 * kv_heads, d]: q and k heads rotated in place, then k and v
-// copied into their cache slots (converted to the cache's element type C).
+// Rows of qkv [T, heads + 2 * kv_heads, d]: q and k heads rotated, then k and v copied into
+// their cache slots (converted to the cache's element type C). With q_out ([T, heads, d], C)
+// the rotated q heads go there, converted as k is, and qkv's own stay as they were; else
+// they are rotated in place.
 template <typename T, typename C>
-void rope_write_rows(T* x, C* kv_cache, const float* table, const int64_t* pos,
+void rope_write_rows(T* x, C* kv_cache, C* q_out, const float* table, const int64_t* pos,
                      const int64_t* slots, int64_t tokens, int64_t heads, int64_t kv_heads,
                      int64_t d, int64_t half, int64_t row) {
   at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
@@ -166,7 +168,18 @@ void rope_write_rows(T* x, C* kv_cache, const float* table, const int64_t* pos,
       T* token = x + t * (heads + 2 * kv_heads) * d;
       for (int64_t h = 0; h < heads + kv_heads; ++h) {  // q heads, then k heads
         T* v = token + h * d;
-        for (int64_t j = 0; j < half; ++j) {  // pair (2j, 2j + 1) times cos + i sin
+        if (q_out != nullptr && h < heads) {
+          C* q = q_out + (t * heads + h) * d;
+          for (int64_t j = 0; j < half; ++j) {  // pair (2j, 2j + 1) times cos + i sin
+            const float a = static_cast<float>(v[2 * j]), b = static_cast<float>(v[2 * j + 1]);
+            const float c = rot[2 * j], s = rot[2 * j + 1];
+            q[2 * j] = static_cast<C>(static_cast<T>(std::fma(a, c, -(b * s))));
+            q[2 * j + 1] = static_cast<C>(static_cast<T>(std::fma(a, s, b * c)));
+          }
+          for (int64_t j = 2 * half; j < d; ++j) q[j] = static_cast<C>(v[j]);  // unrotated dims
+          continue;
+        }
+        for (int64_t j = 0; j < half; ++j) {
           const float a = static_cast<float>(v[2 * j]), b = static_cast<float>(v[2 * j + 1]);
           const float c = rot[2 * j], s = rot[2 * j + 1];
           v[2 * j] = static_cast<T>(std::fma(a, c, -(b * s)));
@@ -179,8 +192,8 @@ void rope_write_rows(T* x, C* kv_cache, const float* table, const int64_t* pos,
   });
 }
 
-void rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::Tensor positions,
-                   torch::Tensor cache, torch::Tensor slot_mapping, int64_t heads) {
+torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::Tensor positions,
+                            torch::Tensor cache, torch::Tensor slot_mapping, int64_t heads) {
   TORCH_CHECK(qkv.dim() == 3 && qkv.is_contiguous(), "rope_write_kv: qkv [T, heads, d] contiguous");
   TORCH_CHECK(rotations.dim() == 3 && rotations.size(2) == 2 && rotations.is_contiguous() &&
                   rotations.scalar_type() == torch::kFloat,
@@ -207,15 +220,18 @@ void rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::Tensor pos
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
   }
   const float* table = rotations.data_ptr<float>();
-  if (rounds) {
+  if (rounds) {  // the q heads rounded to the cache's dtype too, for attention
+    auto q = torch::empty({tokens, heads, d}, cache.options());
     AT_DISPATCH_REDUCED_FLOATING_TYPES(cache.scalar_type(), "rope_write_kv", [&] {
-      rope_write_rows(qkv.data_ptr<float>(), cache.data_ptr<scalar_t>(), table, pos, slots,
-                      tokens, heads, kv_heads, d, half, row);
+      rope_write_rows(qkv.data_ptr<float>(), cache.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(),
+                      table, pos, slots, tokens, heads, kv_heads, d, half, row);
     });
-    return;
+    return q;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_write_kv", [&] {
-    rope_write_rows(qkv.data_ptr<scalar_t>(), cache.data_ptr<scalar_t>(), table, pos, slots,
-                    tokens, heads, kv_heads, d, half, row);
+    rope_write_rows(qkv.data_ptr<scalar_t>(), cache.data_ptr<scalar_t>(),
+                    static_cast<scalar_t*>(nullptr), table, pos, slots, tokens, heads, kv_heads,
+                    d, half, row);
   });
+  return torch::Tensor();
 }

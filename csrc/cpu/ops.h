@@ -85,13 +85,15 @@ double core_peak_gops(const std::string& numerics, int64_t iterations);
 // silu_mul: fused [rows, 2 * inter] (gate, up) -> silu(gate) * up [rows, inter].
 // rope_write_kv: qkv [T, heads + 2 * kv_heads, d]: rotates the leading 2 * r/2 dims of the q
 // and k heads in place by rotations [max_len, r/2, 2] (cos, sin) at each token's position,
-// then writes the token's k and v into cache slot slot_mapping[t].
+// then writes the token's k and v into cache slot slot_mapping[t]. Where the cache is 16-bit
+// beside float32 qkv, the rotated q heads come back in the cache's dtype ([T, heads, d], as
+// .to() rounds them) and qkv's q heads are left unrotated; else q rotates in place (None back).
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool bf16_out = false);
 torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor delta, torch::Tensor weight,
                            double eps, bool bf16_out = false);
 torch::Tensor silu_mul(torch::Tensor fused);
-void rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::Tensor positions,
-                   torch::Tensor cache, torch::Tensor slot_mapping, int64_t heads);
+torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::Tensor positions,
+                            torch::Tensor cache, torch::Tensor slot_mapping, int64_t heads);
 
 // argmax.cpp: argmax_rows(logits [rows, n] fp32) -> [rows] int64, each row's first maximum
 // (a NaN counts as the maximum), as torch.argmax.

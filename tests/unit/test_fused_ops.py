@@ -124,6 +124,24 @@ def test_rope_and_kv_write_match_torch(dtype, rotated):
     assert flat.abs().sum(dim=(1, 2, 3)).count_nonzero() == len(slots)  # nothing else written
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rotated", [64, 32], ids=["full", "partial"])
+def test_beside_a_16_bit_cache_q_comes_back_rounded_as_torch_rounds_it(cache_dtype, rotated):
+    """fp32 qkv, 16-bit cache: the rotated q heads come back in the cache's dtype, bit for bit
+    what rotating in fp32 then `.to()` gives, and qkv's own q heads are left as they were."""
+    qkv, table, positions, slots, cache = _rope_case(torch.float32, 23, rotated=rotated)
+    pairs = torch.view_as_real(table)
+    reference, reference_cache = qkv.clone(), cache.clone()  # fp32 all the way: rotates in place
+    assert kernels.rope_write_kv(reference, pairs, positions, reference_cache, slots, 9) is None
+    ours, ours_cache = qkv.clone(), cache.to(cache_dtype)
+    q = kernels.rope_write_kv(ours, pairs, positions, ours_cache, slots, 9)
+    assert q.dtype == cache_dtype and q.shape == (23, 9, 64) and q.is_contiguous()
+    assert torch.equal(q, reference[:, :9].to(cache_dtype))
+    assert torch.equal(ours_cache, reference_cache.to(cache_dtype))
+    assert torch.equal(ours[:, :9], qkv[:, :9])  # q: only in what came back
+    assert torch.equal(ours[:, 9:], reference[:, 9:])  # k rotated in place, v as it was
+
+
 def test_rope_refuses_a_position_beyond_the_table_and_a_bad_slot():
     qkv, table, positions, slots, cache = _rope_case(torch.float32, 3)
     pairs = torch.view_as_real(table)

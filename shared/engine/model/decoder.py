@@ -78,12 +78,15 @@ class DecoderModel:
             qkv[:, heads : heads + kv_heads] = self.norm(
                 qkv[:, heads : heads + kv_heads], layer.k_norm
             )
-        self.ops.rope_write_kv(qkv, heads, rope, cache, meta, self.attention)  # in cache's dtype
         # attention reads q (and, for a backend that reads_new_kv, the new kv) in the cache's
-        # dtype; the query heads alone convert to a contiguous [T, heads, d] in one pass
+        # dtype: the native kernel rounds q in its rotation pass, else the query heads alone
+        # convert to a contiguous [T, heads, d] in one pass
+        q = self.ops.rope_write_kv(qkv, heads, rope, cache, meta, self.attention)
         if self.attention.reads_new_kv:
             qkv = qkv.to(cache.dtype)
-        q, kv = qkv[:, :heads].to(cache.dtype), qkv[:, heads:].view(t, 2, kv_heads, d)
+        if q is None:
+            q = qkv[:, :heads].to(cache.dtype)
+        kv = qkv[:, heads:].view(t, 2, kv_heads, d)
         attn = self.attention.attend(q, kv, cache, meta, self.layer_attention[i])  # [T, heads, d]
         attn = attn.reshape(t, heads * d)
         if keep is not None:

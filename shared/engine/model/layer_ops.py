@@ -78,19 +78,22 @@ class LayerOps:
         cache: torch.Tensor,
         meta: AttentionMetadata,
         attention: AttentionBackend,
-    ) -> None:
-        """Rotate the q and k heads in place, then store the new tokens' k and v (rounded to
-        the cache's dtype when qkv is the fp32 residual stream's and the cache bf16)."""
+    ) -> torch.Tensor | None:
+        """Rotate the q and k heads, then store the new tokens' k and v (rounded to the
+        cache's dtype when qkv is the fp32 residual stream's and the cache bf16). Returns the
+        rotated q heads in the cache's dtype, [T, heads, d], where the native kernel rounds
+        them in the same pass (qkv's own then stay unrotated); else None, q rotated in
+        place."""
         if self.native:
-            self.native.rope_write_kv(
+            return self.native.rope_write_kv(
                 qkv, rope.table, rope.positions, cache, meta.slot_mapping, heads
             )
-            return
         kv_heads = (qkv.shape[1] - heads) // 2
         assert rope.rotations is not None
         apply_rope_(qkv[:, : heads + kv_heads], rope.rotations)
         kv = qkv[:, heads:].view(qkv.shape[0], 2, kv_heads, -1)
         attention.write_kv(cache, kv.to(cache.dtype), meta)
+        return None
 
 
 def layer_ops(attention: AttentionBackend, eps: float) -> LayerOps:
