@@ -154,13 +154,14 @@ def _decoder(hint: Any) -> Convert:
 
 def _dataclass_decoder(cls: type) -> Convert:
     plan: list[tuple[str, Convert, bool]] | None = None  # (name, decoder, required)
+    names: frozenset[str] = frozenset()
 
     def decode_object(value: Any) -> Any:
-        nonlocal plan
+        nonlocal plan, names
         if not isinstance(value, dict):
             raise _Mismatch("expected an object")
-        fields, hints, names = _shape(cls)
         if plan is None:  # made on first use: a class may name itself among its fields
+            fields, hints, names = _shape(cls)
             plan = [(f.name, _decoder(hints[f.name]), _required(f)) for f in fields]
         unknown = value.keys() - names
         if unknown:

@@ -154,6 +154,18 @@ torch::Tensor silu_mul(torch::Tensor fused) {
   return out;
 }
 
+// The leading 2 * half dims of one head v rotated, pair (2j, 2j + 1) times cos + i sin, into out
+// (v itself, or another head's row of type O, each value rounded to T first, as in place).
+template <typename T, typename O>
+inline void rotate_head(const T* v, const float* rot, int64_t half, O* out) {
+  for (int64_t j = 0; j < half; ++j) {
+    const float a = static_cast<float>(v[2 * j]), b = static_cast<float>(v[2 * j + 1]);
+    const float c = rot[2 * j], s = rot[2 * j + 1];
+    out[2 * j] = static_cast<O>(static_cast<T>(std::fma(a, c, -(b * s))));
+    out[2 * j + 1] = static_cast<O>(static_cast<T>(std::fma(a, s, b * c)));
+  }
+}
+
 // Rows of qkv [T, heads + 2 * kv_heads, d]: q and k heads rotated, then k and v copied into
 // their cache slots (converted to the cache's element type C). With q_out ([T, heads, d], C)
 // the rotated q heads go there, converted as k is, and qkv's own stay as they were; else
@@ -170,20 +182,10 @@ void rope_write_rows(T* x, C* kv_cache, C* q_out, const float* table, const int6
         T* v = token + h * d;
         if (q_out != nullptr && h < heads) {
           C* q = q_out + (t * heads + h) * d;
-          for (int64_t j = 0; j < half; ++j) {  // pair (2j, 2j + 1) times cos + i sin
-            const float a = static_cast<float>(v[2 * j]), b = static_cast<float>(v[2 * j + 1]);
-            const float c = rot[2 * j], s = rot[2 * j + 1];
-            q[2 * j] = static_cast<C>(static_cast<T>(std::fma(a, c, -(b * s))));
-            q[2 * j + 1] = static_cast<C>(static_cast<T>(std::fma(a, s, b * c)));
-          }
+          rotate_head(v, rot, half, q);
           for (int64_t j = 2 * half; j < d; ++j) q[j] = static_cast<C>(v[j]);  // unrotated dims
-          continue;
-        }
-        for (int64_t j = 0; j < half; ++j) {
-          const float a = static_cast<float>(v[2 * j]), b = static_cast<float>(v[2 * j + 1]);
-          const float c = rot[2 * j], s = rot[2 * j + 1];
-          v[2 * j] = static_cast<T>(std::fma(a, c, -(b * s)));
-          v[2 * j + 1] = static_cast<T>(std::fma(a, s, b * c));
+        } else {
+          rotate_head(v, rot, half, v);
         }
       }
       C* slot = kv_cache + slots[t] * row;  // [2, kv_heads, d]: rotated k, then v

