@@ -57,6 +57,42 @@ constexpr int64_t kKeys = 16;       // tokens per tile: the 16 sums reduce_add16
 // 16 x 192 4.7-5.5 -> 3.0-6.2, 16 x 1024 unchanged (17.4-18.9 against 17.9-19.1).
 constexpr int64_t kAhead = 2;
 
+// Share `call` of `calls` of a tile's lines (16 token rows of `lines` lines each, row by row),
+// fetched into L2 one line a next(), which score_tile calls beside each key's products: spread
+// over the tile's work, never sent in a burst. Before (2026-12-05), each share went out at once,
+// its line's row and offset divided out per line, and that division was 70% of the kernel's
+// samples where the context sat in L3. On the 2-core AMD EPYC host with AVX512-BF16 (`bench
+// attention`'s step, bf16, 2 threads, the builds alternated in separate processes, 7 rounds),
+// 64 rows x 192 tokens in L3 7.4-11.2 ms -> 5.2-8.7 (faster in every round), and from memory
+// unchanged within the host's noise (64 x 192 10.7-15.0 against 11.2-12.7, 16 x 1024 13.8-19.9
+// against 14.4-20.4). The same shares without the division but still sent at once ran at
+// 19.7-20.5 ms from memory: the division had been spacing them out.
+class LineFetch {
+ public:
+  LineFetch() = default;  // fetches nothing
+  LineFetch(const uint16_t* const* rows, int64_t lines, int64_t call, int64_t calls)
+      : rows_(rows), lines_(lines) {
+    const int64_t all = kKeys * lines, begin = all * call / calls;
+    left_ = all * (call + 1) / calls - begin;
+    row_ = begin / lines;
+    line_ = begin % lines;
+  }
+
+  [[gnu::always_inline]] void next() {
+    if (left_ <= 0) return;
+    _mm_prefetch(reinterpret_cast<const char*>(rows_[row_]) + line_ * 64, _MM_HINT_T1);
+    --left_;
+    if (++line_ == lines_) {
+      line_ = 0;
+      ++row_;
+    }
+  }
+
+ private:
+  const uint16_t* const* rows_ = nullptr;
+  int64_t lines_ = 1, row_ = 0, line_ = 0, left_ = 0;
+};
+
 // A thread's buffers, reused across its work items.
 struct Scratch {
   std::vector<const uint16_t*> tokens;  // [n rounded up to 16, + kAhead tiles]: token rows
@@ -83,20 +119,12 @@ inline void unpermute(__m512 lo, __m512 hi, __m512& first, __m512& second) {
   second = _mm512_permutex2var_ps(lo, b, hi);
 }
 
-// Share `call` of `calls` of a tile's lines (16 token rows of `lines` lines each, row by row)
-// fetched into L2.
-inline void fetch_share(const uint16_t* const* rows, int64_t lines, int64_t call,
-                        int64_t calls) {
-  const int64_t all = kKeys * lines;
-  for (int64_t f = all * call / calls; f < all * (call + 1) / calls; ++f) {
-    _mm_prefetch(reinterpret_cast<const char*>(rows[f / lines]) + (f % lines) * 64, _MM_HINT_T1);
-  }
-}
-
-// The 16 scores of one tile's keys for query head q (scale and soft cap applied).
+// The 16 scores of one tile's keys for query head q (scale and soft cap applied), a line of
+// `fetch` fetched beside each key's product.
 [[gnu::always_inline]] inline void score_tile(const uint16_t* q, const uint16_t* const* tile,
                                               int64_t k_at, int64_t d, int64_t vectors,
-                                              float scale, float softcap, float* out) {
+                                              float scale, float softcap, float* out,
+                                              LineFetch& fetch) {
   __m512 acc[kKeys];
 #pragma GCC unroll 16
   for (int64_t j = 0; j < kKeys; ++j) acc[j] = _mm512_setzero_ps();
@@ -104,6 +132,7 @@ inline void fetch_share(const uint16_t* const* rows, int64_t lines, int64_t call
     const __m512bh qv = load32(q, v, d);
 #pragma GCC unroll 16
     for (int64_t j = 0; j < kKeys; ++j) {
+      fetch.next();
       acc[j] = _mm512_dpbf16_ps(acc[j], qv, load32(tile[j] + k_at, v, d));
     }
   }
@@ -218,9 +247,10 @@ void attend_heads(const c10::BFloat16* q_in, O* out, const c10::BFloat16* cache,
     for (int64_t kh = kv_begin; kh < kv_end; ++kh) {
       const int64_t h0 = (kh - kv_begin) * G;  // the group's first head, within q_in and out
       for (int g = 0; g < G; ++g) {
-        if (prefetch) fetch_share(tile + kAhead * kKeys, lines, h0 + g, calls);
+        auto fetch = prefetch ? LineFetch(tile + kAhead * kKeys, lines, h0 + g, calls)
+                              : LineFetch();
         score_tile(q + (h0 + g) * d, tile, kh * d, d, vectors, scale, softcap,
-                   s.scores.data() + (h0 + g) * padded + i0);
+                   s.scores.data() + (h0 + g) * padded + i0, fetch);
       }
     }
   }
