@@ -61,4 +61,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write_kv", &rope_write_kv,
         "rotate q and k, write k and v to the cache; q in the cache's dtype where it rounds",
         py::call_guard<py::gil_scoped_release>());
+  m.def("decoder_layer", &decoder_layer, "one Llama-family layer's kernels in one call",
+        py::call_guard<py::gil_scoped_release>());
 }

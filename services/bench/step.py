@@ -83,8 +83,10 @@ class TimedGateUp(PackedGateUp):
 
 
 def instrument(runner: ModelRunner, clock: StageClock) -> None:
-    """Wraps the model's stages in `clock` (matmuls, attention, per-row ops, sampling)."""
+    """Wraps the model's stages in `clock` (matmuls, attention, per-row ops, sampling): the
+    Python layer's calls, so a layer does not run as one native call here."""
     model, weights = runner.model, runner.model.weights
+    model.native_layers = None
     for i, layer in enumerate(weights.layers):
         matrices = {"qkv": layer.qkv, "o_proj": layer.o_proj}
         if layer.gate_up is not None:

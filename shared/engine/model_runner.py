@@ -85,6 +85,12 @@ class ModelRunner:
             )
         self.model = model_class(model_config)(model_config, weights, attention, max_len)
         log.info("norms, rope, KV write, SiLU: %s", self.model.ops.path)
+        log.info(
+            "layers: %s",
+            "one native call each (csrc/cpu/decoder_layer.cpp)"
+            if self.model.native_layers
+            else "the Python loop",
+        )
         self.kv_cache = KVCache(
             model_config, num_blocks, config.block_size, config.torch_dtype, device
         )

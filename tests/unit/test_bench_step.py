@@ -22,19 +22,26 @@ def test_shapes_name_decodes_and_prefills():
         spans_of("x4", 20)
 
 
+NO_KERNELS = pytest.mark.skipif(native.load() is None, reason="no C++ kernels")
+
+
 @pytest.mark.parametrize(
-    "backend",
+    ("backend", "dtype"),
     [
-        "torch",
-        pytest.param(
-            "cpu", marks=pytest.mark.skipif(native.load() is None, reason="no C++ kernels")
-        ),
+        ("torch", "float32"),
+        pytest.param("cpu", "float32", marks=NO_KERNELS),
+        pytest.param("cpu", "bfloat16", marks=NO_KERNELS),  # the layers' stages, not one call
     ],
 )
-def test_every_stage_is_timed(tiny_model_dir, capsys, backend):
+def test_every_stage_is_timed(tiny_model_dir, capsys, backend, dtype):
     run_step_bench(
         StepBenchConfig(
-            tiny_model_dir, shapes=("d2", "p9"), context=17, trials=1, attention_backend=backend
+            tiny_model_dir,
+            dtype=dtype,
+            shapes=("d2", "p9"),
+            context=17,
+            trials=1,
+            attention_backend=backend,
         )
     )
     out = capsys.readouterr().out

@@ -207,6 +207,7 @@ def test_bf16_rows_from_the_norms_give_the_logits_of_each_matmul_rounding_its_ow
         engine, recorder = recorded_engine(tiny_model_dir, dtype="bfloat16")
         assert engine.runner.model.bf16_rows
         engine.runner.model.bf16_rows = bf16_rows
+        engine.runner.model.native_layers = None  # the Python layer, which reads bf16_rows
         for j, other in enumerate(OTHERS):
             engine.add_request(f"other{j}", other, SEEDED)
         engine.add_request("r", PROMPT, SEEDED)
@@ -215,3 +216,30 @@ def test_bf16_rows_from_the_norms_give_the_logits_of_each_matmul_rounding_its_ow
     assert rows[True] and rows[True].keys() == rows[False].keys()
     for pos, row in rows[True].items():
         assert torch.equal(row, rows[False][pos]), pos
+
+
+@pytest.mark.skipif(
+    native.load() is None or not native.load().bf16_dot_product_kernel(),
+    reason="the layers run as one native call with bf16 pair-packed weights only",
+)
+def test_layers_as_one_native_call_give_the_python_layers_logits(tiny_model_dir):
+    """model/native_layer.py: the same kernels in the same order, so every logit of a run with
+    prefill chunks beside decodes (and the last layer's kept rows) is bitwise the Python
+    layer's, and so are the seeded tokens."""
+    rows, tokens = {}, {}
+    for native_layers in (True, False):
+        engine, recorder = recorded_engine(
+            tiny_model_dir, dtype="bfloat16", max_num_batched_tokens=16
+        )
+        assert engine.runner.model.native_layers is not None
+        if not native_layers:
+            engine.runner.model.native_layers = None
+        for j, other in enumerate(OTHERS):
+            engine.add_request(f"other{j}", other, SEEDED)
+        engine.add_request("r", PROMPT, SEEDED)
+        tokens[native_layers] = run_to_completion(engine)
+        rows[native_layers] = recorder.rows
+    assert tokens[True] == tokens[False]
+    assert rows[True] and rows[True].keys() == rows[False].keys()
+    for key, row in rows[True].items():
+        assert torch.equal(row, rows[False][key]), key

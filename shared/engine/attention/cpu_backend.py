@@ -40,7 +40,7 @@ class CpuAttention:
         layer: LayerAttention | None = None,
     ) -> torch.Tensor:
         layer = layer or default_layer(q)
-        plan = self._plan_for(meta, cache.shape[1])
+        plan = self.plan(meta, cache.shape[1])
         q = q.contiguous()
         out = torch.empty_like(q)
         self.kernels.paged_attention(
@@ -56,7 +56,8 @@ class CpuAttention:
         )
         return out
 
-    def _plan_for(self, meta: AttentionMetadata, block_size: int) -> RowPlan:
+    def plan(self, meta: AttentionMetadata, block_size: int) -> RowPlan:
+        """This step's row plan (the kernel's block tables and rows), made once a step."""
         # The same metadata object serves every layer of a step: plan once per step.
         if self._plan is None or self._plan[0] is not meta:
             self._plan = (meta, plan_rows(meta, block_size))

@@ -14,6 +14,7 @@ from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.model.layer_ops import LayerOps, StepRope, layer_ops
 from shared.engine.model.linear_weights import LinearWeight, PackedGateUp, PackedLinear
+from shared.engine.model.native_layer import NativeLayers
 from shared.engine.model.rope import rope_table
 from shared.engine.model.weights import LayerWeights, ModelWeights
 from shared.engine.model_config import ModelConfig
@@ -50,6 +51,9 @@ class DecoderModel:
             LayerAttention(config.softmax_scale, config.window_of(i), config.attn_softcap)
             for i in range(config.num_layers)
         ]
+        # a family whose layer loop can run each layer as one native call sets this
+        # (llama.py); None: the Python layer
+        self.native_layers: NativeLayers | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] int64 -> [T, hidden] in act_dtype."""

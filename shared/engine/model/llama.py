@@ -9,12 +9,20 @@ import torch
 
 from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.model.decoder import DecoderModel, linear
+from shared.engine.model.native_layer import NativeLayers
 from shared.engine.model.weights import LayerWeights
 
 __all__ = ["LlamaModel", "linear"]
 
 
 class LlamaModel(DecoderModel):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # each layer as one native call where that runs the kernels the loop below would (an
+        # MoE model's MLP is its own)
+        if type(self).mlp is LlamaModel.mlp:
+            self.native_layers = NativeLayers.fitting(self)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -29,11 +37,16 @@ class LlamaModel(DecoderModel):
         h = self.embed(input_ids)  # [T, hidden]
         y = None  # the previous layer's MLP output, joining the residual stream
         for i, (layer, cache) in enumerate(zip(w.layers, kv_cache, strict=True)):
+            keep = self.rows_kept_after(i, logits_rows, h.shape[0])
+            if self.native_layers is not None:
+                h, y = self.native_layers(
+                    h, y, layer, cache, rope, meta, keep, self.layer_attention[i]
+                )
+                continue
             if y is None:
                 x = self.norm(h, layer.input_norm, self.bf16_rows)
             else:
                 h, x = self.ops.add_norm(h, y, layer.input_norm, self.bf16_rows)
-            keep = self.rows_kept_after(i, logits_rows, h.shape[0])
             attn = self.self_attention(i, x, layer, cache, rope, meta, keep)
             if keep is not None:
                 h = h[keep]
