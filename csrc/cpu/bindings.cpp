@@ -1,4 +1,5 @@
 // Python bindings of the CPU kernels; the GIL is released while they run.
+#include "decoder_layer.h"
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -98,17 +98,3 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor rotations, torch::T
 // argmax.cpp: argmax_rows(logits [rows, n] fp32) -> [rows] int64, each row's first maximum
 // (a NaN counts as the maximum), as torch.argmax.
 torch::Tensor argmax_rows(torch::Tensor logits);
-
-// decoder_layer.cpp: one Llama-family layer (bf16 pair-packed matrices, gate_up with SiLU·up,
-// no q/k norms or biases, bf16 cache) in one call: h [T, hidden] fp32 (updated in place; the
-// `keep` rows of it on the last layer), y the previous layer's MLP output [T, hidden] fp32 (none
-// on the first). Returns (h, this layer's MLP output). The arguments are those the Python layer
-// hands the same kernels.
-std::vector<torch::Tensor> decoder_layer(
-    torch::Tensor h, c10::optional<torch::Tensor> y, torch::Tensor input_norm,
-    torch::Tensor post_norm, double eps, torch::Tensor qkv_w, torch::Tensor o_w,
-    torch::Tensor gate_up_w, int64_t inter, torch::Tensor down_w, torch::Tensor rotations,
-    torch::Tensor positions, torch::Tensor cache, torch::Tensor slot_mapping,
-    torch::Tensor block_tables, torch::Tensor row_table, torch::Tensor row_context,
-    int64_t heads, int64_t kv_heads, double scale, int64_t window, double softcap,
-    c10::optional<torch::Tensor> keep);

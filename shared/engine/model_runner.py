@@ -87,7 +87,7 @@ class ModelRunner:
         log.info("norms, rope, KV write, SiLU: %s", self.model.ops.path)
         log.info(
             "layers: %s",
-            "one native call each (csrc/cpu/decoder_layer.cpp)"
+            "one native call each (csrc/cpu/decoder_layer.h)"
             if self.model.native_layers
             else "the Python loop",
         )

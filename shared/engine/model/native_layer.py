@@ -1,4 +1,4 @@
-"""A Llama-family layer as one native call (csrc/cpu/decoder_layer.cpp), where the layer's
+"""A Llama-family layer as one native call (csrc/cpu/decoder_layer.h), where the layer's
 kernels are the C++ ones the Python layer would call anyway: every matrix packed as bf16 pairs
 (gate_up with SiLU·up fused), no q/k norms, no biases, the `cpu` attention backend. The call
 runs the same kernels in the same order, so the logits are the same bits; it saves the Python

@@ -3,9 +3,15 @@
 // same bits, without the Python between them. For layers whose matrices are all packed as
 // bf16 pairs with SiLU·up fused into gate_up, no q/k norms, no biases, a bf16 KV cache and
 // paged_attention's kernel.
+//
+// h [T, hidden] fp32 (updated in place; the `keep` rows of it on the last layer), y the
+// previous layer's MLP output [T, hidden] fp32 (none on the first). Returns (h, this layer's
+// MLP output). Only bindings.cpp includes this file.
+#pragma once
+
 #include "ops.h"
 
-std::vector<torch::Tensor> decoder_layer(
+inline std::vector<torch::Tensor> decoder_layer(
     torch::Tensor h, c10::optional<torch::Tensor> y, torch::Tensor input_norm,
     torch::Tensor post_norm, double eps, torch::Tensor qkv_w, torch::Tensor o_w,
     torch::Tensor gate_up_w, int64_t inter, torch::Tensor down_w, torch::Tensor rotations,
