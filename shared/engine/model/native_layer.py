@@ -18,7 +18,6 @@ from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.cpu_backend import CpuAttention
 from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.model.layer_ops import StepRope
-from shared.engine.model.linear_weights import PackedGateUp, PackedLinear
 from shared.engine.model.weights import LayerWeights
 
 if TYPE_CHECKING:
@@ -57,7 +56,6 @@ class NativeLayers:
         attention: LayerAttention,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (h, this layer's MLP output)
         plan = self.attention.plan(meta, cache.shape[1])
-        assert isinstance(layer.gate_up, PackedGateUp)  # _plain
         h, y = self.kernels.decoder_layer(
             h, y, layer.input_norm, layer.post_norm, self.eps,
             layer.qkv.packed, layer.o_proj.packed, layer.gate_up.packed, layer.gate_up.inter,
@@ -69,7 +67,8 @@ class NativeLayers:
 
 
 def _plain(layer: LayerWeights) -> bool:
-    """A layer the native call computes as the Python layer does."""
+    """A layer the native call computes as the Python layer does, its matrices already
+    pair-packed (DecoderModel.bf16_rows): nothing beside them."""
     return (
         layer.q_norm is None
         and layer.k_norm is None
@@ -77,6 +76,4 @@ def _plain(layer: LayerWeights) -> bool:
         and layer.attn_out_norm is None
         and layer.mlp_out_norm is None
         and layer.experts is None
-        and isinstance(layer.gate_up, PackedGateUp)
-        and all(isinstance(w, PackedLinear) for w in (layer.qkv, layer.o_proj, layer.down))
     )
