@@ -13,6 +13,12 @@ prompt that one step prefilled only in part.
 
 With a `CoreLease` (core_lease.py), each step runs with one torch thread per core it holds:
 its own, and those of the machine's idle workers.
+
+The thread shares the GIL with the event loop. A step takes it back after each native call
+(a layer, the LM head), and a thread that wants the GIL waits for the holder to let it go at
+most the interpreter's switch interval, 5 ms by default: with the loop busy (a burst of
+arrivals, tokens going out) a step could lose milliseconds a layer. `start()` shortens the
+interval for the process to `GIL_SWITCH_INTERVAL_S`.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +43,7 @@ from shared.engine.stats import EngineStats, KVCacheEvents, KVEventLog
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "engine"
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def still_loading() -> bool:
@@ -95,6 +103,7 @@ class EngineThread:
         """Build the engine inside its thread (weights load there) and start stepping; a
         failed build raises its own error here."""
         self._loop = asyncio.get_running_loop()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         ready = self._submit(lambda engine: None)  # queued first: answered once it is built
         self._thread.start()
         await ready
