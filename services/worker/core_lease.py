@@ -27,6 +27,13 @@ and the running streams pause for as long. A prefill worker that finds a decode 
 (`BORROW_WAIT_S` at most, about one decode step), rather than step on its own core while the
 decode's idles.
 
+A worker waiting on a backlog or on a turn still answers its commands: `acquire(interrupted)`
+returns None, holding nothing, once `interrupted()` is true, and the engine thread applies
+what came in (a decode worker's KV reservations, which the scheduler awaits before it hands
+the prompt to the prefill worker) and asks again; the wait's limit runs on across such calls.
+A decode worker that did not answer until its wait ended held the next prompts back from the
+very prefill it was waiting on: they reached the prefill one a step.
+
 A decode worker that waits out the limit takes a turn rather than a share: it raises its home's
 `overdue-N` flag for one step, a prefill worker finishing a step lowers its active flag before
 it lets its cores go and steps again only once no turn is overdue (at most `YIELD_LIMIT_S`),
@@ -46,6 +53,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 
 # A decode worker waits for a prefill backlog this long per step at most: long enough for a
@@ -61,6 +69,16 @@ YIELD_LIMIT_S = 1.5
 BORROW_WAIT_S = 0.5
 _YIELD_POLL_S = 0.002
 ROLES = ("prefill", "decode", "both")
+
+
+class Wait(Enum):
+    CLEARED = "cleared"
+    TIMED_OUT = "timed out"
+    INTERRUPTED = "interrupted"
+
+
+def _never() -> bool:
+    return False
 
 
 def default_dir() -> Path:
@@ -98,18 +116,24 @@ class CoreLease:
         self._active = False
         self._backlog = False
         self._overdue = False
+        self._give_up: float | None = None  # when the current yield's wait ends at the latest
 
-    def acquire(self) -> int:
+    def acquire(self, interrupted: Callable[[], bool] = _never) -> int | None:
         """Raise the active flag, take the home core (waiting for a borrower's step at most)
         and borrow the idle workers' cores; returns how many cores this step holds (>= 1).
         A decode worker first waits out a prefill backlog, a prefill worker an overdue decode
         step (`YIELD_LIMIT_S` at most), and then, with a backlog, active decode workers'
-        yields (`BORROW_WAIT_S` at most)."""
+        yields (`BORROW_WAIT_S` at most). Once `interrupted()` is true during the first of
+        those waits, returns None, holding no core: call again to wait on (the limit counts
+        from the first call, until a step is acquired or `idle()`)."""
         if self.role == "decode":
-            self._yield_to_backlog()
+            if self._yield_to_backlog(interrupted) is Wait.INTERRUPTED:
+                return None
         elif self.role == "prefill" and self._some_overdue():
             self._lower_active()  # the overdue decode step borrows this core
-            self._wait_out(self._some_overdue, YIELD_LIMIT_S)
+            if self._wait_out(self._some_overdue, YIELD_LIMIT_S, interrupted) is Wait.INTERRUPTED:
+                return None
+        self._give_up = None
         if not self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_SH)
             self._active = True
@@ -135,6 +159,7 @@ class CoreLease:
         ]
         if yielding:
             self._wait_out(lambda: not all(map(self._idle, yielding)), BORROW_WAIT_S)
+            self._give_up = None
             self._borrow(yielding)
 
     def release(self) -> None:
@@ -177,31 +202,40 @@ class CoreLease:
         """No work until further notice: others may borrow the home core."""
         self.set_backlog(False)
         self._lower_active()
+        self._give_up = None
 
     def _lower_active(self) -> None:
         if self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_UN)
             self._active = False
 
-    def _yield_to_backlog(self) -> None:
+    def _yield_to_backlog(self, interrupted: Callable[[], bool]) -> Wait:
         """Wait for the prefill backlogs to clear; if they outlast `YIELD_LIMIT_S`, raise
         the overdue flag for the coming step."""
         if not self._some_backlog():
-            return
-        self.idle()  # the prefill's next step borrows this core
-        if not self._wait_out(self._some_backlog, YIELD_LIMIT_S):
+            return Wait.CLEARED
+        self._lower_active()  # the prefill's next step borrows this core
+        wait = self._wait_out(self._some_backlog, YIELD_LIMIT_S, interrupted)
+        if wait is Wait.TIMED_OUT:
             fcntl.flock(self._overdues[self.home], fcntl.LOCK_SH)
             self._overdue = True
+        return wait
 
-    @staticmethod
-    def _wait_out(waiting: Callable[[], bool], limit_s: float) -> bool:
-        """Poll `waiting` until it is false (True) or `limit_s` has passed (False)."""
-        give_up = time.monotonic() + limit_s
+    def _wait_out(
+        self, waiting: Callable[[], bool], limit_s: float, interrupted: Callable[[], bool] = _never
+    ) -> Wait:
+        """Poll `waiting` until it is false, `interrupted()` is true, or the give-up time has
+        passed: `limit_s` from the first poll of this wait (a wait resumed after an interruption
+        keeps its give-up time)."""
+        if self._give_up is None:
+            self._give_up = time.monotonic() + limit_s
         while waiting():
-            if time.monotonic() >= give_up:
-                return False
+            if time.monotonic() >= self._give_up:
+                return Wait.TIMED_OUT
+            if interrupted():
+                return Wait.INTERRUPTED
             time.sleep(_YIELD_POLL_S)
-        return True
+        return Wait.CLEARED
 
     def close(self) -> None:
         self.release()

@@ -183,7 +183,10 @@ class EngineThread:
                 if not engine.has_unfinished_requests():
                     continue
                 report = StepReport(time.time(), [], [])
-                report.outputs = self._step(engine)
+                outputs = self._step(engine)
+                if outputs is None:  # commands came while it waited for cores: they go first
+                    continue
+                report.outputs = outputs
                 stalled = engine.last_step_num_tokens == 0
                 self.on_step(engine, report)
                 if self._commands.empty():  # else once they are applied: prompts that came
@@ -195,10 +198,15 @@ class EngineThread:
             if self.lease is not None:
                 self.lease.close()
 
-    def _step(self, engine: LLMEngine) -> list[RequestOutput]:
+    def _step(self, engine: LLMEngine) -> list[RequestOutput] | None:
+        """One step on the cores the lease gives; None, without a step, when commands came
+        while the lease waited on another worker (a reservation must not wait out a backlog:
+        the prompt it is for is what the prefill worker needs next)."""
         if self.lease is None:
             return engine.step()
-        cores = self.lease.acquire()
+        cores = self.lease.acquire(interrupted=lambda: not self._commands.empty())
+        if cores is None:
+            return None
         try:
             if cores != torch.get_num_threads():
                 torch.set_num_threads(cores)

@@ -306,9 +306,15 @@ async def _serve(
     handler: Callable[[M, Context], Awaitable[R]],
     refuse: Callable[[str], R],
 ) -> None:
-    """Answer `subject` with `handler(message, trace context of its headers)`."""
+    """Answer `subject` with `handler(message, trace context of its headers)`, each request
+    in its own task: a reservation waits for the engine thread (between steps), and the
+    reservations of a wave of prompts must not queue behind one another, one a step."""
     await bus.serve(
-        subject, message_type, lambda msg, headers: handler(msg, extract(headers)), refuse
+        subject,
+        message_type,
+        lambda msg, headers: handler(msg, extract(headers)),
+        refuse,
+        concurrent=True,
     )
 
 

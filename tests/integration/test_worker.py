@@ -269,6 +269,45 @@ def test_decode_task_alone_streams_the_answer_and_bad_kv_is_refused(nats_server,
     run_mesh(nats_server.url, tiny_model_dir, scenario)
 
 
+def test_reservations_that_come_together_are_answered_between_the_same_steps(
+    nats_server, tiny_model_dir, monkeypatch
+):
+    """A decode worker answers each request in its own task: reservations that arrive while
+    it steps are applied together after the step, not one a step behind one another."""
+    steps = 0
+    step = LLMEngine.step
+
+    def slow_step(engine: LLMEngine) -> list:
+        nonlocal steps
+        time.sleep(0.2)
+        outputs = step(engine)
+        steps += 1
+        return outputs
+
+    monkeypatch.setattr(LLMEngine, "step", slow_step)
+    long = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+
+    async def scenario(mesh: Mesh) -> None:
+        task = DecodeTask(mesh.request("running", long))
+        ack = await mesh.bus.request(mesh.subjects.decode("decode"), task, TaskAck, 5)
+        assert ack.ok, ack.error
+        await until(lambda: len(mesh.chunks.get("running", [])) >= 2)
+
+        async def reserve(request_id: str) -> int:
+            message = Reserve(mesh.request(request_id, GREEDY))
+            reply = await mesh.bus.request(mesh.subjects.reserve("decode"), message, Reservation, 5)
+            assert reply.ok, reply.error
+            return steps
+
+        answered_after = await asyncio.gather(*(reserve(f"r{i}") for i in range(3)))
+        assert len(set(answered_after)) == 1, f"answered after steps {answered_after}"
+        for i in range(3):
+            await mesh.bus.publish(mesh.subjects.cancel, Cancel(f"r{i}", "test done"))
+        await mesh.bus.publish(mesh.subjects.cancel, Cancel("running", "test done"))
+
+    run_mesh(nats_server.url, tiny_model_dir, scenario)
+
+
 def test_sigterm_drains_refuses_new_work_and_exits_zero(nats_server, tiny_model_dir):
     namespace = f"t{time.monotonic_ns()}"
     command = [sys.executable, "-m", "services.worker.cli", "--role", "decode"]

@@ -1,6 +1,7 @@
 """The core lease of co-located workers: homes, borrowing idle workers' cores, giving them
 back to an owner that wakes, sharing homes when workers outnumber cores, and locks that die
-with their process."""
+with their process. A wait on another worker stops for the caller's commands and resumes
+with its limit running on."""
 
 from __future__ import annotations
 
@@ -216,6 +217,31 @@ def test_a_backlog_holds_a_decode_step_back_for_the_yield_limit_at_most(tmp_path
     prefill.idle()  # no work: the backlog goes with it
     assert decode.acquire() == 2
     decode.release()
+    prefill.close(), decode.close()
+
+
+def test_a_decode_waiting_on_a_backlog_stops_for_commands_and_keeps_its_limit(
+    tmp_path, monkeypatch
+):
+    prefill, decode = _leases_with_a_backlog(tmp_path, monkeypatch)  # a 0.3 s limit
+    came = threading.Event()
+    threading.Timer(0.1, came.set).start()
+    started = time.monotonic()
+    assert decode.acquire(interrupted=came.is_set) is None  # a command came: no step yet
+    assert 0.1 <= time.monotonic() - started < 0.25
+    assert prefill.acquire() == 2, "the decode holds nothing meanwhile"
+    prefill.release()
+    assert decode.acquire(interrupted=lambda: False) == 1  # the rest of the same 0.3 s
+    assert 0.3 <= time.monotonic() - started < 0.45
+    decode.release()
+    assert decode.acquire(interrupted=lambda: True) is None
+    time.sleep(0.35)  # its limit has passed; then the commands left it no work
+    decode.idle()
+    began = time.monotonic()
+    assert decode.acquire(interrupted=lambda: time.monotonic() - began > 0.1) is None, (
+        "work after an idle spell waits a limit of its own"
+    )
+    decode.idle()
     prefill.close(), decode.close()
 
 

@@ -1,8 +1,9 @@
 """`EngineThread`: `stop` joins a built engine's thread; one still building its engine
 (weights loading) is left behind at once, and `still_loading` says so, so a worker told to
 stop while it loads stops then and not once its model is in memory. Prompts queued while a
-step runs keep a prefill worker's backlog raised across the step's end. Starting the thread
-shortens the process's GIL switch interval, so that a step waits less for the loop."""
+step runs keep a prefill worker's backlog raised across the step's end. A command that comes
+while a step waits for cores is applied before that step. Starting the thread shortens the
+process's GIL switch interval, so that a step waits less for the loop."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 from services.worker.engine_thread import GIL_SWITCH_INTERVAL_S, EngineThread, still_loading
@@ -98,7 +100,7 @@ class RecordingLease:
     def __init__(self) -> None:
         self.log: list[tuple[str, object]] = []
 
-    def acquire(self) -> int:
+    def acquire(self, interrupted: Callable[[], bool]) -> int | None:
         return 1
 
     def release(self) -> None:
@@ -227,3 +229,77 @@ def test_a_prompt_prefilled_in_part_keeps_the_backlog_raised():
     # a decode worker that stepped beside the later chunks would halve their cores
     assert between == [True, True], lease.log
     assert after[:1] == [False], lease.log
+
+
+class WaitingLease(RecordingLease):
+    """The first acquire waits on another worker until a command comes in (`interrupted`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def acquire(self, interrupted: Callable[[], bool]) -> int | None:
+        if self.waiting.is_set():
+            return 1
+        self.waiting.set()
+        give_up = time.monotonic() + 10
+        while not interrupted() and time.monotonic() < give_up:
+            time.sleep(0.005)
+        self.log.append(("interrupted", interrupted()))
+        return None
+
+
+class OneStepEngine:
+    """One prompt, done in one step."""
+
+    def __init__(self, log: list[tuple[str, object]]) -> None:
+        self.log = log
+        self.steps_left = 0
+        self.last_step_num_tokens = 0
+
+    def add(self) -> None:
+        self.steps_left = 1
+
+    def has_unfinished_requests(self) -> bool:
+        return self.steps_left > 0
+
+    def step(self) -> list:
+        self.log.append(("step", None))
+        self.steps_left = 0
+        self.last_step_num_tokens = 1
+        return []
+
+    def stats(self) -> SimpleNamespace:
+        return SimpleNamespace(num_waiting=0, num_running=0)
+
+    def take_kv_events(self) -> KVCacheEvents:
+        return KVCacheEvents()
+
+
+def test_a_command_that_comes_while_a_step_waits_for_cores_goes_first():
+    lease = WaitingLease()
+    thread = EngineThread(
+        lambda: OneStepEngine(lease.log),
+        on_step=lambda engine, report: None,
+        on_fatal=lambda exc: None,
+        lease=lease,  # type: ignore[arg-type]
+    )
+
+    async def main() -> float:
+        await thread.start()
+        thread.post(lambda engine: engine.add(), lambda exc: None)
+        await asyncio.to_thread(lease.waiting.wait, 10)
+        began = time.monotonic()
+        # a decode worker's reservation, while its step waits out a prefill backlog
+        await thread.call(lambda engine: lease.log.append(("command", None)))
+        answered = time.monotonic() - began
+        deadline = time.monotonic() + 10
+        while ("step", None) not in lease.log:
+            assert time.monotonic() < deadline, lease.log
+            await asyncio.sleep(0.01)
+        await thread.stop()
+        return answered
+
+    assert asyncio.run(main()) < 2, "answered at once, not once the wait was over"
+    order = [entry for entry in lease.log if entry[0] in ("interrupted", "command", "step")]
+    assert order == [("interrupted", True), ("command", None), ("step", None)]
