@@ -152,9 +152,9 @@ class BurstEngine:
         return KVCacheEvents()
 
 
-def _add_a_prompt_and_run_until(build, lease: RecordingLease, done) -> None:
-    """An engine thread with `lease` over `build(thread)`: one prompt added, stopped once
-    `done(lease.log)`."""
+def _add_a_prompt_and_run_until(build, lease: RecordingLease, done, meanwhile=None) -> None:
+    """An engine thread with `lease` over `build(thread)`: one prompt added, then
+    `await meanwhile(thread)` if given, stopped once `done(lease.log)`."""
     thread = EngineThread(
         lambda: build(thread),
         on_step=lambda engine, report: None,
@@ -165,6 +165,8 @@ def _add_a_prompt_and_run_until(build, lease: RecordingLease, done) -> None:
     async def main() -> None:
         await thread.start()
         thread.post(lambda engine: engine.add(), lambda exc: None)
+        if meanwhile is not None:
+            await meanwhile(thread)
         deadline = time.monotonic() + 10
         while not done(lease.log):
             assert time.monotonic() < deadline, lease.log
@@ -278,28 +280,21 @@ class OneStepEngine:
 
 def test_a_command_that_comes_while_a_step_waits_for_cores_goes_first():
     lease = WaitingLease()
-    thread = EngineThread(
-        lambda: OneStepEngine(lease.log),
-        on_step=lambda engine, report: None,
-        on_fatal=lambda exc: None,
-        lease=lease,  # type: ignore[arg-type]
-    )
+    answered_in: list[float] = []
 
-    async def main() -> float:
-        await thread.start()
-        thread.post(lambda engine: engine.add(), lambda exc: None)
+    async def reserve_meanwhile(thread: EngineThread) -> None:
         await asyncio.to_thread(lease.waiting.wait, 10)
         began = time.monotonic()
         # a decode worker's reservation, while its step waits out a prefill backlog
         await thread.call(lambda engine: lease.log.append(("command", None)))
-        answered = time.monotonic() - began
-        deadline = time.monotonic() + 10
-        while ("step", None) not in lease.log:
-            assert time.monotonic() < deadline, lease.log
-            await asyncio.sleep(0.01)
-        await thread.stop()
-        return answered
+        answered_in.append(time.monotonic() - began)
 
-    assert asyncio.run(main()) < 2, "answered at once, not once the wait was over"
+    _add_a_prompt_and_run_until(
+        lambda thread: OneStepEngine(lease.log),
+        lease,
+        lambda log: ("step", None) in log,
+        reserve_meanwhile,
+    )
+    assert answered_in[0] < 2, "answered at once, not once the wait was over"
     order = [entry for entry in lease.log if entry[0] in ("interrupted", "command", "step")]
     assert order == [("interrupted", True), ("command", None), ("step", None)]
