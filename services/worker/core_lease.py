@@ -72,6 +72,8 @@ ROLES = ("prefill", "decode", "both")
 
 
 class Wait(Enum):
+    """How a wait on another worker's flags ended."""
+
     CLEARED = "cleared"
     TIMED_OUT = "timed out"
     INTERRUPTED = "interrupted"
@@ -116,7 +118,7 @@ class CoreLease:
         self._active = False
         self._backlog = False
         self._overdue = False
-        self._give_up: float | None = None  # when the current yield's wait ends at the latest
+        self._give_up: float | None = None  # when the wait on another worker gives up
 
     def acquire(self, interrupted: Callable[[], bool] = _never) -> int | None:
         """Raise the active flag, take the home core (waiting for a borrower's step at most)
