@@ -135,7 +135,7 @@ class CoreLease:
             self._lower_active()  # the overdue decode step borrows this core
             if self._wait_out(self._some_overdue, YIELD_LIMIT_S, interrupted) is Wait.INTERRUPTED:
                 return None
-        self._give_up = None
+        self._give_up = None  # a resumed wait may have found nothing left to wait for
         if not self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_SH)
             self._active = True
@@ -161,7 +161,6 @@ class CoreLease:
         ]
         if yielding:
             self._wait_out(lambda: not all(map(self._idle, yielding)), BORROW_WAIT_S)
-            self._give_up = None
             self._borrow(yielding)
 
     def release(self) -> None:
@@ -227,16 +226,18 @@ class CoreLease:
         self, waiting: Callable[[], bool], limit_s: float, interrupted: Callable[[], bool] = _never
     ) -> Wait:
         """Poll `waiting` until it is false, `interrupted()` is true, or the give-up time has
-        passed: `limit_s` from the first poll of this wait (a wait resumed after an interruption
-        keeps its give-up time)."""
+        passed: `limit_s` from the first poll of this wait. Only an interrupted wait keeps its
+        give-up time, for the call that resumes it."""
         if self._give_up is None:
             self._give_up = time.monotonic() + limit_s
         while waiting():
             if time.monotonic() >= self._give_up:
+                self._give_up = None
                 return Wait.TIMED_OUT
             if interrupted():
                 return Wait.INTERRUPTED
             time.sleep(_YIELD_POLL_S)
+        self._give_up = None
         return Wait.CLEARED
 
     def close(self) -> None:

@@ -188,16 +188,17 @@ def test_prompts_queued_during_a_step_keep_the_backlog_raised():
 
 
 class ChunkedEngine:
-    """One prompt that takes three steps of the token budget: scheduled by the first, so no
-    longer waiting, and running (being prefilled) until the last."""
+    """One prompt that takes `chunks` steps of the token budget: scheduled by the first, so
+    no longer waiting, and running (being prefilled) until the last."""
 
-    def __init__(self, log: list[tuple[str, object]]) -> None:
+    def __init__(self, log: list[tuple[str, object]], chunks: int = 3) -> None:
         self.log = log
+        self.chunks = chunks
         self.waiting, self.running, self.chunks_left = 0, 0, 0
         self.last_step_num_tokens = 0
 
     def add(self) -> None:
-        self.waiting, self.chunks_left = 1, 3
+        self.waiting, self.chunks_left = 1, self.chunks
 
     def has_unfinished_requests(self) -> bool:
         return self.chunks_left > 0
@@ -251,33 +252,6 @@ class WaitingLease(RecordingLease):
         return None
 
 
-class OneStepEngine:
-    """One prompt, done in one step."""
-
-    def __init__(self, log: list[tuple[str, object]]) -> None:
-        self.log = log
-        self.steps_left = 0
-        self.last_step_num_tokens = 0
-
-    def add(self) -> None:
-        self.steps_left = 1
-
-    def has_unfinished_requests(self) -> bool:
-        return self.steps_left > 0
-
-    def step(self) -> list:
-        self.log.append(("step", None))
-        self.steps_left = 0
-        self.last_step_num_tokens = 1
-        return []
-
-    def stats(self) -> SimpleNamespace:
-        return SimpleNamespace(num_waiting=0, num_running=0)
-
-    def take_kv_events(self) -> KVCacheEvents:
-        return KVCacheEvents()
-
-
 def test_a_command_that_comes_while_a_step_waits_for_cores_goes_first():
     lease = WaitingLease()
     answered_in: list[float] = []
@@ -290,11 +264,11 @@ def test_a_command_that_comes_while_a_step_waits_for_cores_goes_first():
         answered_in.append(time.monotonic() - began)
 
     _add_a_prompt_and_run_until(
-        lambda thread: OneStepEngine(lease.log),
+        lambda thread: ChunkedEngine(lease.log, chunks=1),
         lease,
-        lambda log: ("step", None) in log,
+        lambda log: ("step", 0) in log,
         reserve_meanwhile,
     )
     assert answered_in[0] < 2, "answered at once, not once the wait was over"
     order = [entry for entry in lease.log if entry[0] in ("interrupted", "command", "step")]
-    assert order == [("interrupted", True), ("command", None), ("step", None)]
+    assert order == [("interrupted", True), ("command", None), ("step", 0)]
