@@ -3,13 +3,23 @@
 // themselves run only where the CPU has AMX).
 //
 // Both kinds work on groups of 4 bytes along k: a bf16 pair or an int8 quad. One tile set
-// covers a 16-row x 64-column tile of y (one panel) and one k step of 16 groups:
-//   C0..C3 (tmm0-3): 16 rows x 16 columns each (fp32 or int32), the accumulators;
-//   A (tmm4): 16 rows x 16 groups of x (64 bytes a row);
-//   B (tmm5-7, reused in turn): 16 groups x 16 columns of the panel in the kernels' group
-//   layout, per group the columns' 2 or 4 consecutive k values, 64 bytes a row, 256 apart.
+// covers 16 x 64 or 32 x 32 of y (a block: `kTall` = 1 or 2 row tiles) over one k step of 16
+// groups:
+//   C0..C3 (tmm0-3): 16 rows x 16 columns each (fp32 or int32), the accumulators; C_t holds
+//   row tile t / (4 / kTall) and column tile t % (4 / kTall) of the block;
+//   A: 16 rows x 16 groups of x (64 bytes a row), one per row tile (tmm4, and tmm5 for 2 x 2);
+//   B: 16 groups x 16 columns of the panel in the kernels' group layout, per group the
+//   columns' 2 or 4 consecutive k values, 64 bytes a row, 256 apart (1 x 4: tmm5-7, reused in
+//   turn; 2 x 2: tmm6-7).
+// Why 2 x 2 where it can: one tile product takes 16 cycles, in which L2 delivers 48-64 bytes a
+// cycle, 0.75-1 tile (Intel's optimization manual, the AMX chapter; github.com/usstq/mm_amx).
+// The panel's tiles come from L2 (a bf16 panel is 72 KiB at K = 576, 192 at K = 1536), and so
+// do x's, since every row tile passes over a panel before the next panel starts: 1 x 4 reads
+// 1.25 tiles a product from L2, 2 x 2 one at most (0.5 for a panel's second half where x's 32
+// rows, 36 KiB at K = 576, are still in L1). Not yet measured on an AMX CPU.
 // tdpbf16ps computes, for every (m, n), in this order (Intel SDM):
 //   for k in 0..15: C[m][n] += a[m][2k] * b[k][2n]; C[m][n] += a[m][2k + 1] * b[k][2n + 1]
+// Row m of C depends on row m of A alone, so a row's sums are the same in either block shape.
 // The products of two bf16 are exact in fp32, so each += rounds once. The hardware also
 // flushes denormal inputs and results to zero; the model does not (the engine's activations
 // and weights are normal numbers, and nothing here compares the two bitwise). tdpbusd sums
@@ -34,7 +44,21 @@ namespace amx {
 constexpr int64_t kRows = 16;     // rows of a tile of y
 constexpr int64_t kGroups = 16;   // k groups (pairs, quads) of one step
 constexpr int64_t kColumns = 16;  // columns of one accumulator tile
-constexpr int64_t kTiles = 4;     // accumulator tiles: a 64-column panel
+constexpr int64_t kTiles = 4;     // accumulator tiles: a block of 16 x 64 or 32 x 32
+
+// `bytes` past `base` (the tiles' strides are in bytes).
+template <typename T>
+T* at(T* base, int64_t bytes) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) + bytes);
+}
+
+// Accumulator t of a block of kTall row tiles: its first row in y (ldy bytes a row).
+template <int64_t kTall, typename Acc>
+Acc* tile_at(Acc* y, int64_t t, int64_t ldy) {
+  constexpr int64_t wide = kTiles / kTall;  // column tiles of the block
+  return at(y, t / wide * kRows * ldy) + t % wide * kColumns;
+}
 
 using bf16 = c10::BFloat16;
 
@@ -105,26 +129,40 @@ class HardwareTiles {
     _tile_zero(3);
   }
 
-  // One k step: a at the tile's first row (row stride lda bytes), b at the step's first group
-  // of the panel (row stride ldb bytes).
+  // One k step of a block: a at its first row (row stride lda bytes), b at the step's first
+  // group of its first column tile (row stride ldb bytes).
+  template <int64_t kTall>
   void step(const X* a, int64_t lda, const W* b, int64_t ldb) {
     constexpr int64_t next = kColumns * Kind::kPack;  // the next 16 columns' groups
-    _tile_loadd(4, a, lda);
-    _tile_loadd(5, b, ldb);
-    SPLITSERVE_TILE_DOT(Kind, 0, 4, 5);
-    _tile_loadd(6, b + next, ldb);
-    SPLITSERVE_TILE_DOT(Kind, 1, 4, 6);
-    _tile_loadd(7, b + 2 * next, ldb);
-    SPLITSERVE_TILE_DOT(Kind, 2, 4, 7);
-    _tile_loadd(5, b + 3 * next, ldb);
-    SPLITSERVE_TILE_DOT(Kind, 3, 4, 5);
+    if constexpr (kTall == 1) {
+      _tile_loadd(4, a, lda);
+      _tile_loadd(5, b, ldb);
+      SPLITSERVE_TILE_DOT(Kind, 0, 4, 5);
+      _tile_loadd(6, b + next, ldb);
+      SPLITSERVE_TILE_DOT(Kind, 1, 4, 6);
+      _tile_loadd(7, b + 2 * next, ldb);
+      SPLITSERVE_TILE_DOT(Kind, 2, 4, 7);
+      _tile_loadd(5, b + 3 * next, ldb);
+      SPLITSERVE_TILE_DOT(Kind, 3, 4, 5);
+    } else {
+      static_assert(kTall == 2);
+      _tile_loadd(4, a, lda);
+      _tile_loadd(6, b, ldb);
+      SPLITSERVE_TILE_DOT(Kind, 0, 4, 6);
+      _tile_loadd(7, b + next, ldb);
+      SPLITSERVE_TILE_DOT(Kind, 1, 4, 7);
+      _tile_loadd(5, at(a, kRows * lda), lda);
+      SPLITSERVE_TILE_DOT(Kind, 2, 5, 6);
+      SPLITSERVE_TILE_DOT(Kind, 3, 5, 7);
+    }
   }
 
+  template <int64_t kTall>
   void store(Acc* y, int64_t ldy) {
-    _tile_stored(0, y, ldy);
-    _tile_stored(1, y + kColumns, ldy);
-    _tile_stored(2, y + 2 * kColumns, ldy);
-    _tile_stored(3, y + 3 * kColumns, ldy);
+    _tile_stored(0, tile_at<kTall>(y, 0, ldy), ldy);
+    _tile_stored(1, tile_at<kTall>(y, 1, ldy), ldy);
+    _tile_stored(2, tile_at<kTall>(y, 2, ldy), ldy);
+    _tile_stored(3, tile_at<kTall>(y, 3, ldy), ldy);
   }
 };
 
@@ -140,15 +178,18 @@ class EmulatedTiles {
 
   void zero() { std::memset(acc_, 0, sizeof(acc_)); }
 
+  template <int64_t kTall>
   void step(const X* a, int64_t lda, const W* b, int64_t ldb) {
-    constexpr int64_t pack = Kind::kPack;
+    constexpr int64_t pack = Kind::kPack, wide = kTiles / kTall;
     for (int64_t t = 0; t < kTiles; ++t) {
+      const X* rows = at(a, t / wide * kRows * lda);
+      const W* columns = b + t % wide * kColumns * pack;
       for (int64_t m = 0; m < kRows; ++m) {
-        const X* row = at(a, m * lda);
+        const X* row = at(rows, m * lda);
         for (int64_t n = 0; n < kColumns; ++n) {
           Acc c = acc_[t][m][n];
           for (int64_t k = 0; k < kGroups; ++k) {
-            const W* group = at(b, k * ldb) + pack * (t * kColumns + n);
+            const W* group = at(columns, k * ldb) + pack * n;
             for (int64_t e = 0; e < pack; ++e) {
               c += static_cast<Acc>(row[pack * k + e]) * static_cast<Acc>(group[e]);
             }
@@ -159,21 +200,17 @@ class EmulatedTiles {
     }
   }
 
+  template <int64_t kTall>
   void store(Acc* y, int64_t ldy) {
-    for (int64_t m = 0; m < kRows; ++m) {
-      Acc* row = reinterpret_cast<Acc*>(reinterpret_cast<char*>(y) + m * ldy);
-      for (int64_t t = 0; t < kTiles; ++t) {
-        std::memcpy(row + t * kColumns, acc_[t][m], sizeof(acc_[t][m]));
+    for (int64_t t = 0; t < kTiles; ++t) {
+      Acc* tile = tile_at<kTall>(y, t, ldy);
+      for (int64_t m = 0; m < kRows; ++m) {
+        std::memcpy(at(tile, m * ldy), acc_[t][m], sizeof(acc_[t][m]));
       }
     }
   }
 
  private:
-  template <typename T>
-  static const T* at(const T* base, int64_t bytes) {
-    return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) + bytes);
-  }
-
   Acc acc_[kTiles][kRows][kColumns];
 };
 
