@@ -59,7 +59,6 @@ void run(const typename Tiles::X* x, int64_t ldx, const typename Tiles::W* w,
          typename Tiles::Acc* y, int64_t M, int64_t N, int64_t groups,
          const Epilogue& epilogue = {}) {
   using X = typename Tiles::X;
-  using W = typename Tiles::W;
   using Acc = typename Tiles::Acc;
   static_assert(Epilogue::kUnitVectors == 1 ||
                 Epilogue::kUnitVectors % linear_tiles::kPanelVectors == 0);
