@@ -1,9 +1,9 @@
 """The AMX tile paths of the bf16 and W8A8 int8 linears (csrc/cpu/linear_amx.h, amx_tiles.h).
 
-The tile walk (16-row tiles, 64-column panels, 16-pair k steps, rows and columns past the
-edge through a scratch tile, the SiLU·up epilogue, threads over panels) runs everywhere
-through `emulated_tiles`, a scalar model of the three tile operations; so these tests check
-it on any CPU. The tile instructions themselves run only where the CPU has AMX and the OS
+The tile walk (blocks of 32 rows x half a 64-column panel, the last 16 rows or fewer x a whole
+panel, 16-pair k steps, rows and columns past the edge through a scratch block, the SiLU·up
+epilogue, threads over panels) runs everywhere through `emulated_tiles`, a scalar model of
+the tile operations; so these tests check it on any CPU. The tile instructions themselves run only where the CPU has AMX and the OS
 grants tile data: there `tiles` is checked against the model and for row invariance too, and
 `auto` must pick it. A slow test compiles the AMX build for a Sapphire Rapids CPU on any
 host, so a CI machine without AMX still proves that path builds."""
@@ -68,6 +68,7 @@ def test_tiles_match_float64(kernel, shape):
 
 @pytest.mark.parametrize("kernel", TILE_KERNELS)
 def test_a_row_is_bitwise_the_same_for_every_batch_size_and_thread_count(kernel):
+    # up to 16 rows take 1 x 4 blocks, from 17 on 2 x 2 ones: rows must not tell them apart
     _, packed, x = _weights_and_rows(576, 130, 70, seed=3)
     full = kernels.linear_bf16_pairs(x, packed, 130, None, kernel)
     for m in range(1, 71):
