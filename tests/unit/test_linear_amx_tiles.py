@@ -2,11 +2,11 @@
 
 The tile walk (blocks of 32 rows x half a 64-column panel, the last 16 rows or fewer x a whole
 panel, 16-pair k steps, rows and columns past the edge through a scratch block, the SiLU·up
-epilogue, threads over panels) runs everywhere through `emulated_tiles`, a scalar model of
-the tile operations; so these tests check it on any CPU. The tile instructions themselves run only where the CPU has AMX and the OS
-grants tile data: there `tiles` is checked against the model and for row invariance too, and
-`auto` must pick it. A slow test compiles the AMX build for a Sapphire Rapids CPU on any
-host, so a CI machine without AMX still proves that path builds."""
+epilogue, threads over panels) runs everywhere through `emulated_tiles`, a scalar model of the
+tile operations; so these tests check it on any CPU. The tile instructions themselves run only
+where the CPU has AMX and the OS grants tile data: there `tiles` is checked against the model
+and for row invariance too, and `auto` must pick it. A slow test compiles the AMX build for a
+Sapphire Rapids CPU on any host, so a CI machine without AMX still proves that path builds."""
 
 from __future__ import annotations
 
