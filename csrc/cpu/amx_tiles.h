@@ -130,26 +130,28 @@ class HardwareTiles {
   }
 
   // One k step of a block: a at its first row (row stride lda bytes), b at the step's first
-  // group of its first column tile (row stride ldb bytes).
+  // group of its first column tile (row stride ldb bytes). The weights' tiles load with the
+  // hint that L1 need not keep them (tileloaddt1, as vLLM's AMX micro-GEMM loads its B): the
+  // next row tiles read them from L2 anyway, and L1 keeps x's tiles for the panel's next half.
   template <int64_t kTall>
   void step(const X* a, int64_t lda, const W* b, int64_t ldb) {
     constexpr int64_t next = kColumns * Kind::kPack;  // the next 16 columns' groups
     if constexpr (kTall == 1) {
       _tile_loadd(4, a, lda);
-      _tile_loadd(5, b, ldb);
+      _tile_stream_loadd(5, b, ldb);
       SPLITSERVE_TILE_DOT(Kind, 0, 4, 5);
-      _tile_loadd(6, b + next, ldb);
+      _tile_stream_loadd(6, b + next, ldb);
       SPLITSERVE_TILE_DOT(Kind, 1, 4, 6);
-      _tile_loadd(7, b + 2 * next, ldb);
+      _tile_stream_loadd(7, b + 2 * next, ldb);
       SPLITSERVE_TILE_DOT(Kind, 2, 4, 7);
-      _tile_loadd(5, b + 3 * next, ldb);
+      _tile_stream_loadd(5, b + 3 * next, ldb);
       SPLITSERVE_TILE_DOT(Kind, 3, 4, 5);
     } else {
       static_assert(kTall == 2);
       _tile_loadd(4, a, lda);
-      _tile_loadd(6, b, ldb);
+      _tile_stream_loadd(6, b, ldb);
       SPLITSERVE_TILE_DOT(Kind, 0, 4, 6);
-      _tile_loadd(7, b + next, ldb);
+      _tile_stream_loadd(7, b + next, ldb);
       SPLITSERVE_TILE_DOT(Kind, 1, 4, 7);
       _tile_loadd(5, at(a, kRows * lda), lda);
       SPLITSERVE_TILE_DOT(Kind, 2, 5, 6);
