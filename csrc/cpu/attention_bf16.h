@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "paged_layout.h"
+#include "transposed_keys.h"
 #include "vec_math.h"
 
 namespace attention_bf16 {
@@ -99,6 +100,7 @@ struct Scratch {
   std::vector<float> scores;            // [heads][padded]
   std::vector<uint16_t> weights;        // [heads][padded]: the softmax weights in bf16
   std::vector<uint16_t> zero;           // one token's row of zeros, for padding
+  std::vector<uint32_t> q_pairs;        // [heads][pairs_per_head]: q's dim pairs, zero past d
 };
 
 inline __mmask32 words_below(int64_t n) {  // n > 0: a vector that holds part of the head
@@ -119,6 +121,13 @@ inline void unpermute(__m512 lo, __m512 hi, __m512& first, __m512& second) {
   second = _mm512_permutex2var_ps(lo, b, hi);
 }
 
+// A tile's 16 scores soft-capped in place (none: softcap 0).
+inline void cap(float* scores, float softcap) {
+  if (softcap > 0.f) {
+    for (int64_t j = 0; j < kKeys; ++j) scores[j] = softcap * std::tanh(scores[j] / softcap);
+  }
+}
+
 // The 16 scores of one tile's keys for query head q (scale and soft cap applied), a line of
 // `fetch` fetched beside each key's product.
 [[gnu::always_inline]] inline void score_tile(const uint16_t* q, const uint16_t* const* tile,
@@ -137,9 +146,7 @@ inline void unpermute(__m512 lo, __m512 hi, __m512& first, __m512& second) {
     }
   }
   _mm512_storeu_ps(out, _mm512_mul_ps(vec_math::reduce_add16(acc), _mm512_set1_ps(scale)));
-  if (softcap > 0.f) {
-    for (int64_t j = 0; j < kKeys; ++j) out[j] = softcap * std::tanh(out[j] / softcap);
-  }
+  cap(out, softcap);
 }
 
 // The weights of one head from its scores [padded] (0 past n, e left in their place), in
@@ -210,42 +217,27 @@ inline void token_rows(const uint16_t* base, const int64_t* table, const paged_k
   }
 }
 
-// KV heads [kv_begin, kv_end) of one query row over the context tokens [first, context), each
-// with its G = heads / kv_heads query heads (q_in: those heads, [heads][d]; out likewise, O =
-// bf16, or fp32 for a part of a split context, whose top score and sum of weights per head
-// go to stats [h][2]). prefetch: whether the context is fetched ahead (not when many rows
-// share it, as a prefill chunk's do: it is in cache then); upcoming: the context the thread
-// attends next, whose first two tiles are then fetched during this one's last two.
-template <int G, typename O>
-void attend_heads(const c10::BFloat16* q_in, O* out, const c10::BFloat16* cache,
-                  const int64_t* table, const paged_kv::Layout& l, int64_t first,
-                  int64_t context, int64_t kv_begin, int64_t kv_end, float scale, float softcap,
-                  bool prefetch, Scratch& s, float* stats = nullptr,
-                  const paged_kv::Context& upcoming = {}) {
+// The scores of KV heads [kv_begin, kv_end) of one query row (their G heads each) over the
+// context tokens [first, context), read through s.tokens (the context's token rows, then zero
+// rows for the tile's end and two tiles more): s.scores[h][i] for token first + i. Fetching
+// ahead, the rows of those two tiles past the end become the upcoming context's first ones.
+template <int G>
+void score_rows(const uint16_t* q, const uint16_t* base, const paged_kv::Layout& l,
+                int64_t first, int64_t context, int64_t kv_begin, int64_t kv_end, float scale,
+                float softcap, bool prefetch, const paged_kv::Context& upcoming, Scratch& s) {
   const int64_t d = l.head_dim, n = context - first, vectors = (d + 31) / 32;
   const int64_t padded = (n + kKeys - 1) / kKeys * kKeys, groups = kv_end - kv_begin;
-  const auto* base = reinterpret_cast<const uint16_t*>(cache);
-  const auto* q = reinterpret_cast<const uint16_t*>(q_in);
-  if (static_cast<int64_t>(s.zero.size()) != l.token_stride) s.zero.assign(l.token_stride, 0);
-  // the context's rows, zero rows up to the tile's end, then the rows fetched during the last
-  // two tiles: zero rows, or the upcoming context's first ones
-  s.tokens.resize(padded + kAhead * kKeys);
-  token_rows(base, table, l, first, context, s.tokens.data());
-  std::fill(s.tokens.begin() + n, s.tokens.end(), s.zero.data());
   if (prefetch && upcoming.table != nullptr) {
     token_rows(base, upcoming.table, l, upcoming.first,
                std::min(upcoming.context, upcoming.first + kAhead * kKeys),
                s.tokens.data() + padded);
   }
-  s.scores.resize(groups * G * padded);
-  s.weights.resize(groups * G * padded);
   const int64_t lines = l.token_stride * 2 / 64;  // of a token's row, K and V of every head
   const int64_t calls = groups * G;                // score calls a tile: one per query head
-  // head h's score of token first + i: scores[h * padded + i]
   for (int64_t i0 = 0; i0 < n; i0 += kKeys) {
     const uint16_t* const* tile = s.tokens.data() + i0;
     for (int64_t kh = kv_begin; kh < kv_end; ++kh) {
-      const int64_t h0 = (kh - kv_begin) * G;  // the group's first head, within q_in and out
+      const int64_t h0 = (kh - kv_begin) * G;  // the group's first head, within q and scores
       for (int g = 0; g < G; ++g) {
         auto fetch = prefetch ? LineFetch(tile + kAhead * kKeys, lines, h0 + g, calls)
                               : LineFetch();
@@ -253,6 +245,60 @@ void attend_heads(const c10::BFloat16* q_in, O* out, const c10::BFloat16* cache,
                    s.scores.data() + (h0 + g) * padded + i0, fetch);
       }
     }
+  }
+}
+
+// The same scores read from a prefill chunk's transposed keys (first: a multiple of 16; d: the
+// head's dims, q's pairs past them zeros).
+template <int G>
+void score_transposed(const uint16_t* q, const transposed_keys::TransposedKeys& keys, int64_t d,
+                      int64_t first, int64_t padded, int64_t kv_begin, int64_t kv_end,
+                      float scale, float softcap, Scratch& s) {
+  const int64_t per_head = keys.pairs_per_head, heads = (kv_end - kv_begin) * G;
+  s.q_pairs.assign(heads * per_head, 0);
+  for (int64_t h = 0; h < heads; ++h) {
+    std::memcpy(s.q_pairs.data() + h * per_head, q + h * d, d * sizeof(uint16_t));
+  }
+  transposed_keys::score_heads(keys, G, s.q_pairs.data(), kv_begin, kv_end, first / kKeys,
+                               padded / kKeys, scale, s.scores.data(), padded);
+  for (int64_t i = 0; softcap > 0.f && i < heads * padded; i += kKeys) {
+    cap(s.scores.data() + i, softcap);
+  }
+}
+
+// KV heads [kv_begin, kv_end) of one query row over the context tokens [first, context), each
+// with its G = heads / kv_heads query heads (q_in: those heads, [heads][d]; out likewise, O =
+// bf16, or fp32 for a part of a split context, whose top score and sum of weights per head
+// go to stats [h][2]). prefetch: whether the context is fetched ahead (not when many rows
+// share it, as a prefill chunk's do: it is in cache then); upcoming: the context the thread
+// attends next, whose first two tiles are then fetched during this one's last two; transposed:
+// the keys of a prefill chunk's context, transposed for all its rows (transposed_keys.h), which
+// the scores read instead of the cache where the row's span starts on a tile (the same bits).
+template <int G, typename O>
+void attend_heads(const c10::BFloat16* q_in, O* out, const c10::BFloat16* cache,
+                  const int64_t* table, const paged_kv::Layout& l, int64_t first,
+                  int64_t context, int64_t kv_begin, int64_t kv_end, float scale, float softcap,
+                  bool prefetch, Scratch& s, float* stats = nullptr,
+                  const paged_kv::Context& upcoming = {},
+                  const transposed_keys::TransposedKeys* transposed = nullptr) {
+  const int64_t d = l.head_dim, n = context - first;
+  const int64_t padded = (n + kKeys - 1) / kKeys * kKeys, groups = kv_end - kv_begin;
+  const auto* q = reinterpret_cast<const uint16_t*>(q_in);
+  const transposed_keys::TransposedKeys* keys = first % kKeys == 0 ? transposed : nullptr;
+  // the context's token rows, then zero rows for the tile's end and two tiles more
+  const auto* base = reinterpret_cast<const uint16_t*>(cache);
+  if (static_cast<int64_t>(s.zero.size()) != l.token_stride) s.zero.assign(l.token_stride, 0);
+  s.tokens.resize(padded + kAhead * kKeys);
+  token_rows(base, table, l, first, context, s.tokens.data());
+  std::fill(s.tokens.begin() + n, s.tokens.end(), s.zero.data());
+  s.scores.resize(groups * G * padded);
+  s.weights.resize(groups * G * padded);
+  // head h's score of token first + i: scores[h * padded + i]
+  if (keys != nullptr) {
+    score_transposed<G>(q, *keys, d, first, padded, kv_begin, kv_end, scale, softcap, s);
+  } else {
+    score_rows<G>(q, base, l, first, context, kv_begin, kv_end, scale, softcap, prefetch,
+                  upcoming, s);
   }
   for (int64_t h = 0; h < groups * G; ++h) {
     float top, sum;

@@ -6,7 +6,7 @@
 // group, q.k over 16-token K tiles, a long prefill chunk's context widened to fp32 once for
 // all of its rows, a context of over 512 tokens in parts the threads share); a bf16 cache on a
 // CPU with AVX512-BF16 takes attention_bf16.h's dot products for its heads instead (the same
-// work items and parts, no widened copy); fp16, or a build without AVX-512, takes attend_one,
+// work items and parts; a long chunk's keys transposed once instead, transposed_keys.h); fp16, or a build without AVX-512, takes attend_one,
 // or in an AVX2 build attention_avx2.h (8-key tiles, a row's heads together when rows are
 // many).
 #include <ATen/Dispatch.h>
@@ -398,6 +398,13 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
   std::vector<WidenedKV> widened;
   widened.reserve(rows / kWidenRows + 1);  // never reallocated: widened_of points into it
   std::vector<char> shared_context(rows, 0);
+#ifdef __AVX512BF16__
+  // and with dot products, each such run's keys are transposed once for all its rows
+  // (transposed_keys.h)
+  std::vector<const transposed_keys::TransposedKeys*> transposed_of(rows, nullptr);
+  std::vector<transposed_keys::TransposedKeys> transposed;
+  transposed.reserve(rows / kWidenRows + 1);  // never reallocated: transposed_of points into it
+#endif
   for (int64_t r = 0; r < rows;) {
     int64_t end = r + 1;
     while (end < rows && table_of[end] == table_of[r]) ++end;
@@ -411,6 +418,17 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
             tokens);
       std::fill(widened_of.begin() + r, widened_of.begin() + end, &widened.back());
     }
+#ifdef __AVX512BF16__
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (dot_products && end - r >= kWidenRows &&
+          tokens * layout.token_stride * 4 <= kWidenBytes) {
+        transposed_keys::transpose(transposed.emplace_back(),
+                                   reinterpret_cast<const uint16_t*>(cache),
+                                   tables + table_of[r] * width, layout, tokens);
+        std::fill(transposed_of.begin() + r, transposed_of.begin() + end, &transposed.back());
+      }
+    }
+#endif
     r = end;
   }
   const auto span_of = [&](int64_t r) {
@@ -428,7 +446,7 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
         attention_bf16::attend_heads<G>(q + head0 * d, o, cache, tables + table_of[r] * width,
                                         layout, span.first, span.context, kv_begin, kv_end,
                                         scale, softcap, !shared_context[r], scratch.bf16,
-                                        stats, upcoming);
+                                        stats, upcoming, transposed_of[r]);
         return;
       }
     }

@@ -249,11 +249,28 @@ def test_an_attention_row_is_bitwise_the_same_alone_or_in_any_batch(dtype, shape
 @pytest.mark.parametrize(
     ("window", "softcap"), [(0, 0.0), (37, 0.0), (0, 30.0)], ids=["full", "window", "softcap"]
 )
-def test_a_long_prefill_chunk_reads_a_widened_context_with_the_same_bits(dtype, window, softcap):
-    """A chunk of 16 rows or more reads its context from a copy widened to fp32 once (K as
-    16-token tiles), not from the paged cache: each row alone, read from the cache, gives the
-    same bits, also where a window starts a row's context inside a tile or scores are capped."""
-    step = make_step([9], [(70, 45)], heads=9, kv_heads=3, d=64, block_size=16, dtype=dtype)
+@pytest.mark.parametrize(
+    "shape", [*ATTENTION_SHAPES[:3], (10, 2, 64)], ids=lambda s: "h{}-kv{}-d{}".format(*s)
+)
+def test_a_long_prefill_chunk_reads_a_widened_context_with_the_same_bits(
+    dtype, window, softcap, shape
+):
+    """A chunk of 16 rows or more reads its context from a copy made once for all its rows, not
+    from the paged cache: in fp32 widened (K as 16-token tiles), in bf16 with AVX512-BF16 its
+    keys transposed (transposed_keys.h: the keys in the lanes, the same sums in the same order).
+    Each row alone, read from the cache, gives the same bits, also where a window starts a
+    row's context inside a tile, scores are capped, or a head's dims are not a multiple of 32;
+    groups of 3, 1, 8 and 5 query heads a KV head (the transposed scores take up to 4 at once).
+    Dim 0 of every q and key is large, so that every score is about 512 (about 30 where a cap
+    of 30 would flatten larger ones) and its last bit large: a sum in another order then shows
+    in the output (with scores of about 1 it mostly rounds away in the bf16 weights)."""
+    heads, kv_heads, d = shape
+    step = make_step(
+        [9], [(70, 45)], heads=heads, kv_heads=kv_heads, d=d, block_size=16, dtype=dtype
+    )
+    large = 16.0 if softcap else 64.0
+    step.q[..., 0] = large
+    step.cache[:, :, 0, :, 0] = large  # [blocks, block_size, K / V, kv_heads, d]
     plan = plan_rows(step.meta, 16)
     every = torch.arange(step.q.shape[0])
     for full in _thread_counts(lambda: _attend_rows(step, plan, every, window, softcap)):
