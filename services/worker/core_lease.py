@@ -43,12 +43,16 @@ prefill's step once the short decode step is done, since a step's thread count i
 it starts.
 
 Locks are `flock`s on files in a per-user directory, so they vanish with the process that
-held them: a worker killed mid-step never strands a core.
+held them: a worker killed mid-step never strands a core. A worker alive but wedged in a step
+(stopped, or stuck in a native call) would keep them: an owner waits for its home core
+`HOME_WAIT_LIMIT_S` at most, then logs it and steps on that core regardless (sharing it with
+the wedged step, if that ever goes on), and answers its commands while it waits.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import tempfile
 import time
@@ -67,8 +71,15 @@ YIELD_LIMIT_S = 1.5
 # the decode waiting on the backlog (2026-12-03, c=16 through the mesh: 9 of 17 prefill steps
 # of a wave took 1 core, 0.48 s each against 0.31 s on 2).
 BORROW_WAIT_S = 0.5
+# An owner waits this long at most for its home core, held by a borrower's step (or by a worker
+# that shares the home): far beyond any step this CPU path takes (0.1-0.5 s for SmolLM2's
+# 256-token steps on 2 cores; ~10 s for an 8B model's), so only a wedged worker outlasts it.
+HOME_WAIT_LIMIT_S = 60.0
 _YIELD_POLL_S = 0.002
+_HOME_POLL_S = 0.0005  # a borrower lets the home go at its step's end: take it soon after
 ROLES = ("prefill", "decode", "both")
+
+log = logging.getLogger(__name__)
 
 
 class Wait(Enum):
@@ -119,15 +130,17 @@ class CoreLease:
         self._backlog = False
         self._overdue = False
         self._give_up: float | None = None  # when the wait on another worker gives up
+        self._home_give_up: float | None = None  # when the wait for the home core gives up
 
     def acquire(self, interrupted: Callable[[], bool] = _never) -> int | None:
-        """Raise the active flag, take the home core (waiting for a borrower's step at most)
-        and borrow the idle workers' cores; returns how many cores this step holds (>= 1).
-        A decode worker first waits out a prefill backlog, a prefill worker an overdue decode
-        step (`YIELD_LIMIT_S` at most), and then, with a backlog, active decode workers'
-        yields (`BORROW_WAIT_S` at most). Once `interrupted()` is true during the first of
-        those waits, returns None, holding no core: call again to wait on (the limit counts
-        from the first call, until a step is acquired or `idle()`)."""
+        """Raise the active flag, take the home core (waiting for a borrower's step,
+        `HOME_WAIT_LIMIT_S` at most) and borrow the idle workers' cores; returns how many
+        cores this step runs on (>= 1). A decode worker first waits out a prefill backlog, a
+        prefill worker an overdue decode step (`YIELD_LIMIT_S` at most), and then, with a
+        backlog, active decode workers' yields (`BORROW_WAIT_S` at most). Once
+        `interrupted()` is true during the first of those waits or the wait for the home,
+        returns None, holding no core: call again to wait on (each limit counts from the
+        first call, until a step is acquired or `idle()`)."""
         if self.role == "decode":
             if self._yield_to_backlog(interrupted) is Wait.INTERRUPTED:
                 return None
@@ -139,12 +152,35 @@ class CoreLease:
         if not self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_SH)
             self._active = True
-        fcntl.flock(self._files[self.home], fcntl.LOCK_EX)
-        self._held = [self.home]
+        home = self._take_home(interrupted)
+        if home is Wait.INTERRUPTED:
+            return None
+        self._held = [self.home] if home is Wait.CLEARED else []
         self._borrow([core for core in range(self.cores) if core != self.home])
         if self.role == "prefill" and self._backlog and not self._some_overdue():
             self._borrow_from_yielders()
-        return len(self._held)
+        return max(1, len(self._held))
+
+    def _take_home(self, interrupted: Callable[[], bool]) -> Wait:
+        """Lock the home core: CLEARED once held; TIMED_OUT when another worker held it past
+        `HOME_WAIT_LIMIT_S` (logged; the step then runs on it without the lock)."""
+        if self._home_give_up is None:
+            self._home_give_up = time.monotonic() + HOME_WAIT_LIMIT_S
+        while not _try_lock(self._files[self.home]):
+            if time.monotonic() >= self._home_give_up:
+                self._home_give_up = None
+                log.warning(
+                    "core lease: core %d is still held by another worker's step after %.0f s "
+                    "(a stopped or stuck worker?); stepping on it anyway",
+                    self.home,
+                    HOME_WAIT_LIMIT_S,
+                )
+                return Wait.TIMED_OUT
+            if interrupted():
+                return Wait.INTERRUPTED
+            time.sleep(_HOME_POLL_S)
+        self._home_give_up = None
+        return Wait.CLEARED
 
     def _borrow(self, cores: list[int]) -> None:
         for core in cores:
@@ -157,7 +193,10 @@ class CoreLease:
         yielding = [
             core
             for core in range(self.cores)
-            if core not in self._held and not self._idle(core) and not _free(self._yielders[core])
+            if core != self.home
+            and core not in self._held
+            and not self._idle(core)
+            and not _free(self._yielders[core])
         ]
         if yielding:
             self._wait_out(lambda: not all(map(self._idle, yielding)), BORROW_WAIT_S)
@@ -203,7 +242,7 @@ class CoreLease:
         """No work until further notice: others may borrow the home core."""
         self.set_backlog(False)
         self._lower_active()
-        self._give_up = None
+        self._give_up = self._home_give_up = None
 
     def _lower_active(self) -> None:
         if self._active:

@@ -141,6 +141,53 @@ def test_a_killed_worker_strands_no_core(tmp_path):
         holder.kill()
 
 
+def test_an_owner_waits_for_a_wedged_borrower_for_a_while_at_most(tmp_path, monkeypatch, caplog):
+    # A borrower stopped mid-step (SIGSTOP, a stuck native call) keeps its locks while its
+    # process lives: the owner logs it and steps on its own core regardless.
+    monkeypatch.setattr("services.worker.core_lease.HOME_WAIT_LIMIT_S", 0.3)
+    borrower, owner = CoreLease(2, tmp_path), CoreLease(2, tmp_path)
+    assert borrower.acquire() == 2  # the owner was idle: the borrower steps on its core too
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="services.worker.core_lease"):
+        assert owner.acquire() == 1
+    assert 0.3 <= time.monotonic() - started < 3
+    assert f"core {owner.home} is still held by another worker's step" in caplog.text
+    owner.release()  # lets go of nothing it does not hold: the borrower's lock stays
+    assert not _free_core(tmp_path, owner.home)
+    borrower.release()
+    assert owner.acquire() == 1  # its home now, at once; the borrower is active
+    owner.release(), borrower.release()
+    owner.close(), borrower.close()
+
+
+def _free_core(directory: Path, core: int) -> bool:
+    fd = os.open(directory / f"core-{core}", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_an_owner_waiting_for_its_core_answers_its_commands(tmp_path):
+    borrower, owner = CoreLease(2, tmp_path), CoreLease(2, tmp_path)
+    assert borrower.acquire() == 2
+    commands = [True]
+    started = time.monotonic()
+    assert owner.acquire(interrupted=lambda: bool(commands)) is None  # holding nothing
+    assert time.monotonic() - started < 0.25
+    commands.clear()  # applied; the owner asks again and waits on
+    waiter, got = _waiting_acquire(owner)
+    assert not got
+    borrower.release()
+    waiter.join(timeout=5)
+    assert got == [1]
+    owner.release(), borrower.release()
+    owner.close(), borrower.close()
+
+
 def test_a_decode_worker_yields_its_core_to_a_prefill_backlog(tmp_path):
     prefill, decode = _prefill_and_decode(tmp_path)
     assert decode.acquire() == 2  # no backlog: decode borrows the idle prefill's core
