@@ -94,6 +94,31 @@ def _never() -> bool:
     return False
 
 
+class _PolledWait:
+    """A wait on another worker, polled: it gives up `limit_s` after its first poll, and only
+    an interrupted wait keeps its give-up time, for the call that resumes it."""
+
+    def __init__(self, poll_s: float) -> None:
+        self.poll_s = poll_s
+        self.give_up: float | None = None
+
+    def run(
+        self, waiting: Callable[[], bool], limit_s: float, interrupted: Callable[[], bool] = _never
+    ) -> Wait:
+        """Poll `waiting` until it is false, `interrupted()` is true, or the give-up time."""
+        if self.give_up is None:
+            self.give_up = time.monotonic() + limit_s
+        while waiting():
+            if time.monotonic() >= self.give_up:
+                self.give_up = None
+                return Wait.TIMED_OUT
+            if interrupted():
+                return Wait.INTERRUPTED
+            time.sleep(self.poll_s)
+        self.give_up = None
+        return Wait.CLEARED
+
+
 def default_dir() -> Path:
     """Where the lock files of this machine's workers live (shared memory when there is)."""
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
@@ -129,8 +154,8 @@ class CoreLease:
         self._active = False
         self._backlog = False
         self._overdue = False
-        self._give_up: float | None = None  # when the wait on another worker gives up
-        self._home_give_up: float | None = None  # when the wait for the home core gives up
+        self._turn_wait = _PolledWait(_YIELD_POLL_S)  # on another worker's flags
+        self._home_wait = _PolledWait(_HOME_POLL_S)  # for the home core
 
     def acquire(self, interrupted: Callable[[], bool] = _never) -> int | None:
         """Raise the active flag, take the home core (waiting for a borrower's step,
@@ -146,9 +171,10 @@ class CoreLease:
                 return None
         elif self.role == "prefill" and self._some_overdue():
             self._lower_active()  # the overdue decode step borrows this core
-            if self._wait_out(self._some_overdue, YIELD_LIMIT_S, interrupted) is Wait.INTERRUPTED:
+            overdue = self._turn_wait.run(self._some_overdue, YIELD_LIMIT_S, interrupted)
+            if overdue is Wait.INTERRUPTED:
                 return None
-        self._give_up = None  # a resumed wait may have found nothing left to wait for
+        self._turn_wait.give_up = None  # a resumed wait may have found nothing left to wait for
         if not self._active:
             fcntl.flock(self._actives[self.home], fcntl.LOCK_SH)
             self._active = True
@@ -164,23 +190,16 @@ class CoreLease:
     def _take_home(self, interrupted: Callable[[], bool]) -> Wait:
         """Lock the home core: CLEARED once held; TIMED_OUT when another worker held it past
         `HOME_WAIT_LIMIT_S` (logged; the step then runs on it without the lock)."""
-        if self._home_give_up is None:
-            self._home_give_up = time.monotonic() + HOME_WAIT_LIMIT_S
-        while not _try_lock(self._files[self.home]):
-            if time.monotonic() >= self._home_give_up:
-                self._home_give_up = None
-                log.warning(
-                    "core lease: core %d is still held by another worker's step after %.0f s "
-                    "(a stopped or stuck worker?); stepping on it anyway",
-                    self.home,
-                    HOME_WAIT_LIMIT_S,
-                )
-                return Wait.TIMED_OUT
-            if interrupted():
-                return Wait.INTERRUPTED
-            time.sleep(_HOME_POLL_S)
-        self._home_give_up = None
-        return Wait.CLEARED
+        home = self._files[self.home]
+        wait = self._home_wait.run(lambda: not _try_lock(home), HOME_WAIT_LIMIT_S, interrupted)
+        if wait is Wait.TIMED_OUT:
+            log.warning(
+                "core lease: core %d is still held by another worker's step after %.0f s "
+                "(a stopped or stuck worker?); stepping on it anyway",
+                self.home,
+                HOME_WAIT_LIMIT_S,
+            )
+        return wait
 
     def _borrow(self, cores: list[int]) -> None:
         for core in cores:
@@ -199,7 +218,7 @@ class CoreLease:
             and not _free(self._yielders[core])
         ]
         if yielding:
-            self._wait_out(lambda: not all(map(self._idle, yielding)), BORROW_WAIT_S)
+            self._turn_wait.run(lambda: not all(map(self._idle, yielding)), BORROW_WAIT_S)
             self._borrow(yielding)
 
     def release(self) -> None:
@@ -242,7 +261,7 @@ class CoreLease:
         """No work until further notice: others may borrow the home core."""
         self.set_backlog(False)
         self._lower_active()
-        self._give_up = self._home_give_up = None
+        self._turn_wait.give_up = self._home_wait.give_up = None
 
     def _lower_active(self) -> None:
         if self._active:
@@ -255,29 +274,11 @@ class CoreLease:
         if not self._some_backlog():
             return Wait.CLEARED
         self._lower_active()  # the prefill's next step borrows this core
-        wait = self._wait_out(self._some_backlog, YIELD_LIMIT_S, interrupted)
+        wait = self._turn_wait.run(self._some_backlog, YIELD_LIMIT_S, interrupted)
         if wait is Wait.TIMED_OUT:
             fcntl.flock(self._overdues[self.home], fcntl.LOCK_SH)
             self._overdue = True
         return wait
-
-    def _wait_out(
-        self, waiting: Callable[[], bool], limit_s: float, interrupted: Callable[[], bool] = _never
-    ) -> Wait:
-        """Poll `waiting` until it is false, `interrupted()` is true, or the give-up time has
-        passed: `limit_s` from the first poll of this wait. Only an interrupted wait keeps its
-        give-up time, for the call that resumes it."""
-        if self._give_up is None:
-            self._give_up = time.monotonic() + limit_s
-        while waiting():
-            if time.monotonic() >= self._give_up:
-                self._give_up = None
-                return Wait.TIMED_OUT
-            if interrupted():
-                return Wait.INTERRUPTED
-            time.sleep(_YIELD_POLL_S)
-        self._give_up = None
-        return Wait.CLEARED
 
     def close(self) -> None:
         self.release()
