@@ -49,3 +49,25 @@ def test_the_range_is_read_from_the_kernel_or_defaults(tmp_path, monkeypatch):
     assert ports.ephemeral_range() == (40000, 50000)
     monkeypatch.setattr(ports, "_RANGE_FILE", tmp_path / "missing")
     assert ports.ephemeral_range() == (32768, 60999)
+
+
+def test_a_port_is_handed_out_once_per_process(monkeypatch):
+    # a child may not have bound its port yet when the next is drawn: the same draw again
+    # (as two workers of one CI mesh once got) must pass it over
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        first, second = a.getsockname()[1], b.getsockname()[1]  # free again once closed
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
+    monkeypatch.setattr(ports, "_drawn", set())
+    draws = iter([first, first, first, second])
+    monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+    assert ports.free_port() == first
+    assert ports.free_port() == second  # `first` is still free, but handed out
+
+
+def test_the_kernel_s_pick_is_handed_out_once_too(monkeypatch):
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.LOWEST, 60999))
+    monkeypatch.setattr(ports, "_drawn", set())
+    drawn = {ports.free_port() for _ in range(50)}
+    assert len(drawn) == 50
