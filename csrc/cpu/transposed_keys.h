@@ -50,7 +50,7 @@ struct TransposedKeys {
 
 // The keys of tokens [0, tokens) of one block table's context, in parallel over tiles.
 inline void transpose(TransposedKeys& out, const uint16_t* cache, const int64_t* table,
-                    const paged_kv::Layout& l, int64_t tokens) {
+                      const paged_kv::Layout& l, int64_t tokens) {
   const int64_t d = l.head_dim, kv_heads = l.v_offset / d, tiles = (tokens + kKeys - 1) / kKeys;
   out.kv_heads = kv_heads;
   out.vectors = (d + 31) / 32;
