@@ -6,9 +6,9 @@
 // group, q.k over 16-token K tiles, a long prefill chunk's context widened to fp32 once for
 // all of its rows, a context of over 512 tokens in parts the threads share); a bf16 cache on a
 // CPU with AVX512-BF16 takes attention_bf16.h's dot products for its heads instead (the same
-// work items and parts; a long chunk's keys transposed once instead, transposed_keys.h); fp16, or a build without AVX-512, takes attend_one,
-// or in an AVX2 build attention_avx2.h (8-key tiles, a row's heads together when rows are
-// many).
+// work items and parts; a long chunk's keys transposed once instead, transposed_keys.h);
+// fp16, or a build without AVX-512, takes attend_one, or in an AVX2 build attention_avx2.h
+// (8-key tiles, a row's heads together when rows are many).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -409,26 +409,25 @@ void attend_items(T* out, const T* q, const T* cache, const int64_t* tables, int
     int64_t end = r + 1;
     while (end < rows && table_of[end] == table_of[r]) ++end;
     const int64_t tokens = *std::max_element(context_of + r, context_of + end);
+    const bool fits = tokens * layout.token_stride * 4 <= kWidenBytes;  // a copy of it
     if (end - r >= kWidenRows) {
       std::fill(shared_context.begin() + r, shared_context.begin() + end, 1);
-    }
-    if (!dot_products && end - r >= kWidenRows &&
-        tokens * layout.token_stride * 4 <= kWidenBytes) {
-      widen(widened.emplace_back(), PagedKV<T>{cache, tables + table_of[r] * width, layout},
-            tokens);
-      std::fill(widened_of.begin() + r, widened_of.begin() + end, &widened.back());
-    }
-#ifdef __AVX512BF16__
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      if (dot_products && end - r >= kWidenRows &&
-          tokens * layout.token_stride * 4 <= kWidenBytes) {
-        transposed_keys::transpose(transposed.emplace_back(),
-                                   reinterpret_cast<const uint16_t*>(cache),
-                                   tables + table_of[r] * width, layout, tokens);
-        std::fill(transposed_of.begin() + r, transposed_of.begin() + end, &transposed.back());
+      if (fits && !dot_products) {
+        widen(widened.emplace_back(), PagedKV<T>{cache, tables + table_of[r] * width, layout},
+              tokens);
+        std::fill(widened_of.begin() + r, widened_of.begin() + end, &widened.back());
       }
-    }
+#ifdef __AVX512BF16__
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (fits && dot_products) {
+          transposed_keys::transpose(transposed.emplace_back(),
+                                     reinterpret_cast<const uint16_t*>(cache),
+                                     tables + table_of[r] * width, layout, tokens);
+          std::fill(transposed_of.begin() + r, transposed_of.begin() + end, &transposed.back());
+        }
+      }
 #endif
+    }
     r = end;
   }
   const auto span_of = [&](int64_t r) {
