@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats.errors
 import openai
 import pytest
 from tokenizers import Tokenizer
@@ -113,15 +114,24 @@ class Mesh:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
 
-    def status(self) -> MeshStatus:
-        """The scheduler's view of the workers, from their latest heartbeats."""
+    def status(self, patience: float = 10.0) -> MeshStatus:
+        """The scheduler's view of the workers, from their latest heartbeats. Asked again
+        for up to `patience` seconds while no scheduler answers: one whose NATS node was
+        just killed takes a moment (longer on a loaded host) to resubscribe on another."""
 
         async def ask() -> MeshStatus:
             own = self.credentials.directory.exists()
             auth = self.credentials.auth("observer") if own else None
             bus = await Bus.connect(f"nats://127.0.0.1:{self.nats_port}", "test", auth=auth)
+            deadline = time.monotonic() + patience
             try:
-                return await bus.request(Subjects().status, StatusQuery(), MeshStatus, 5)
+                while True:
+                    try:
+                        return await bus.request(Subjects().status, StatusQuery(), MeshStatus, 5)
+                    except nats.errors.NoRespondersError:
+                        if time.monotonic() >= deadline:
+                            raise
+                        await asyncio.sleep(0.1)
             finally:
                 await bus.close()
 
