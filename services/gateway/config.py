@@ -48,6 +48,9 @@ class GatewayConfig:
     # Seconds to wait for the scheduler's SubmitAck. The scheduler holds a request it has no
     # room for up to its --queue-timeout (60 s) and then answers: keep this comfortably above.
     submit_timeout: float = 90.0
+    # Seconds a submit that no scheduler subscribes to is asked again (every 0.1 s) before the
+    # 503: one restarting, or reconnecting to another NATS node after its own died.
+    scheduler_grace: float = 5.0
     max_pending: int = flag(256, help="requests in flight; more are refused with 429")
     migration_limit: int = flag(3, help="resubmits of a request whose worker failed; 0: none")
     cors_origins: tuple[str, ...] = flag(
@@ -70,6 +73,8 @@ class GatewayConfig:
             raise ValueError("max_model_len must be >= 2")
         if min(self.request_timeout, self.stall_timeout, self.submit_timeout) <= 0:
             raise ValueError("timeouts must be positive")
+        if self.scheduler_grace < 0:
+            raise ValueError("scheduler_grace must be >= 0")
         if self.sse_heartbeat <= 0:
             raise ValueError("sse_heartbeat must be positive")
         if self.max_pending < 1:

@@ -4,10 +4,12 @@
 refusals become ApiErrors (INVALID: 400; BUSY, a full scheduler queue: 429 with Retry-After;
 UNAVAILABLE or FAILED, no worker took it within the scheduler's queue timeout: 503 with
 Retry-After), retried for `retry_for` seconds when the caller asks (a later choice of an
-accepted request). `Mesh.events` then yields Delta and Finish: it detokenizes, applies stop
-strings, and enforces the stall timeout and the request deadline. Whenever it ends without
-the worker's own finish (stop string, error, timeout, client gone), it publishes Cancel so
-every worker frees the request's blocks.
+accepted request). A submit that no scheduler subscribes to (one restarting, or moving to
+another NATS node after its own died) is asked again for `scheduler_grace` seconds, then
+503. `Mesh.events` then yields Delta and Finish: it detokenizes, applies stop strings, and
+enforces the stall timeout and the request deadline. Whenever it ends without the worker's
+own finish (stop string, error, timeout, client gone), it publishes Cancel so every worker
+frees the request's blocks.
 
 Migration: when an attempt fails after acceptance (an error chunk, `WorkerLost`, an abort,
 or no token for the stall timeout), the gateway cancels it and resubmits the prompt plus
@@ -58,6 +60,7 @@ from shared.telemetry.tracing import fail, inject
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+NO_SCHEDULER_POLL_S = 0.1  # a submit nobody subscribes to is asked again this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,13 +200,7 @@ class Mesh:
         # Opened before submitting, so no token is missed.
         stream = self.streams.open_stream(request_id, len(message.delivered_token_ids))
         try:
-            ack = await self.bus.request(
-                self.subjects.submit,
-                message,
-                SubmitAck,
-                timeout=self.config.submit_timeout,
-                headers=inject(trace.get_current_span()),
-            )
+            ack = await self._ask_scheduler(message)
         except (NoRespondersError, TimeoutError, NatsError) as exc:
             self.streams.close_stream(request_id)
             why = "no scheduler answered" if isinstance(exc, NoRespondersError) else "timed out"
@@ -224,6 +221,25 @@ class Mesh:
             )
         stream.prefill_worker = ack.prefill_worker
         return stream
+
+    async def _ask_scheduler(self, message: SubmitRequest) -> SubmitAck:
+        """The scheduler's answer to `message`; asked again while none subscribes (nothing
+        was placed then), `scheduler_grace` seconds at most."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.config.scheduler_grace
+        while True:
+            try:
+                return await self.bus.request(
+                    self.subjects.submit,
+                    message,
+                    SubmitAck,
+                    timeout=self.config.submit_timeout,
+                    headers=inject(trace.get_current_span()),
+                )
+            except NoRespondersError:
+                if loop.time() + NO_SCHEDULER_POLL_S > give_up:
+                    raise
+                await asyncio.sleep(NO_SCHEDULER_POLL_S)
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
         output = job.output

@@ -1,10 +1,11 @@
 """The mesh over a real 3-node nats-server cluster on loopback (routes between the nodes),
 every service given every node's URL (`--nats A,B,C`), clients spread over the nodes.
 Under load: SIGKILL the node(s) the decode worker and the gateway are connected to → every
-stream completes with the engine's own text, none hangs; two scheduler replicas on the
-submit queue group, SIGKILL one → no request lost (the streams in flight and a second
-wave sent right after the kill all complete). Each test prints a `CHAOS` line
-(completed / failed / hung) for the README's "Failure behaviour" rows."""
+stream completes with the engine's own text, none hangs, and new requests sent right after
+complete; two scheduler replicas on the submit queue group, SIGKILL one → no request lost
+(the streams in flight and a second wave sent right after the kill all complete). Each test
+prints a `CHAOS` line (completed / failed / hung) for the README's "Failure behaviour"
+rows."""
 
 from __future__ import annotations
 
@@ -98,6 +99,11 @@ def test_killing_the_node_of_the_decode_worker_and_gateway(
     assert (failed, hung) == (0, 0), [o.error for o in outcomes]
     assert all(o.finish == "length" for o in outcomes)
     assert_same_texts(jobs, outcomes, expected)
+    # sent as the in-flight streams end: the scheduler may still be on its way to a live
+    # node, and the gateway asks again until it is (scheduler_grace)
+    after = run_load(spread, make_jobs(24)[:STREAMS], lambda: None, after_chunks=0)
+    done, failed, hung = report("new requests right after the NATS node SIGKILL", after)
+    assert (done, failed, hung) == (STREAMS, 0, 0), [o.error for o in after]
     spread.nats_port = live(cluster).port
     assert_blocks_return(spread, 2)
 

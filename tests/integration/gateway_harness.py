@@ -49,6 +49,7 @@ MODEL = "smol"
 KEY = "sk-test"
 REPLY = "Hi there! 😀 你好"
 MAX_MODEL_LEN = 128
+NO_SCHEDULER_GRACE_S = 1.0  # a submit nobody subscribes to is asked again this long
 Script = list[tuple[list[int], str | None, str]]  # (token ids, finish_reason, error)
 
 
@@ -152,6 +153,7 @@ def gateway_config(nats_server: NatsServer, model_dir: Path, gateway_id: str) ->
         port=free_port(),
         api_keys=("other-key", KEY),
         stall_timeout=2.0,
+        scheduler_grace=NO_SCHEDULER_GRACE_S,
         migration_limit=0,  # the fake mesh plays one attempt; migration: test_chaos.py
     )
 

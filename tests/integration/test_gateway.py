@@ -4,6 +4,7 @@ completions, streaming, stops, cancels, stalls, bad requests, overload, keys and
 
 from __future__ import annotations
 
+import concurrent.futures
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from tests.integration.gateway_harness import (
     MAX_MODEL_LEN,
     MESSAGES,
     MODEL,
+    NO_SCHEDULER_GRACE_S,
     REPLY,
     Harness,
     gw_fixture,  # noqa: F401  (fixtures)
@@ -135,11 +137,31 @@ def test_overload_and_no_scheduler(gw: Harness) -> None:
     gw.mesh.refuse, gw.mesh.refusal = False, Outcome.BUSY
     gw.run(gw.mesh.submit_sub.unsubscribe())
     try:
+        asked = time.monotonic()
         with pytest.raises(openai.InternalServerError) as info:
             gw.client().completions.create(model=MODEL, prompt="x")
+        waited = time.monotonic() - asked
         assert info.value.status_code == 503 and "no scheduler" in info.value.message
+        assert NO_SCHEDULER_GRACE_S - 0.15 <= waited < NO_SCHEDULER_GRACE_S + 3, waited
     finally:
         gw.mesh.submit_sub = gw.run(gw.mesh.serve_submit())
+
+
+def test_a_scheduler_back_within_the_grace_takes_the_request(gw: Harness) -> None:
+    """No scheduler subscribed as the request comes (one moving to another NATS node): the
+    gateway asks again until one is, and the client sees only a late first token."""
+    gw.reply_script()
+    before = len(gw.mesh.submitted)
+    gw.run(gw.mesh.submit_sub.unsubscribe())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            reply = pool.submit(gw.client().completions.create, model=MODEL, prompt="x")
+            time.sleep(NO_SCHEDULER_GRACE_S / 2)
+            assert not reply.done()  # still asking, not refused
+        finally:
+            gw.mesh.submit_sub = gw.run(gw.mesh.serve_submit())
+        assert reply.result(timeout=10).choices[0].text == REPLY
+    assert len(gw.mesh.submitted) == before + 1  # asked again, placed once
 
 
 def test_api_key_models_health(gw: Harness) -> None:
