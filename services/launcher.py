@@ -65,7 +65,7 @@ from shared.flags import add_flags, changed_argv, flag_names
 from shared.models.registry import DEFAULT_MODEL
 from shared.nats_auth import service_role, start_mesh_nats
 from shared.nats_options import NatsAuth
-from shared.ports import free_port
+from shared.ports import free_port, set_aside
 from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ def child_specs(config: LauncherConfig, nats_url: str) -> list[ChildSpec]:
     if config.otlp_endpoint:
         common += ("--otlp-endpoint", config.otlp_endpoint)
     ports = iter(range(config.metrics_port, config.metrics_port + 1_000))
+    set_aside(config.port)  # the gateway binds it only once started: no metrics port takes it
 
     def metrics() -> tuple[str, ...]:
         return ("--metrics-port", str(next(ports) if config.metrics_port else free_port()))

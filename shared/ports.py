@@ -6,7 +6,8 @@ bind, a connection (NATS, ZMQ, HTTP) may take it. A CI run lost a vLLM engine th
 NIXL handshake listener's bind refused: address already in use). So the port is drawn at
 random below that range and checked to be free now. A port drawn once is never drawn again
 by the same process: its child may not have bound it yet (a CI run gave two workers of one
-mesh the same metrics port, and the second failed on every restart).
+mesh the same metrics port, and the second failed on every restart); nor is a port set
+aside, one the process hands a child from its own flags.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         if port not in _drawn:
             return _hand_out(port)
     raise OSError(f"no free port on {host} that this process has not handed out already")
+
+
+def set_aside(*ports: int) -> None:
+    """Ports this process hands a child without drawing them (its own flags, such as the
+    gateway's `up --port`): never drawn for another child, which might bind it first."""
+    _drawn.update(ports)
 
 
 def _hand_out(port: int) -> int:

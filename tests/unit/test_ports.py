@@ -4,6 +4,7 @@ outgoing connection takes its local port from."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,37 @@ def test_the_kernel_s_pick_is_handed_out_once_too(monkeypatch):
     monkeypatch.setattr(ports, "_drawn", set())
     drawn = {ports.free_port() for _ in range(50)}
     assert len(drawn) == 50
+
+
+def test_a_port_set_aside_is_never_drawn(monkeypatch):
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        gateway, other = a.getsockname()[1], b.getsockname()[1]  # free again once closed
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
+    monkeypatch.setattr(ports, "_drawn", set())
+    draws = iter([gateway, other])
+    monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+    ports.set_aside(gateway)
+    assert ports.free_port() == other  # `gateway` is free, but a child will bind it
+
+
+def test_up_never_gives_a_metrics_port_the_gateway_s(monkeypatch):
+    from services.launcher import LauncherConfig, child_specs
+
+    probes = [socket.socket() for _ in range(4)]
+    for probe in probes:
+        probe.bind(("127.0.0.1", 0))
+    gateway, *others = [p.getsockname()[1] for p in probes]
+    for probe in probes:
+        probe.close()  # all free again
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
+    monkeypatch.setattr(ports, "_drawn", set())
+    draws = iter([x for other in others for x in (gateway, other)])  # the gateway's first
+    monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+    config = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), port=gateway)
+    specs = child_specs(config, "nats://x:1")
+    metrics = [
+        int(s.argv[s.argv.index("--metrics-port") + 1]) for s in specs if s.role != "gateway"
+    ]
+    assert sorted(metrics) == sorted(others)  # scheduler, prefill and decode worker
