@@ -11,6 +11,26 @@ import pytest
 from shared import ports
 
 
+def free_now(count: int) -> list[int]:
+    """`count` distinct ports, each free again once this returns."""
+    probes = [socket.socket() for _ in range(count)]
+    for probe in probes:
+        probe.bind(("127.0.0.1", 0))
+    found = [probe.getsockname()[1] for probe in probes]
+    for probe in probes:
+        probe.close()
+    return found
+
+
+def draw_in_order(monkeypatch, draws: list[int]) -> None:
+    """The random draws below the ephemeral range come out as `draws`, in order, to a
+    process that has handed out nothing yet."""
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
+    monkeypatch.setattr(ports, "_drawn", set())
+    order = iter(draws)
+    monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(order))
+
+
 def test_a_drawn_port_is_free_and_below_the_ephemeral_range():
     low, _ = ports.ephemeral_range()
     if low <= ports.LOWEST:
@@ -23,15 +43,11 @@ def test_a_drawn_port_is_free_and_below_the_ephemeral_range():
 
 
 def test_a_port_in_use_is_passed_over(monkeypatch):
-    with socket.socket() as held, socket.socket() as probe:
+    with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        probe.bind(("127.0.0.1", 0))
-        taken, other = held.getsockname()[1], probe.getsockname()[1]
-        probe.close()  # `other` is free again
-        monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
-        draws = iter([taken, other])
-        monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+        (other,) = free_now(1)  # not `held`'s: that one is bound
+        draw_in_order(monkeypatch, [held.getsockname()[1], other])
         assert ports.free_port() == other
 
 
@@ -55,14 +71,8 @@ def test_the_range_is_read_from_the_kernel_or_defaults(tmp_path, monkeypatch):
 def test_a_port_is_handed_out_once_per_process(monkeypatch):
     # a child may not have bound its port yet when the next is drawn: the same draw again
     # (as two workers of one CI mesh once got) must pass it over
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        first, second = a.getsockname()[1], b.getsockname()[1]  # free again once closed
-    monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
-    monkeypatch.setattr(ports, "_drawn", set())
-    draws = iter([first, first, first, second])
-    monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+    first, second = free_now(2)
+    draw_in_order(monkeypatch, [first, first, first, second])
     assert ports.free_port() == first
     assert ports.free_port() == second  # `first` is still free, but handed out
 
@@ -75,14 +85,8 @@ def test_the_kernel_s_pick_is_handed_out_once_too(monkeypatch):
 
 
 def test_a_port_set_aside_is_never_drawn(monkeypatch):
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        b.bind(("127.0.0.1", 0))
-        gateway, other = a.getsockname()[1], b.getsockname()[1]  # free again once closed
-    monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
-    monkeypatch.setattr(ports, "_drawn", set())
-    draws = iter([gateway, other])
-    monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+    gateway, other = free_now(2)
+    draw_in_order(monkeypatch, [gateway, other])
     ports.set_aside(gateway)
     assert ports.free_port() == other  # `gateway` is free, but a child will bind it
 
@@ -90,16 +94,8 @@ def test_a_port_set_aside_is_never_drawn(monkeypatch):
 def test_up_never_gives_a_metrics_port_the_gateway_s(monkeypatch):
     from services.launcher import LauncherConfig, child_specs
 
-    probes = [socket.socket() for _ in range(4)]
-    for probe in probes:
-        probe.bind(("127.0.0.1", 0))
-    gateway, *others = [p.getsockname()[1] for p in probes]
-    for probe in probes:
-        probe.close()  # all free again
-    monkeypatch.setattr(ports, "ephemeral_range", lambda: (60999, 61000))
-    monkeypatch.setattr(ports, "_drawn", set())
-    draws = iter([x for other in others for x in (gateway, other)])  # the gateway's first
-    monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+    gateway, *others = free_now(4)
+    draw_in_order(monkeypatch, [x for other in others for x in (gateway, other)])
     config = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), port=gateway)
     specs = child_specs(config, "nats://x:1")
     metrics = [
