@@ -227,6 +227,7 @@ class Mesh:
         was placed then), `scheduler_grace` seconds at most."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.config.scheduler_grace
+        warned = False
         while True:
             try:
                 return await self.bus.request(
@@ -239,7 +240,14 @@ class Mesh:
             except NoRespondersError:
                 if loop.time() + NO_SCHEDULER_POLL_S > give_up:
                     raise
-                await asyncio.sleep(NO_SCHEDULER_POLL_S)
+            if not warned:
+                warned = True
+                log.warning(
+                    "%s: no scheduler subscribed; asking again for up to %.1f s",
+                    message.request_id,
+                    self.config.scheduler_grace,
+                )
+            await asyncio.sleep(NO_SCHEDULER_POLL_S)
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
         output = job.output
