@@ -42,7 +42,8 @@
 namespace attention_bf16 {
 
 constexpr int64_t kMaxVectors = 4;  // head_dim <= 128: up to four 32-wide bf16 vectors
-constexpr int64_t kKeys = 16;       // tokens per tile: the 16 sums reduce_add16 takes
+// Tokens per tile, the 16 sums reduce_add16 takes: the transposed keys' tiles, which must match.
+using transposed_keys::kKeys;
 // The tile prefetched: two on, into L2 (prefetcht1), its lines in address order and shared out
 // over the tile's score calls (one per query head), so that no call waits behind a burst of
 // prefetches. On the 2-core AMD EPYC host with AVX-512 (64 rows x 192 tokens x 30 layers, one
