@@ -224,13 +224,15 @@ class Mesh:
 
     async def _ask_scheduler(self, message: SubmitRequest) -> SubmitAck:
         """The scheduler's answer to `message`; asked again while none subscribes (nothing
-        was placed then), `scheduler_grace` seconds at most."""
+        was placed then), `scheduler_grace` seconds at most. A submit that had to ask again
+        is timed in `gateway_scheduler_wait_seconds`."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.config.scheduler_grace
-        warned = False
+        asked = loop.time()
+        give_up = asked + self.config.scheduler_grace
+        waited = False
         while True:
             try:
-                return await self.bus.request(
+                ack = await self.bus.request(
                     self.subjects.submit,
                     message,
                     SubmitAck,
@@ -239,15 +241,23 @@ class Mesh:
                 )
             except NoRespondersError:
                 if loop.time() + NO_SCHEDULER_POLL_S > give_up:
+                    self._waited_for_scheduler(waited, "unanswered", loop.time() - asked)
                     raise
-            if not warned:
-                warned = True
+            else:
+                self._waited_for_scheduler(waited, "answered", loop.time() - asked)
+                return ack
+            if not waited:
+                waited = True
                 log.warning(
                     "%s: no scheduler subscribed; asking again for up to %.1f s",
                     message.request_id,
                     self.config.scheduler_grace,
                 )
             await asyncio.sleep(NO_SCHEDULER_POLL_S)
+
+    def _waited_for_scheduler(self, waited: bool, outcome: str, seconds: float) -> None:
+        if waited:
+            self.metrics.scheduler_waits.labels(outcome).observe(seconds)
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
         output = job.output

@@ -41,6 +41,7 @@ class GatewayMetrics:
     http_requests: Counter = field(init=False)
     http_duration: Histogram = field(init=False)
     fallbacks: Counter = field(init=False)
+    scheduler_waits: Histogram = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -59,6 +60,11 @@ class GatewayMetrics:
             P + "gateway_fallbacks", "Requests a model could not serve that went on down its "
             "fallback chain, by that model and the status it answered",
             ["model", "status", "traffic"], registry=r,
+        )  # fmt: skip
+        self.scheduler_waits = Histogram(
+            P + "gateway_scheduler_wait_seconds", "How long a submit that found no scheduler "
+            "subscribed asked again, by whether one then answered (answered, unanswered)",
+            ["outcome"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.ttft = Histogram(
             P + "time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS,

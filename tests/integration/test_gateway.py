@@ -8,10 +8,12 @@ import concurrent.futures
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared.protocol import Outcome
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
@@ -135,6 +137,7 @@ def test_overload_and_no_scheduler(gw: Harness) -> None:
         gw.client().completions.create(model=MODEL, prompt="x")
     assert bad.value.body["message"] == "invalid request: INVALID here"
     gw.mesh.refuse, gw.mesh.refusal = False, Outcome.BUSY
+    before = scheduler_waits(gw, "unanswered")
     gw.run(gw.mesh.submit_sub.unsubscribe())
     try:
         asked = time.monotonic()
@@ -145,13 +148,17 @@ def test_overload_and_no_scheduler(gw: Harness) -> None:
         assert NO_SCHEDULER_GRACE_S - 0.15 <= waited < NO_SCHEDULER_GRACE_S + 3, waited
     finally:
         gw.mesh.submit_sub = gw.run(gw.mesh.serve_submit())
+    assert scheduler_waits(gw, "unanswered") == (
+        before[0] + 1,
+        pytest.approx(before[1] + waited, abs=0.2),
+    )
 
 
 def test_a_scheduler_back_within_the_grace_takes_the_request(gw: Harness) -> None:
     """No scheduler subscribed as the request comes (one moving to another NATS node): the
     gateway asks again until one is, and the client sees only a late first token."""
     gw.reply_script()
-    before = len(gw.mesh.submitted)
+    before, waits = len(gw.mesh.submitted), scheduler_waits(gw, "answered")
     gw.run(gw.mesh.submit_sub.unsubscribe())
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         try:
@@ -162,6 +169,22 @@ def test_a_scheduler_back_within_the_grace_takes_the_request(gw: Harness) -> Non
             gw.mesh.submit_sub = gw.run(gw.mesh.serve_submit())
         assert reply.result(timeout=10).choices[0].text == REPLY
     assert len(gw.mesh.submitted) == before + 1  # asked again, placed once
+    count, seconds = scheduler_waits(gw, "answered")
+    assert count == waits[0] + 1 and seconds - waits[1] >= NO_SCHEDULER_GRACE_S / 2
+
+
+def scheduler_waits(gw: Harness, outcome: str) -> tuple[float, float]:
+    """(count, seconds) of the gateway's submits that asked again for a scheduler."""
+    with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("outcome") == outcome
+    }
+    name = "splitserve_gateway_scheduler_wait_seconds"
+    return found.get(name + "_count", 0.0), found.get(name + "_sum", 0.0)
 
 
 def test_api_key_models_health(gw: Harness) -> None:
