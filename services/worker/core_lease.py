@@ -27,12 +27,13 @@ and the running streams pause for as long. A prefill worker that finds a decode 
 (`BORROW_WAIT_S` at most, about one decode step), rather than step on its own core while the
 decode's idles.
 
-A worker waiting on a backlog or on a turn still answers its commands: `acquire(interrupted)`
-returns None, holding nothing, once `interrupted()` is true, and the engine thread applies
-what came in (a decode worker's KV reservations, which the scheduler awaits before it hands
-the prompt to the prefill worker) and asks again; the wait's limit runs on across such calls.
-A decode worker that did not answer until its wait ended held the next prompts back from the
-very prefill it was waiting on: they reached the prefill one a step.
+A worker waiting on a backlog, on a turn or on a decode's yield still answers its commands:
+`acquire(interrupted)` returns None, holding nothing, once `interrupted()` is true, and the
+engine thread applies what came in (a decode worker's KV reservations, which the scheduler
+awaits before it hands the prompt to the prefill worker; a prefill worker's new prompts, which
+then join the step it waited to take) and asks again; the wait's limit runs on across such
+calls. A decode worker that did not answer until its wait ended held the next prompts back
+from the very prefill it was waiting on: they reached the prefill one a step.
 
 A decode worker that waits out the limit takes a turn rather than a share: it raises its home's
 `overdue-N` flag for one step, a prefill worker finishing a step lowers its active flag before
@@ -155,6 +156,7 @@ class CoreLease:
         self._backlog = False
         self._overdue = False
         self._turn_wait = _PolledWait(_YIELD_POLL_S)  # on another worker's flags
+        self._yield_wait = _PolledWait(_YIELD_POLL_S)  # a prefill's, on the decodes' yields
         self._home_wait = _PolledWait(_HOME_POLL_S)  # for the home core
 
     def acquire(self, interrupted: Callable[[], bool] = _never) -> int | None:
@@ -163,9 +165,9 @@ class CoreLease:
         cores this step runs on (>= 1). A decode worker first waits out a prefill backlog, a
         prefill worker an overdue decode step (`YIELD_LIMIT_S` at most), and then, with a
         backlog, active decode workers' yields (`BORROW_WAIT_S` at most). Once
-        `interrupted()` is true during the first of those waits or the wait for the home,
-        returns None, holding no core: call again to wait on (each limit counts from the
-        first call, until a step is acquired or `idle()`)."""
+        `interrupted()` is true during any of those waits or the wait for the home, returns
+        None, holding no core: call again to wait on (each limit counts from the first call,
+        until a step is acquired or `idle()`)."""
         if self.role == "decode":
             if self._yield_to_backlog(interrupted) is Wait.INTERRUPTED:
                 return None
@@ -183,8 +185,11 @@ class CoreLease:
             return None
         self._held = [self.home] if home is Wait.CLEARED else []
         self._borrow([core for core in range(self.cores) if core != self.home])
-        if self.role == "prefill" and self._backlog and not self._some_overdue():
-            self._borrow_from_yielders()
+        wants_yields = self.role == "prefill" and self._backlog and not self._some_overdue()
+        if wants_yields and self._borrow_from_yielders(interrupted) is Wait.INTERRUPTED:
+            self._unlock_held()
+            return None
+        self._yield_wait.give_up = None  # a resumed wait may have found no backlog left
         return max(1, len(self._held))
 
     def _take_home(self, interrupted: Callable[[], bool]) -> Wait:
@@ -206,7 +211,7 @@ class CoreLease:
             if self._idle(core) and _try_lock(self._files[core]):
                 self._held.append(core)
 
-    def _borrow_from_yielders(self) -> None:
+    def _borrow_from_yielders(self, interrupted: Callable[[], bool]) -> Wait:
         """Borrow the cores of active decode workers once they yield: this backlog is up,
         so each lowers its flag as its next step starts."""
         yielding = [
@@ -217,9 +222,14 @@ class CoreLease:
             and not self._idle(core)
             and not _free(self._yielders[core])
         ]
-        if yielding:
-            self._turn_wait.run(lambda: not all(map(self._idle, yielding)), BORROW_WAIT_S)
+        if not yielding:
+            return Wait.CLEARED
+        wait = self._yield_wait.run(
+            lambda: not all(map(self._idle, yielding)), BORROW_WAIT_S, interrupted
+        )
+        if wait is not Wait.INTERRUPTED:
             self._borrow(yielding)
+        return wait
 
     def release(self) -> None:
         """After a step: every core goes back (the active flag stays up, unless a decode turn
@@ -229,12 +239,15 @@ class CoreLease:
             self._lower_active()
         if self._overdue and self._some_backlog():
             self._lower_active()
-        for core in self._release_order():
-            fcntl.flock(self._files[core], fcntl.LOCK_UN)
-        self._held = []
+        self._unlock_held()
         if self._overdue:
             fcntl.flock(self._overdues[self.home], fcntl.LOCK_UN)
             self._overdue = False
+
+    def _unlock_held(self) -> None:
+        for core in self._release_order():
+            fcntl.flock(self._files[core], fcntl.LOCK_UN)
+        self._held = []
 
     def _release_order(self) -> list[int]:
         """The held cores, those that a waiting worker may want last: a worker wakes on its
@@ -261,7 +274,7 @@ class CoreLease:
         """No work until further notice: others may borrow the home core."""
         self.set_backlog(False)
         self._lower_active()
-        self._turn_wait.give_up = self._home_wait.give_up = None
+        self._turn_wait.give_up = self._home_wait.give_up = self._yield_wait.give_up = None
 
     def _lower_active(self) -> None:
         if self._active:

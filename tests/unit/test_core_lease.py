@@ -245,6 +245,35 @@ def test_a_prefill_waits_for_a_decode_to_yield_for_a_while_at_most(tmp_path, mon
         lease.close()
 
 
+def test_a_prefill_waiting_for_a_yield_stops_for_commands_and_keeps_its_limit(
+    tmp_path, monkeypatch
+):
+    """New prompts come in as the prefill waits for the decode's yield: it lets its core go
+    and answers (they join the step it waits to take), then waits the rest of its limit."""
+    monkeypatch.setattr("services.worker.core_lease.BORROW_WAIT_S", 0.3)
+    prefill, decode = _prefill_and_decode(tmp_path)
+    decode.acquire(), decode.release()  # active between steps, and steps no more
+    prefill.set_backlog(True)
+    came = threading.Event()
+    threading.Timer(0.1, came.set).start()
+    started = time.monotonic()
+    assert prefill.acquire(interrupted=came.is_set) is None  # a command came: no step yet
+    assert 0.1 <= time.monotonic() - started < 0.25
+    assert _free_core(tmp_path, prefill.home), "the prefill holds no core meanwhile"
+    assert prefill.acquire(interrupted=lambda: False) == 1  # the rest of the same 0.3 s
+    assert 0.3 <= time.monotonic() - started < 0.45
+    prefill.release()
+    assert prefill.acquire(interrupted=lambda: True) is None
+    prefill.idle()
+    prefill.set_backlog(True)
+    began = time.monotonic()
+    assert prefill.acquire(interrupted=lambda: time.monotonic() - began > 0.1) is None, (
+        "work after an idle spell waits a limit of its own"
+    )
+    prefill.idle()
+    prefill.close(), decode.close()
+
+
 def _leases_with_a_backlog(tmp_path, monkeypatch) -> tuple[CoreLease, CoreLease]:
     """(prefill, decode) with a 0.3 s yield limit, after a prefill step that left a backlog."""
     monkeypatch.setattr("services.worker.core_lease.YIELD_LIMIT_S", 0.3)
