@@ -225,12 +225,14 @@ class Mesh:
     async def _ask_scheduler(self, message: SubmitRequest) -> SubmitAck:
         """The scheduler's answer to `message`; asked again while none subscribes (nothing
         was placed then), `scheduler_grace` seconds at most. A submit that had to ask again
-        is timed in `gateway_scheduler_wait_seconds`."""
+        is timed in `gateway_scheduler_wait_seconds`, until the try that found a scheduler
+        (not its answer, which may wait in the scheduler's queue)."""
         loop = asyncio.get_running_loop()
         asked = loop.time()
         give_up = asked + self.config.scheduler_grace
         waited = False
         while True:
+            tried = loop.time()  # a scheduler that answers was subscribed by then
             try:
                 ack = await self.bus.request(
                     self.subjects.submit,
@@ -244,7 +246,7 @@ class Mesh:
                     self._waited_for_scheduler(waited, "unanswered", loop.time() - asked)
                     raise
             else:
-                self._waited_for_scheduler(waited, "answered", loop.time() - asked)
+                self._waited_for_scheduler(waited, "answered", tried - asked)
                 return ack
             if not waited:
                 waited = True
