@@ -148,10 +148,9 @@ def test_overload_and_no_scheduler(gw: Harness) -> None:
         assert NO_SCHEDULER_GRACE_S - 0.15 <= waited < NO_SCHEDULER_GRACE_S + 3, waited
     finally:
         gw.mesh.submit_sub = gw.run(gw.mesh.serve_submit())
-    assert scheduler_waits(gw, "unanswered") == (
-        before[0] + 1,
-        pytest.approx(before[1] + waited, abs=0.2),
-    )
+    count, seconds = scheduler_waits(gw, "unanswered")
+    assert count == before[0] + 1  # timed within the client's wait, over the grace
+    assert NO_SCHEDULER_GRACE_S - 0.15 <= seconds - before[1] <= waited
 
 
 def test_a_scheduler_back_within_the_grace_takes_the_request(gw: Harness) -> None:
@@ -162,15 +161,18 @@ def test_a_scheduler_back_within_the_grace_takes_the_request(gw: Harness) -> Non
     gw.run(gw.mesh.submit_sub.unsubscribe())
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         try:
+            asked = time.monotonic()
             reply = pool.submit(gw.client().completions.create, model=MODEL, prompt="x")
             time.sleep(NO_SCHEDULER_GRACE_S / 2)
             assert not reply.done()  # still asking, not refused
         finally:
             gw.mesh.submit_sub = gw.run(gw.mesh.serve_submit())
         assert reply.result(timeout=10).choices[0].text == REPLY
+        answered = time.monotonic() - asked
     assert len(gw.mesh.submitted) == before + 1  # asked again, placed once
     count, seconds = scheduler_waits(gw, "answered")
-    assert count == waits[0] + 1 and seconds - waits[1] >= NO_SCHEDULER_GRACE_S / 2
+    assert count == waits[0] + 1  # timed within the client's wait, most of the half grace
+    assert NO_SCHEDULER_GRACE_S / 2 - 0.15 <= seconds - waits[1] <= answered
 
 
 def scheduler_waits(gw: Harness, outcome: str) -> tuple[float, float]:
