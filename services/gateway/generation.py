@@ -228,11 +228,9 @@ class Mesh:
         is timed in `gateway_scheduler_wait_seconds`, until the try that found a scheduler
         (not its answer, which may wait in the scheduler's queue)."""
         loop = asyncio.get_running_loop()
-        asked = loop.time()
-        give_up = asked + self.config.scheduler_grace
-        waited = False
+        asked = tried = loop.time()
+        waits = self.metrics.scheduler_waits
         while True:
-            tried = loop.time()  # a scheduler that answers was subscribed by then
             try:
                 ack = await self.bus.request(
                     self.subjects.submit,
@@ -242,24 +240,22 @@ class Mesh:
                     headers=inject(trace.get_current_span()),
                 )
             except NoRespondersError:
-                if loop.time() + NO_SCHEDULER_POLL_S > give_up:
-                    self._waited_for_scheduler(waited, "unanswered", loop.time() - asked)
+                if loop.time() + NO_SCHEDULER_POLL_S > asked + self.config.scheduler_grace:
+                    if tried > asked:
+                        waits.labels("unanswered").observe(loop.time() - asked)
                     raise
             else:
-                self._waited_for_scheduler(waited, "answered", tried - asked)
+                if tried > asked:
+                    waits.labels("answered").observe(tried - asked)
                 return ack
-            if not waited:
-                waited = True
+            if tried == asked:
                 log.warning(
                     "%s: no scheduler subscribed; asking again for up to %.1f s",
                     message.request_id,
                     self.config.scheduler_grace,
                 )
             await asyncio.sleep(NO_SCHEDULER_POLL_S)
-
-    def _waited_for_scheduler(self, waited: bool, outcome: str, seconds: float) -> None:
-        if waited:
-            self.metrics.scheduler_waits.labels(outcome).observe(seconds)
+            tried = loop.time()
 
     async def events(self, job: Submitted) -> AsyncIterator[Delta | Finish]:
         output = job.output

@@ -8,12 +8,11 @@ import concurrent.futures
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from shared.protocol import Outcome
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
@@ -27,6 +26,7 @@ from tests.integration.gateway_harness import (
     gw_fixture,  # noqa: F401  (fixtures)
     http,
 )
+from tests.integration.test_observability import metric, scrape
 
 pytestmark = pytest.mark.e2e
 
@@ -177,16 +177,11 @@ def test_a_scheduler_back_within_the_grace_takes_the_request(gw: Harness) -> Non
 
 def scheduler_waits(gw: Harness, outcome: str) -> tuple[float, float]:
     """(count, seconds) of the gateway's submits that asked again for a scheduler."""
-    with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    found = {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.labels.get("outcome") == outcome
-    }
+    samples = scrape(urlsplit(gw.url).port)
     name = "splitserve_gateway_scheduler_wait_seconds"
-    return found.get(name + "_count", 0.0), found.get(name + "_sum", 0.0)
+    return metric(samples, name + "_count", outcome=outcome), metric(
+        samples, name + "_sum", outcome=outcome
+    )
 
 
 def test_api_key_models_health(gw: Harness) -> None:
