@@ -1,5 +1,5 @@
 // Paged attention over a bf16 KV cache with AVX512-BF16 dot products (vdpbf16ps), for the
-// heads of one query row: what paged_attention.cpp's attend_heads computes in fp32, without
+// heads of one query row: what attention_fp32.h's attend_heads computes in fp32, without
 // widening K or V to fp32 and with the row's context fetched ahead. For each query head:
 //
 //   scores  per key, acc = dpbf16(acc, q[32 v .. 32 v + 32), k[32 v .. 32 v + 32)) over the
