@@ -1,7 +1,8 @@
 // Paged attention with AVX-512 fp32 multiply-adds, for the heads of one query row: the path of
-// fp32 caches, and of bf16 caches on a CPU without AVX512-BF16 (their K widened to fp32 tile by
-// tile). paged_attention.cpp chooses the path and hands out the work items; a prefill chunk's
-// rows read a copy of their context widened once for all of them (`widen`).
+// fp32 caches, and of bf16 caches that attention_bf16.h does not take (no AVX512-BF16, or heads
+// of over 128 dims), their K widened to fp32 tile by tile. paged_attention.cpp chooses the path
+// and hands out the work items; a prefill chunk's rows read a copy of their context widened
+// once for all of them (`widen`).
 #pragma once
 
 #ifdef __AVX512F__
