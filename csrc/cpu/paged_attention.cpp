@@ -5,9 +5,9 @@
 // With AVX-512, fp32 and bf16 caches take attention_fp32.h instead (a row's heads by KV
 // group, q.k over 16-token K tiles, a long prefill chunk's context widened to fp32 once for
 // all of its rows), a context of over 512 tokens in parts the threads share and a merge
-// (split_context.h); a bf16 cache on a
-// CPU with AVX512-BF16 takes attention_bf16.h's dot products for its heads instead (the same
-// work items and parts; a long chunk's keys transposed once instead, transposed_keys.h);
+// (split_context.h); a bf16 cache on a CPU with AVX512-BF16 takes attention_bf16.h's dot
+// products for its heads instead (the same work items and parts; a long chunk's keys
+// transposed once instead, transposed_keys.h);
 // fp16, or a build without AVX-512, takes attend_one, or in an AVX2 build attention_avx2.h
 // (8-key tiles, a row's heads together when rows are many).
 #include <ATen/Dispatch.h>
