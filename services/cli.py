@@ -43,8 +43,8 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from loadtest import bench_cli
     from services import launcher
-    from services.bench import cli as bench_cli
     from services.gateway import cli as gateway_cli
     from services.scheduler import cli as scheduler_cli
     from services.worker import cli as worker_cli

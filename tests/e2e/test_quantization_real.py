@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from services.bench.quant import TEXT, encode_chat, perplexity
-from services.bench.spec import TASKS
+from loadtest.engine_bench.quant import TEXT, encode_chat, perplexity
+from loadtest.engine_bench.spec import TASKS
 from shared.engine import native
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig

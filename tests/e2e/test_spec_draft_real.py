@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.quant import encode_chat
-from services.bench.spec import TASKS
+from loadtest.engine_bench.quant import encode_chat
+from loadtest.engine_bench.spec import TASKS
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams

@@ -34,7 +34,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from services.bench.idle import cpu_seconds, process_tree
+from loadtest.mesh_bench.idle import cpu_seconds, process_tree
 from services.offline import chat_prompt_ids
 from shared.bus import Bus
 from shared.engine.block_hash import hash_full_blocks

@@ -7,7 +7,12 @@ import math
 import pytest
 import torch
 
-from services.bench.attention import AttentionBenchConfig, decode_step, layer_caches, time_step_ms
+from loadtest.engine_bench.attention import (
+    AttentionBenchConfig,
+    decode_step,
+    layer_caches,
+    time_step_ms,
+)
 from shared.engine import native
 
 

@@ -4,7 +4,7 @@ says so."""
 
 from __future__ import annotations
 
-from services.bench.burst import BurstBenchConfig, run_burst_bench
+from loadtest.engine_bench.burst import BurstBenchConfig, run_burst_bench
 
 
 def test_a_burst_takes_the_steps_its_token_budget_implies(tiny_model_dir, capsys):

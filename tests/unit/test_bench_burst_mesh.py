@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 
 from loadtest.fake_server import FakeServer, Script
+from loadtest.mesh_bench.burst import MeshBurstConfig, last_first_token_ms, run_pairs
 from loadtest.request import RequestRecord
-from services.bench.burst_mesh import MeshBurstConfig, last_first_token_ms, run_pairs
 from services.cli import build_parser
 
 

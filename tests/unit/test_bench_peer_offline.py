@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.peer_offline import (
+from loadtest.peers.offline import (
     VLLM_OFFLINE_SCRIPT,
     OfflineConfig,
     OfflineResult,

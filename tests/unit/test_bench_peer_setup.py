@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.bench import llama_build, peer_venv
-from services.bench.llama_build import build_digest, ensure_llama_server
-from services.bench.peer_venv import (
+from loadtest.peers import llama_build, peer_venv
+from loadtest.peers.llama_build import build_digest, ensure_llama_server
+from loadtest.peers.peer_venv import (
     REMOVED_AFTER_INSTALL,
     VLLM_REQUIREMENTS,
     PeerSetupError,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from loadtest.metrics import summarize
-from loadtest.request import RequestRecord
-from services.bench import peer_setup
-from services.bench.peer_figures import (
+from loadtest.peers import prepare
+from loadtest.peers.config import PeersConfig
+from loadtest.peers.figures import (
     RunFigures,
     Turn,
     format_summary,
@@ -18,8 +18,9 @@ from services.bench.peer_figures import (
     plan_turns,
     ratios,
 )
-from services.bench.peer_offline import OfflineResult
-from services.bench.peer_servers import (
+from loadtest.peers.offline import OfflineResult
+from loadtest.peers.run import _server_figures, word_requests
+from loadtest.peers.servers import (
     PeerProcess,
     ServerCommand,
     cpu_ranges,
@@ -28,7 +29,7 @@ from services.bench.peer_servers import (
     vllm_env,
     vllm_mesh_args,
 )
-from services.bench.peers import PeersConfig, _server_figures, word_requests
+from loadtest.request import RequestRecord
 from services.cli import build_parser
 
 
@@ -167,7 +168,7 @@ def test_flags_after_the_dashes_reach_both_of_our_meshes_and_override_the_rows_o
 
     monkeypatch.setattr(loadtest.mesh, "MeshProcess", Recorded)
     cfg = PeersConfig(up_args=("--dtype", "float32"), out=tmp_path)
-    peers = peer_setup.Peers(cfg, cpus=[0, 1])
+    peers = prepare.Peers(cfg, cpus=[0, 1])
     for server in ("splitserve", "splitserve-vllm"):
         peers.start(Turn(1, server), tmp_path)
     assert started["splitserve-r1.log"] == ["--dtype", "float32"]
@@ -179,9 +180,9 @@ def test_flags_after_the_dashes_reach_both_of_our_meshes_and_override_the_rows_o
 def test_the_mesh_of_vllm_workers_runs_only_where_splitserves_venv_has_vllm(
     has_vllm, monkeypatch, tmp_path
 ):
-    monkeypatch.setattr(peer_setup, "has_vllm", lambda: has_vllm)
+    monkeypatch.setattr(prepare, "has_vllm", lambda: has_vllm)
     cfg = PeersConfig(servers=("splitserve", "splitserve-vllm"), offline=None, out=tmp_path)
-    peers = peer_setup.prepare_peers(cfg, tmp_path)
+    peers = prepare.prepare_peers(cfg, tmp_path)
     assert ("splitserve-vllm" in peers.ready) is has_vllm
     assert ("make install ENGINE=vllm" in peers.skipped.get("splitserve-vllm", "")) is not has_vllm
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench.step import StepBenchConfig, blocks_needed, run_step_bench, spans_of
+from loadtest.engine_bench.step import StepBenchConfig, blocks_needed, run_step_bench, spans_of
 from shared.engine import native
 
 

@@ -1,4 +1,4 @@
-"""`services/bench/machine_share.py`: a model's work per token, and benchmark figures as
+"""`loadtest/engine_bench/machine_share.py`: a model's work per token, and benchmark figures as
 shares of the machine's measured multiply-add peak and memory bandwidth."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from services.bench.machine_share import (
+from loadtest.engine_bench.machine_share import (
     MachinePeaks,
     ModelWork,
     ServerFigures,
@@ -60,7 +60,7 @@ def test_an_fp32_server_reads_twice_the_bytes_of_a_bf16_one():
 
 
 def test_our_mesh_is_counted_in_the_dtype_its_flags_or_this_cpu_give():
-    from services.bench.peers import _bytes_per_value
+    from loadtest.peers.run import _bytes_per_value
 
     auto = 2 if cpu_runs_bf16() else 4
     assert _bytes_per_value("splitserve", ()) == auto

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from services.bench.kv_sender import AGENT, SEED, SUBJECT, seeded_cache, serve_prefill_side
+from loadtest.engine_bench.kv_sender import AGENT, SEED, SUBJECT, seeded_cache, serve_prefill_side
 from shared.bus import Bus, Headers
 from shared.kvtransfer.chunks import KVLayout, from_chunk
 from shared.kvtransfer.nats_transport import serve_kv

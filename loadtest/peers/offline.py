@@ -2,7 +2,7 @@
 
 Both get the same random token-id prompts, all at once, greedy with ignore_eos, and are
 timed from the first request in to the last token out (prefill included). vLLM runs in the
-peers' venv as a subprocess (services/bench/vllm_offline.py), with a deadline.
+peers' venv as a subprocess (loadtest/peers/vllm_offline.py), with a deadline.
 
 Each side runs `repeats` times, on a fresh set of prompts each time (a repeat of the same
 prompts would be served from the prefix caches), and counts its best run: a run is only ever
@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from services.bench.deadline_run import run_to_log
+from loadtest.peers.deadline_run import run_to_log
 
 VLLM_OFFLINE_SCRIPT = Path(__file__).with_name("vllm_offline.py")
 UNSTABLE_SPREAD = 1.25  # a side's best run over its worst above this: flagged
@@ -103,9 +103,9 @@ def offline_prompt_sets(cfg: OfflineConfig, vocab: int) -> PromptSets:
 
 
 def ours_offline(model_dir: Path, prompt_sets: PromptSets, cfg: OfflineConfig) -> tuple[float, ...]:
-    """Output tok/s of our engine, a run a prompt set (services/bench/engine.py's measure,
+    """Output tok/s of our engine, a run a prompt set (loadtest/engine_bench/engine.py's measure,
     after a warm-up)."""
-    from services.bench.engine import engine_offline, engine_single_stream
+    from loadtest.engine_bench.engine import engine_offline, engine_single_stream
     from shared.engine.engine import LLMEngine
     from shared.engine.engine_config import EngineConfig
 

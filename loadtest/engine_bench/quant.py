@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from services.bench.engine import engine_offline, engine_single_stream, random_prompts
+from loadtest.engine_bench.engine import engine_offline, engine_single_stream, random_prompts
 from shared.engine.attention.metadata import AttentionMetadata, PrefillChunk
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig

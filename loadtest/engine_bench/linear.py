@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from services.bench.machine_share import all_cores_peak, kernel_numerics
+from loadtest.engine_bench.machine_share import all_cores_peak, kernel_numerics
 from shared.engine import native
 from shared.engine.batch_invariant import PackedLinear
 from shared.engine.model.linear_weights import Int8DotLinear, Int8Linear

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.bench.deadline_run import run_to_log
+from loadtest.peers.deadline_run import run_to_log
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 CMAKE_FLAGS = (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from services.bench.peer_figures import Headline, RunFigures
-from services.bench.peer_offline import OfflineResult
+from loadtest.peers.figures import Headline, RunFigures
+from loadtest.peers.offline import OfflineResult
 
 
 def write_peers_png(

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.bench.peer_figures import OURS, OURS_VLLM
-from services.bench.peer_servers import (
+from loadtest.peers.config import PeersConfig, Server
+from loadtest.peers.figures import OURS, OURS_VLLM
+from loadtest.peers.servers import (
     PeerProcess,
     cpu_ranges,
     llama_server_command,
@@ -28,9 +29,8 @@ from services.bench.peer_servers import (
 )
 
 if TYPE_CHECKING:
-    from services.bench.peer_figures import Turn
-    from services.bench.peer_offline import OfflineResult
-    from services.bench.peers import PeersConfig, Server
+    from loadtest.peers.figures import Turn
+    from loadtest.peers.offline import OfflineResult
 
 
 @dataclass(slots=True)
@@ -82,7 +82,7 @@ class Peers:
 
     def offline(self, model_dir: Path) -> OfflineResult:
         """Offline output tok/s of our engine and of vLLM's LLM.generate, same prompts."""
-        from services.bench.peer_offline import (
+        from loadtest.peers.offline import (
             OfflineResult,
             offline_prompt_sets,
             ours_offline,
@@ -103,7 +103,7 @@ class Peers:
 
 
 def prepare_peers(cfg: PeersConfig, model_dir: Path) -> Peers:
-    from services.bench.peer_venv import PeerVenv, ensure_vllm
+    from loadtest.peers.peer_venv import PeerVenv, ensure_vllm
 
     peers = Peers(cfg)
     if "vllm" in cfg.servers or cfg.offline is not None:
@@ -124,7 +124,7 @@ def has_vllm() -> bool:
 
 
 def _prepare_llama(peers: Peers) -> None:
-    from services.bench.llama_build import ensure_llama_server
+    from loadtest.peers.llama_build import ensure_llama_server
     from shared.models.pull import PullError, fetch_gguf
 
     cfg = peers.cfg
