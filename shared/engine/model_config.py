@@ -240,9 +240,8 @@ def cpu_runs_bf16(kernel_matmuls: bool = True) -> bool:
     - with AVX512-BF16, as dot products (twice the fp32 kernel's speed, half its bytes);
     - with AVX2 or AVX-512F alone, when the C++ kernels run the matmuls: their FMA chain
       widens the weights to fp32, so a batch runs as fast as fp32 and a single stream reads
-      half the bytes (an AVX2-only host, SmolLM2-135M, 2 threads, 2026-12-03: single stream
-      53.5 → 81.3 tok/s, offline 254 → 283, a 16 × 128 burst's prefill the same). torch's
-      bf16 matmul on such a CPU is another matter: 96.9 → 2.3 tok/s offline, 40× slower."""
+      half the bytes. torch's bf16 matmul on such a CPU is another matter: many times slower
+      than fp32 (docs/engine-speed.md)."""
     from shared.engine import native
 
     kernels = native.load()
