@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.errors import ConfigError
+
 # architecture → family (the decoder file under shared/engine/model/)
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -32,7 +34,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 log = logging.getLogger(__name__)
 
 
-class UnsupportedArchitecture(ValueError):
+class UnsupportedArchitecture(ConfigError):
     """A checkpoint whose architecture the embedded engine does not implement."""
 
 
@@ -75,12 +77,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"num_attention_heads {self.num_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_kv_heads}"
             )
         if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
-            raise ValueError(f"hidden activation {self.hidden_act!r} is not supported")
+            raise ConfigError(f"hidden activation {self.hidden_act!r} is not supported")
 
     @property
     def q_per_kv(self) -> int:
