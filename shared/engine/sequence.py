@@ -1,4 +1,9 @@
-"""`Sequence`: the one object that carries a request through the engine."""
+"""`Sequence`: the one object that carries a request through the engine, with the small types
+it holds (its status, finish reason and prompt-logprob entries).
+
+The one rule: a `Sequence` is compared by identity, one object per request, so sets and
+lists of them never confuse two requests with equal tokens.
+"""
 
 from __future__ import annotations
 
