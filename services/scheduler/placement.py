@@ -10,7 +10,7 @@ given up at once when the sweeper finds the worker it waits on lost (`worker_los
          none took it: Cancel (reason RELEASED: frees the reservation) → no room
   no candidate left (none in the registry, or all BUSY, UNAVAILABLE, FAILED or lost) → no room
 A worker that does not answer, or is lost, counts as FAILED. An INVALID answer from any
-worker raises `InvalidRequest`: the request itself is bad and no other worker would take it.
+worker raises `BadSubmit`: the request itself is bad and no other worker would take it.
 """
 
 from __future__ import annotations
@@ -60,8 +60,10 @@ class WorkerGone(Exception):
     """The worker a placement was waiting on stopped beating (the sweeper expired it)."""
 
 
-class InvalidRequest(Exception):
-    """A worker's engine refused the request itself: no other worker would take it."""
+class BadSubmit(Exception):
+    """A worker answered INVALID: its engine found the submitted request itself bad (the
+    engine's `InvalidRequest`), so no other worker would take it; the submit is answered
+    INVALID."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,12 +250,12 @@ class Placer:
 
 
 def _check_valid(request: SubmitRequest, subject: str, outcome: Outcome, error: str) -> None:
-    """Log a refusal; InvalidRequest when the worker found the request itself bad."""
+    """Log a refusal; BadSubmit when the worker found the request itself bad."""
     if outcome == Outcome.OK:
         return
     log.info("%s: %s answered %s: %s", request.request_id, subject, outcome.name, error)
     if outcome == Outcome.INVALID:
-        raise InvalidRequest(error)
+        raise BadSubmit(error)
 
 
 def _refusal(worker_id: str, outcome: Outcome, error: str) -> str:

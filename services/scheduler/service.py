@@ -33,7 +33,7 @@ from collections.abc import Callable
 from opentelemetry.trace import SpanKind
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.placement import RELEASED, InvalidRequest, Placer
+from services.scheduler.placement import RELEASED, BadSubmit, Placer
 from services.scheduler.registry import Registry
 from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
@@ -199,7 +199,7 @@ class SchedulerService:
         self._count_placing(model, +1)
         try:
             ack = await self._place(request, headers)
-        except InvalidRequest as exc:
+        except BadSubmit as exc:
             await self.bus.publish(  # frees a reservation already taken
                 self.subjects.cancel, Cancel(request.request_id, "invalid"), headers=headers
             )

@@ -1,53 +1,11 @@
-"""Cores shared by the workers of one machine: a worker steps on its own core and borrows the
-cores of workers that are idle.
+"""Cores shared by the workers of one machine: a worker steps on its own core, borrows the
+cores of workers that are idle, and a decode worker yields its core to a prefill backlog
+(the rules in full: docs/ARCHITECTURE.md, "Cores shared by one machine's workers").
 
-`splitserve up` puts a prefill and a decode worker on one machine. With one thread each, the
-decode worker leaves a core idle whenever prefill has nothing to do; with all cores each,
-they fight over the cores whenever both are busy (OpenMP threads that wait on a preempted
-peer lose far more than they gain). The lease gives each step the cores nobody else is
-stepping on:
-
-- Each worker claims a home core at start (a `claim-N` lock held for its lifetime; when
-  every core is claimed, workers share homes, and so take turns).
-- A worker with work raises its home's `active-N` flag (a shared lock) until it has none
-  again (`idle()`); a borrower leaves the cores of active workers alone.
-- A step holds its home core's `core-N` lock, and borrows `core-M` of every other core whose
-  owner is not active; it runs with one torch thread per core held, and lets every lock go
-  after the step. An owner that wakes up raises its flag first, then waits for its core:
-  a borrower finishes its current step and borrows that core no more.
-
-First tokens come first. A prefill worker with prompts still to prefill (a new arrival,
-or the rest of a burst or of a long prompt that one step's token budget cannot take) raises
-its home's `backlog-N` flag; a decode worker about to step while some prefill has a backlog
-lowers its active flag and waits for that backlog to clear, at most `YIELD_LIMIT_S` per step,
-so the prefill steps on every core. That is one engine stepping on two cores, as vLLM does with
-a prompt, instead of two on one each: a burst's last first token comes about twice as soon,
-and the running streams pause for as long. A prefill worker that finds a decode worker active
-(between its steps, or in one) as its step starts waits for that decode to yield
-(`BORROW_WAIT_S` at most, about one decode step), rather than step on its own core while the
-decode's idles.
-
-A worker waiting on a backlog, on a turn or on a decode's yield still answers its commands:
-`acquire(interrupted)` returns None, holding nothing, once `interrupted()` is true, and the
-engine thread applies what came in (a decode worker's KV reservations, which the scheduler
-awaits before it hands the prompt to the prefill worker; a prefill worker's new prompts, which
-then join the step it waited to take) and asks again; the wait's limit runs on across such
-calls. A decode worker that did not answer until its wait ended held the next prompts back
-from the very prefill it was waiting on: they reached the prefill one a step.
-
-A decode worker that waits out the limit takes a turn rather than a share: it raises its home's
-`overdue-N` flag for one step, a prefill worker finishing a step lowers its active flag before
-it lets its cores go and steps again only once no turn is overdue (at most `YIELD_LIMIT_S`),
-so the decode step runs on every core and the prefill then has them all back. Sharing them
-instead (the decode on its core, the prefill on the other) leaves a core idle for most of the
-prefill's step once the short decode step is done, since a step's thread count is fixed when
-it starts.
-
-Locks are `flock`s on files in a per-user directory, so they vanish with the process that
-held them: a worker killed mid-step never strands a core. A worker alive but wedged in a step
-(stopped, or stuck in a native call) would keep them: an owner waits for its home core
-`HOME_WAIT_LIMIT_S` at most, then logs it and steps on that core regardless (sharing it with
-the wedged step, if that ever goes on), and answers its commands while it waits.
+Every lock and flag (`claim-N`, `core-N`, `active-N`, `backlog-N`, `overdue-N`, `yields-N`) is
+a `flock` on a file in a per-user directory. The one subtle rule: a lock vanishes with the
+process that held it, so a killed worker never strands a core, but a wedged one keeps it; an
+owner therefore waits for its home core `HOME_WAIT_LIMIT_S` at most, then steps on it anyway.
 """
 
 from __future__ import annotations
@@ -58,21 +16,19 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from enum import Enum
+from enum import IntEnum
 from pathlib import Path
 
 # A decode worker waits for a prefill backlog this long per step at most: long enough for a
-# burst of 16 prompts of 100 tokens on 2 cores (7 steps of ~0.2 s), so its last step does
-# not run beside a decode step (at 1.0 s it did, 0.31 s instead of 0.18 s); under sustained
-# overload the running streams get one step in this long.
+# burst of 16 prompts of 100 tokens on 2 cores, so its last step does not run beside a decode
+# step (docs/engine-speed.md); under sustained overload the running streams get one step in
+# this long.
 YIELD_LIMIT_S = 1.5
 # A prefill worker with a backlog waits this long at most for an active decode worker to
-# yield its core: the rest of one decode step (16 rows: ~0.1 s on 2 cores of an AVX2 host).
-# Stepping at once on its own core instead left the decode's idle for the whole prefill step,
-# the decode waiting on the backlog (2026-12-03, c=16 through the mesh: 9 of 17 prefill steps
-# of a wave took 1 core, 0.48 s each against 0.31 s on 2). The wait stops for commands, so
-# prompts that arrive meanwhile join the step (2026-12-06, c=16 through the mesh, 7 pairs
-# alternated: 552 -> 599 tok/s, TTFT p99 1085 -> 990 ms, medians).
+# yield its core: the rest of one decode step. Stepping at once on its own core instead left
+# the decode's idle for the whole prefill step, the decode waiting on the backlog. The wait
+# stops for commands, so prompts that arrive meanwhile join the step (docs/engine-speed.md,
+# "Decode steps beside a burst" and "A prefill's wait that answers its commands").
 BORROW_WAIT_S = 0.5
 # An owner waits this long at most for its home core, held by a borrower's step (or by a worker
 # that shares the home): far beyond any step this CPU path takes (0.1-0.5 s for SmolLM2's
@@ -85,12 +41,12 @@ ROLES = ("prefill", "decode", "both")
 log = logging.getLogger(__name__)
 
 
-class Wait(Enum):
+class Wait(IntEnum):
     """How a wait on another worker's flags ended."""
 
-    CLEARED = "cleared"
-    TIMED_OUT = "timed out"
-    INTERRUPTED = "interrupted"
+    CLEARED = 0
+    TIMED_OUT = 1
+    INTERRUPTED = 2
 
 
 def _never() -> bool:

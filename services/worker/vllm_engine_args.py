@@ -60,8 +60,7 @@ def set_environment(config: WorkerConfig) -> None:
         # engine core as a process (its async client has no in-process mode).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # OpenMP threads on every core unless told, unbound: the engines of a box's workers
-        # share its cores through the OS (1 prefill + 1 decode worker on 2 cores: 306
-        # output tok/s at c=16 with 2 threads each, 198 with 1 each; docs/vllm.md).
+        # share its cores through the OS (docs/vllm.md, "Every core in each engine").
         threads = config.engine.num_threads or len(os.sched_getaffinity(0))
         os.environ["OMP_NUM_THREADS"] = str(threads)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

@@ -30,7 +30,7 @@ from shared.engine.model_runner import ModelRunner
 from shared.engine.outputs import RequestOutput
 from shared.engine.request_check import RequestChecker
 from shared.engine.sampling_params import SamplingParams
-from shared.engine.scheduler import Scheduler
+from shared.engine.scheduler import BatchScheduler
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
@@ -66,7 +66,7 @@ class LLMEngine:
         )
         self.runner = ModelRunner(config, self.model_config, num_blocks, self.max_model_len)
         self.proposer = self._proposer(draft_config, num_blocks)
-        self.scheduler = Scheduler(
+        self.scheduler = BatchScheduler(
             self.block_manager,
             config.token_budget,
             config.max_num_seqs,

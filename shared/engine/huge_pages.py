@@ -8,21 +8,10 @@ allocates, asks over the 2 MiB-aligned part, then zeroes (the faults then take h
 when the kernel has free ones: with memory fragmented it falls back to 4 KiB pages; a
 process's AnonHugePages in /proc/PID/smaps say what it got).
 
-Measured on the 2-core AMD EPYC host (2026-12-04, the engine alone, 2 threads, one process
-switching the engine between a cache on 4 KiB pages and one on 2 MiB pages step by step,
-medians of ~50 decode steps each; attention / whole step in ms): 64 decodes of 100 random
-prompt tokens → 128, twice: 10.11 → 8.58 / 67.78 → 66.25 and 9.93 → 8.73 / 67.68 → 66.50;
-16 decodes: 2.76 → 2.47 / 22.61 → 22.25; 16 decodes of 1000-token prompts: 15.78 → 14.47 /
-34.02 → 32.60.
-
 The weights stream through the matmuls every step: `move_onto_huge_pages` puts a model's
-tensors in one such allocation (torch's THP_MEM_ALLOC_ENABLE, tried the same day, advises only
-allocations of 2 MiB or more: SmolLM2-135M's qkv, o_proj and down matrices, 0.7-1.8 MiB a
-layer, stayed on 4 KiB pages, and whole steps moved nothing). Same host, 2026-12-05: the
-weights switched between their own 4 KiB pages and one arena on 2 MiB pages step by step
-(`Tensor.set_`), medians of 11-28 steps: 16 decodes 20.05 → 17.73 ms and 20.99 → 18.84, 64
-decodes 75.48 → 73.94 and 83.03 → 80.79, a 256-token prefill step 155.3 → 155.4 and 175.3 →
-172.7 (the host slower by then); the same tokens from both.
+tensors in one such allocation (torch's THP_MEM_ALLOC_ENABLE advises only allocations of 2 MiB
+or more, which leaves a small model's matrices on 4 KiB pages). What each saves:
+docs/engine-speed.md.
 """
 
 from __future__ import annotations

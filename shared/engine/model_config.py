@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.errors import ConfigError
+
 # architecture → family (the decoder file under shared/engine/model/)
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -32,7 +34,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 log = logging.getLogger(__name__)
 
 
-class UnsupportedArchitecture(ValueError):
+class UnsupportedArchitecture(ConfigError):
     """A checkpoint whose architecture the embedded engine does not implement."""
 
 
@@ -75,12 +77,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"num_attention_heads {self.num_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_kv_heads}"
             )
         if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
-            raise ValueError(f"hidden activation {self.hidden_act!r} is not supported")
+            raise ConfigError(f"hidden activation {self.hidden_act!r} is not supported")
 
     @property
     def q_per_kv(self) -> int:
@@ -240,9 +242,8 @@ def cpu_runs_bf16(kernel_matmuls: bool = True) -> bool:
     - with AVX512-BF16, as dot products (twice the fp32 kernel's speed, half its bytes);
     - with AVX2 or AVX-512F alone, when the C++ kernels run the matmuls: their FMA chain
       widens the weights to fp32, so a batch runs as fast as fp32 and a single stream reads
-      half the bytes (an AVX2-only host, SmolLM2-135M, 2 threads, 2026-12-03: single stream
-      53.5 → 81.3 tok/s, offline 254 → 283, a 16 × 128 burst's prefill the same). torch's
-      bf16 matmul on such a CPU is another matter: 96.9 → 2.3 tok/s offline, 40× slower."""
+      half the bytes. torch's bf16 matmul on such a CPU is another matter: many times slower
+      than fp32 (docs/engine-speed.md)."""
     from shared.engine import native
 
     kernels = native.load()

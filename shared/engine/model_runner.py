@@ -24,6 +24,7 @@ from shared.engine.quantization import quantize_weights
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.spec_decode.verify import verify_drafts
+from shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class ModelRunner:
             torch.cuda.set_device(device)  # Triton launches on the current device
         model_dir = model_dir or config.model_dir
         if config.quantization and model_config.num_experts:
-            raise ValueError(
+            raise ConfigError(
                 f"quantization {config.quantization} is not supported for MoE models: "
                 "serve them without --quantization"
             )

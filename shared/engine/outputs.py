@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.engine.prompt_logprobs import PromptLogprob
 from shared.engine.sampler import TokenLogprobs
-from shared.engine.sequence import FinishReason
+from shared.engine.sequence import FinishReason, PromptLogprob
 
 
 @dataclass(slots=True)

@@ -11,21 +11,9 @@ preemption scores nothing twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from shared.engine.sequence import Sequence
-
-
-@dataclass(slots=True)
-class PromptLogprob:
-    token_id: int
-    logprob: float
-    rank: int  # 1: the most likely token at its position
-    top: list[tuple[int, float]]  # the params.prompt_logprobs best (token id, logprob)
+from shared.engine.sequence import PromptLogprob, Sequence
 
 
 def wants_prompt_logprobs(seq: Sequence, start: int) -> bool:

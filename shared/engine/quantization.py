@@ -31,6 +31,7 @@ from shared.engine.model.linear_weights import (
     QuantizedLinear,
 )
 from shared.engine.model.weights import LayerWeights, ModelWeights
+from shared.errors import ConfigError
 
 QUANTIZATIONS = ("int8", "int4", "w8a8")
 
@@ -47,10 +48,10 @@ def int8_dot_product() -> bool:
 def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> ModelWeights:
     """A copy of `weights` whose matrices are quantized; the float ones can then be freed."""
     if mode not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, not {mode!r}")
+        raise ConfigError(f"quantization must be one of {QUANTIZATIONS}, not {mode!r}")
     on_cpu = weights.embed.device.type == "cpu"
     if mode == "w8a8" and not (on_cpu and int8_dot_product()):
-        raise ValueError(
+        raise ConfigError(
             "w8a8 needs the C++ kernels' AVX512-VNNI W8A8 kernel on a CPU; "
             "this build or device has none (use int8, weight-only)"
         )

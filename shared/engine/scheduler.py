@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from shared.engine.spec_decode.proposer import Proposer
 
 
-class Scheduler:
+class BatchScheduler:
     def __init__(
         self,
         block_manager: BlockManager,

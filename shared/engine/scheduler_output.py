@@ -1,4 +1,4 @@
-"""What the scheduler hands the model runner for one step (and `Scheduler.update` after it)."""
+"""What the scheduler hands the model runner for one step (and `BatchScheduler.update` after it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""`Sequence`: the one object that carries a request through the engine."""
+"""`Sequence`: the one object that carries a request through the engine, with the small types
+it holds (its status, finish reason and prompt-logprob entries).
+
+The one rule: a `Sequence` is compared by identity, one object per request, so sets and
+lists of them never confuse two requests with equal tokens.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,6 @@ from typing import TYPE_CHECKING
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from shared.engine.prompt_logprobs import PromptLogprob
     from shared.engine.structured_output import GrammarState
 
 
@@ -25,6 +29,16 @@ class FinishReason(IntEnum):
     STOP = 0  # eos or a stop token id
     LENGTH = 1  # max_tokens or the model's context length
     ABORT = 2  # aborted by the caller
+
+
+@dataclass(slots=True)
+class PromptLogprob:
+    """One prompt token's score under the logits of the position before it (prompt_logprobs.py)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1: the most likely token at its position
+    top: list[tuple[int, float]]  # the params.prompt_logprobs best (token id, logprob)
 
 
 @dataclass(slots=True, eq=False)  # one object per request: compared by identity

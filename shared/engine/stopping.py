@@ -30,7 +30,7 @@ class StopRules:
 
 def append_tokens(seq: Sequence, tokens: list[SampledToken], rules: StopRules) -> RequestOutput:
     """Append `tokens` to `seq` (and its grammar) in order, up to the first that finishes it;
-    one output for all those appended. Statuses and blocks are the caller's (Scheduler)."""
+    one output for all those appended. Statuses and blocks are the caller's (BatchScheduler)."""
     output = RequestOutput(
         request_id=seq.request_id,
         new_token_ids=[],

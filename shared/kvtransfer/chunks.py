@@ -10,6 +10,7 @@ import torch
 
 from shared.engine.engine_config import torch_dtypes
 from shared.engine.kv_handoff import KVBlocks
+from shared.errors import ConfigError
 from shared.protocol import KVChunk
 
 DTYPES = torch_dtypes()  # name → torch dtype, the names KVLayout and KVChunk carry
@@ -50,7 +51,7 @@ def to_chunks(blocks: KVBlocks, max_bytes: int, first_index: int = 0) -> list[KV
     num_layers, num_blocks = data.shape[0], data.shape[1]
     block_bytes = data[0, 0].numel() * data.element_size() if num_blocks else 0
     if block_bytes > max_bytes:
-        raise ValueError(f"one KV block is {block_bytes} bytes, over the {max_bytes} limit")
+        raise ConfigError(f"one KV block is {block_bytes} bytes, over the {max_bytes} limit")
     if num_blocks == 0:
         return []
     blocks_per_chunk = min(num_blocks, max_bytes // block_bytes)

@@ -13,6 +13,7 @@ import logging
 
 import torch
 
+from shared.errors import ConfigError
 from shared.kvtransfer.chunks import KVLayout
 from shared.kvtransfer.nixl_transport import NixlTransport, nixl_available
 from shared.kvtransfer.transfer import TransportUnavailable
@@ -25,10 +26,10 @@ WANTED = ("auto", "nixl", "nats")
 def make_transport(
     agent_name: str, layers: list[torch.Tensor], layout: KVLayout, wanted: str
 ) -> NixlTransport | None:
-    """The transport for this worker's cache `layers`; ValueError for an unknown `wanted`
-    or `layers` that do not fit `layout`."""
+    """The transport for this worker's cache `layers`; ConfigError for an unknown `wanted`,
+    ValueError for `layers` that do not fit `layout`."""
     if wanted not in WANTED:
-        raise ValueError(f"KV transport must be one of {WANTED}, not {wanted!r}")
+        raise ConfigError(f"KV transport must be one of {WANTED}, not {wanted!r}")
     if wanted == "nats":
         return None
     ok, why = nixl_available()

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from shared.errors import ConfigError
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingDefaults:
@@ -28,7 +30,7 @@ def load_sampling_defaults(model_dir: Path) -> SamplingDefaults:
         return SamplingDefaults()
     raw = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: not a JSON object")
+        raise ConfigError(f"{path}: not a JSON object")
     values = {}
     for f in fields(SamplingDefaults):
         value = raw.get(f.name)

@@ -3,7 +3,7 @@
 The fake runner keeps a fake KV cache (the token id written into each slot) and samples the
 next token as a function of the tokens it reads back through the block table. A block that is
 lost, wrongly shared or overwritten therefore changes the output; preemption must not. What
-it samples goes through the real `Scheduler.update`, which appends, finishes and frees.
+it samples goes through the real `BatchScheduler.update`, which appends, finishes and frees.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from shared.engine.errors import OutOfBlocks
 from shared.engine.outputs import RequestOutput
 from shared.engine.sampler import SampledToken
 from shared.engine.sampling_params import SamplingParams
-from shared.engine.scheduler import Scheduler
+from shared.engine.scheduler import BatchScheduler
 from shared.engine.scheduler_output import ScheduledChunk, SchedulerOutput
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
 from shared.engine.spec_decode.proposer import Drafts, Proposer
@@ -61,14 +61,14 @@ class FakeProposer(Proposer):
 
 
 class Harness:
-    """A `Scheduler` plus a fake runner, checking the scheduler's promises at every step."""
+    """A `BatchScheduler` plus a fake runner, checking the scheduler's promises at every step."""
 
     def __init__(
         self, num_blocks: int, budget: int, max_num_seqs: int, num_drafts: int = 0
     ) -> None:
         self.bm = BlockManager(num_blocks, BS, "tiny")
         proposer = FakeProposer(num_drafts, RULES.max_model_len) if num_drafts else None
-        self.scheduler = Scheduler(self.bm, budget, max_num_seqs, RULES, proposer)
+        self.scheduler = BatchScheduler(self.bm, budget, max_num_seqs, RULES, proposer)
         self.kv: dict[tuple[int, int], int] = {}  # (block, slot) -> token id written there
         self.finished: dict[str, list[int]] = {}  # request id -> final token ids
         self.reasons: dict[str, FinishReason] = {}

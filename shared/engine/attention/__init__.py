@@ -14,6 +14,7 @@ import torch
 from shared.engine import native
 from shared.engine.attention.base import AttentionBackend
 from shared.engine.attention.torch_backend import TorchAttention
+from shared.errors import ConfigError
 
 
 def _cpu() -> AttentionBackend:
@@ -52,7 +53,7 @@ def get_backend(name: str, device: torch.device = CPU) -> AttentionBackend:
     try:
         factory = BACKENDS[resolve_backend(name, device)]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"attention backend {name!r} is not available (have: auto, {', '.join(BACKENDS)})"
         ) from None
     return factory()

@@ -21,7 +21,9 @@ class LlamaModel(DecoderModel):
         # each layer as one native call where that runs the kernels the loop below would (an
         # MoE model's MLP is its own)
         if type(self).mlp is LlamaModel.mlp:
-            self.native_layers = NativeLayers.fitting(self)
+            self.native_layers = NativeLayers.fitting(
+                self.ops.native, self.attention, self.config, self.weights.layers, self.bf16_rows
+            )
 
     @torch.inference_mode()
     def forward(

@@ -1,27 +1,26 @@
-"""A Llama-family layer as one native call (csrc/cpu/decoder_layer.h), where the layer's
+"""A Llama-family layer as one native call (csrc/cpu/decoder_layer.h), for layers whose
 kernels are the C++ ones the Python layer would call anyway: every matrix packed as bf16 pairs
-(gate_up with SiLU·up fused), no q/k norms, no biases, the `cpu` attention backend. The call
-runs the same kernels in the same order, so the logits are the same bits; it saves the Python
-between them, which took 1.3 ms of a 12.3 ms single-row decode step and ~3 ms of a 64-row one
-(docs/engine-speed.md, 2026-12-05).
+(gate_up with SiLU·up fused), no q/k norms, no biases, the `cpu` attention backend.
+
+The one rule: the call runs the same kernels in the same order as the Python layer, so the
+logits are the same bits; `NativeLayers.fitting` refuses any model with a layer that needs
+more. What it saves: docs/engine-speed.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 
+from shared.engine.attention import AttentionBackend
 from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.cpu_backend import CpuAttention
 from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.model.layer_ops import StepRope
 from shared.engine.model.weights import LayerWeights
-
-if TYPE_CHECKING:
-    from shared.engine.model.decoder import DecoderModel
+from shared.engine.model_config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,16 +32,22 @@ class NativeLayers:
     kv_heads: int
 
     @staticmethod
-    def fitting(model: DecoderModel) -> NativeLayers | None:
-        """The native call for every layer of `model`, or None where a layer needs more than
+    def fitting(
+        native: ModuleType | None,  # the fused ops' module (LayerOps.native); None: torch ops
+        attention: AttentionBackend,
+        config: ModelConfig,
+        layers: list[LayerWeights],
+        bf16_rows: bool,  # DecoderModel.bf16_rows
+    ) -> NativeLayers | None:
+        """The native call for every layer of a model, or None where a layer needs more than
         the call does (the Python layer then runs)."""
-        native, attention = model.ops.native, model.attention
-        if native is None or not isinstance(attention, CpuAttention) or not model.bf16_rows:
+        if native is None or not isinstance(attention, CpuAttention) or not bf16_rows:
             return None
-        if not all(_plain(layer) for layer in model.weights.layers):
+        if not all(_plain(layer) for layer in layers):
             return None
-        c = model.config
-        return NativeLayers(native, attention, c.rms_norm_eps, c.num_heads, c.num_kv_heads)
+        return NativeLayers(
+            native, attention, config.rms_norm_eps, config.num_heads, config.num_kv_heads
+        )
 
     def __call__(
         self,

@@ -21,6 +21,7 @@ import math
 import torch
 
 from shared.engine.model_config import ModelConfig
+from shared.errors import ConfigError
 
 
 def _base_frequencies(theta: float, dim: int) -> torch.Tensor:
@@ -114,7 +115,7 @@ def rotation_angles(
         attention_factor = _longrope_attention_factor(s, config.max_position_embeddings)
         return positions.unsqueeze(1) * per_position, attention_factor
     elif rope_type != "default":
-        raise ValueError(
+        raise ConfigError(
             f"rope_scaling type {rope_type!r} is not supported "
             "(default, linear, dynamic, yarn, llama3, longrope)"
         )

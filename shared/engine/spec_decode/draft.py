@@ -30,15 +30,16 @@ from shared.engine.seeded_random import draw, uniform
 from shared.engine.sequence import Sequence
 from shared.engine.spec_decode.proposer import Drafts, Proposer
 from shared.engine.spec_decode.verify import DRAFT_STREAM
+from shared.errors import ConfigError
 
 
 def check_same_vocabulary(
     target_dir: Path, target: ModelConfig, draft_dir: Path, draft: ModelConfig
 ) -> None:
-    """Raise ValueError unless the draft model shares the target's vocabulary: the same size
+    """Raise ConfigError unless the draft model shares the target's vocabulary: the same size
     and, when both directories have a tokenizer.json, the same token → id map."""
     if draft.vocab_size != target.vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"draft model {draft_dir} has a vocabulary of {draft.vocab_size} tokens and the "
             f"target {target_dir} one of {target.vocab_size}: a draft model must share the "
             "target's tokenizer"
@@ -47,7 +48,7 @@ def check_same_vocabulary(
     if all(p.exists() for p in paths):
         vocabularies = [json.loads(p.read_text())["model"].get("vocab") for p in paths]
         if vocabularies[0] != vocabularies[1]:
-            raise ValueError(
+            raise ConfigError(
                 f"draft model {draft_dir} and target {target_dir} have different tokenizers"
             )
 
@@ -62,7 +63,7 @@ class DraftProposer(Proposer):
     ) -> None:
         super().__init__(num_speculative_tokens, max_model_len)
         if runner.sampler.vocab_size != sampler.vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 f"the draft model's head has {runner.sampler.vocab_size} rows and the "
                 f"target's {sampler.vocab_size}: they must share a vocabulary"
             )
