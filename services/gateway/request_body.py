@@ -34,8 +34,9 @@ async def json_body(request: web.Request) -> Any:
 class RequestBody:
     kind: Kind
     json: Any  # as the client sent it; None when it is not JSON
-    _parsed: GenerationRequest | None = None
-    _prompt_ids: dict[str, list[int]] = field(default_factory=dict)  # model → prompt ids
+    _parsed: GenerationRequest | None = field(default=None, init=False, repr=False)
+    # the prompt's token ids, by the model that tokenized it
+    _prompt_ids: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     async def read(cls, request: web.Request, kind: Kind) -> RequestBody:

@@ -92,8 +92,10 @@ class Routing:
         return cards
 
     def prompt_tokens(self, body: RequestBody, route: str) -> int:
-        """The prompt's length in tokens, with the tokenizer of the first mesh model among
-        the route's rules (of the first mesh model of the file when they are upstreams)."""
+        """The prompt's length in tokens as the first mesh model among the route's rules
+        submits it (chat template, tools and options included; the first mesh model of the
+        file when the rules name upstreams only). The serving model reuses it when it is
+        that model."""
         ruled = [m for m in self.router.rule_models(route) if m in self.texts]
         model = ruled[0] if ruled else next(iter(self.texts))
         return len(body.prompt_ids(model, self.texts[model]))
