@@ -18,15 +18,16 @@ from aiohttp import web
 from opentelemetry.trace import SpanKind
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.gateway.completions import chat_completions, completions
+from services.gateway.chain import chat_completions, completions
 from services.gateway.config import GatewayConfig
 from services.gateway.cors import cors_headers, cors_preflight
-from services.gateway.errors import ApiError
-from services.gateway.generation import Mesh
-from services.gateway.keys import CONFIG, MESH
+from services.gateway.errors import ApiError, api_error
+from services.gateway.keys import CLIENT, CONFIG
 from services.gateway.limits import setup_limits
+from services.gateway.model_client import ModelClient
 from services.gateway.pages import setup_pages
 from services.gateway.prompting import ModelText
+from services.gateway.refusals import GenerationFailed, Refused
 from services.gateway.responses_api import create_response
 from services.gateway.routed import ROUTING, setup_routing
 from services.gateway.streams import TokenStreams
@@ -61,7 +62,7 @@ def init_app(config: GatewayConfig) -> web.Application:
         metrics.registry.register(bus.rejections.counter)
         streams = TokenStreams(bus, Subjects(config.common.namespace), config.gateway_id)
         await streams.start()
-        app[MESH] = Mesh(config, bus, streams, text, metrics)
+        app[CLIENT] = ModelClient(config, bus, streams, text, metrics)
         yield
         await streams.stop()
         await bus.close()
@@ -69,7 +70,7 @@ def init_app(config: GatewayConfig) -> web.Application:
 
     app.cleanup_ctx.append(mesh_connection)
     setup_routes(app)
-    setup_routing(app, config)  # several models, routes and fallbacks (services/gateway/routed.py)
+    setup_routing(app, config)  # several models, routes and fallbacks (routed.py, chain.py)
     return app
 
 
@@ -90,7 +91,7 @@ def setup_routes(app: web.Application) -> None:
 
 
 def create_runner(config: GatewayConfig) -> web.AppRunner:
-    # A client that disconnects cancels its handler, and Mesh.events then sends Cancel.
+    # A client that disconnects cancels its handler, and token_events then sends Cancel.
     return web.AppRunner(init_app(config), handler_cancellation=True, access_log=None)
 
 
@@ -100,10 +101,10 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """200 once the scheduler knows a prefill-capable and a decode-capable worker."""
-    mesh = request.app[MESH]
+    client = request.app[CLIENT]
     try:
-        status = await mesh.bus.request(
-            mesh.subjects.status, StatusQuery(), MeshStatus, timeout=STATUS_TIMEOUT_S
+        status = await client.bus.request(
+            client.subjects.status, StatusQuery(), MeshStatus, timeout=STATUS_TIMEOUT_S
         )
     except Exception as exc:
         return web.json_response({"ready": False, "reason": f"no scheduler: {exc!r}"}, status=503)
@@ -167,6 +168,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except ApiError as exc:
         return exc.response()
+    except (Refused, GenerationFailed) as exc:
+        return api_error(exc).response()
     except web.HTTPException as exc:
         return ApiError(exc.status, exc.reason).response()
     except Exception:

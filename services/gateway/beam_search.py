@@ -20,7 +20,10 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from services.gateway.errors import ApiError
-from services.gateway.generation import Finish, GenerationFailed, Mesh
+from services.gateway.gateway_request import RequestSpec
+from services.gateway.model_client import ModelClient
+from services.gateway.refusals import GenerationFailed
+from services.gateway.token_events import Finish, token_events
 from shared.engine.sampling_params import SamplingParams
 
 
@@ -36,27 +39,21 @@ class Beam:
 
 
 async def beam_search(
-    mesh: Mesh,
-    request_id: str,
-    prompt_ids: list[int],
-    sampling: SamplingParams,
-    width: int,
-    length_penalty: float,
+    client: ModelClient, spec: RequestSpec, width: int, length_penalty: float
 ) -> list[Beam]:
-    """The `width` best beams, best first. `sampling` gives max_tokens, ignore_eos and the
-    stop token ids; the rest of the step requests' parameters are fixed (greedy)."""
+    """The `width` best beams, best first. `spec.sampling` gives max_tokens, ignore_eos and
+    the stop token ids; the rest of the step requests' parameters are fixed (greedy)."""
+    sampling = spec.sampling
     step = SamplingParams(
         temperature=0.0, max_tokens=1, logprobs=2 * width, ignore_eos=True, seed=0
     )
-    ending = set(sampling.stop_token_ids) | set(mesh.text.eos_token_ids)
+    ending = set(sampling.stop_token_ids) | set(client.text.eos_token_ids)
     live = [Beam((), 0.0, False)]
     done: list[Beam] = []
     for position in range(sampling.max_tokens):
         tops = await asyncio.gather(
             *(
-                _candidates(
-                    mesh, f"{request_id}-b{position}-{i}", prompt_ids + list(b.token_ids), step
-                )
+                _candidates(client, _step_spec(spec, f"-b{position}-{i}", b, step))
                 for i, b in enumerate(live)
             )
         )
@@ -73,23 +70,26 @@ async def beam_search(
     return ranked[:width]
 
 
-async def _candidates(
-    mesh: Mesh, request_id: str, prompt_ids: list[int], step: SamplingParams
-) -> list[tuple[int, float]]:
-    """The best (token id, logprob) pairs of the position after `prompt_ids`."""
-    job = await mesh.submit(request_id, prompt_ids, step, ())
+def _step_spec(spec: RequestSpec, suffix: str, beam: Beam, step: SamplingParams) -> RequestSpec:
+    """The request for the position after `beam`: its tokens join the prompt."""
+    prompt_ids = spec.prompt_ids + list(beam.token_ids)
+    return RequestSpec(spec.request_id + suffix, prompt_ids, step, has_fallback=spec.has_fallback)
+
+
+async def _candidates(client: ModelClient, spec: RequestSpec) -> list[tuple[int, float]]:
+    """The best (token id, logprob) pairs of the position after `spec.prompt_ids`."""
+    job = await client.submit(spec)
     top: list[tuple[int, float]] = []
     try:
-        async with aclosing(mesh.events(job)) as events:
+        async with aclosing(token_events(client, job)) as events:
             async for event in events:
                 if not isinstance(event, Finish) and event.logprobs:
                     top = list(event.logprobs[0].top)
     except GenerationFailed as exc:
-        raise ApiError(
-            exc.status, f"beam search step failed: {exc}", code="generation_failed"
-        ) from None
+        message = f"beam search step failed: {exc}"
+        raise GenerationFailed(message, exc.failure, exc.refused) from None
     finally:
-        await mesh.abandon(job)
+        await client.abandon(job)
     if not top:
         raise ApiError(500, "beam search step returned no logprobs", code="generation_failed")
     return top

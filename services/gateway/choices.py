@@ -21,15 +21,10 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from services.gateway.errors import ApiError
-from services.gateway.generation import (
-    Delta,
-    Finish,
-    GenerationFailed,
-    Mesh,
-    OutputText,
-    Submitted,
-)
+from services.gateway.gateway_request import GatewayRequest, OutputText, RequestSpec
+from services.gateway.model_client import ModelClient
+from services.gateway.refusals import Failure, GenerationFailed, Refused
+from services.gateway.token_events import Delta, Finish, token_events
 from shared.engine.sampling_params import SamplingParams
 
 _SEED_RANGE = 2**63
@@ -45,6 +40,7 @@ class Choices:
     stop: tuple[str, ...]
     n: int
     output: OutputText = OutputText()  # noqa: RUF009  (frozen)
+    has_fallback: bool = False  # the router has another target to try after this model
 
     def request_id_of(self, index: int) -> str:
         return self.request_id if self.n == 1 else f"{self.request_id}-{index}"
@@ -54,36 +50,41 @@ class Choices:
             return self.sampling
         return dataclasses.replace(self.sampling, seed=(self.sampling.seed + index) % _SEED_RANGE)
 
-    async def submit(self, mesh: Mesh, index: int, retry_for: float = 0.0) -> Submitted:
-        """Choice `index`; a refusal is an ApiError (for choice 0, before any reply is
-        started: the client's 429 or 503), after `retry_for` seconds of retries."""
-        return await mesh.submit(
+    def spec_of(self, index: int) -> RequestSpec:
+        return RequestSpec(
             self.request_id_of(index),
             self.prompt_ids,
             self.sampling_of(index),
             self.stop,
-            retry_for,
             self.output,
+            self.has_fallback,
         )
+
+    async def submit(
+        self, client: ModelClient, index: int, retry_for: float = 0.0
+    ) -> GatewayRequest:
+        """Choice `index`; Refused after `retry_for` seconds of retries (for choice 0, before
+        any reply is started: the client's 429 or 503, or the next target's turn)."""
+        return await client.submit(self.spec_of(index), retry_for)
 
 
 async def merged_events(
-    mesh: Mesh, choices: Choices, first: Submitted
+    client: ModelClient, choices: Choices, first: GatewayRequest
 ) -> AsyncIterator[tuple[int, Delta | Finish]]:
     """(choice index, event) from every choice as they come; ends after the last Finish.
     The siblings are submitted once `first` has its first token. A failure in one choice
     ends them all (every submitted choice is cancelled as this generator closes)."""
     if choices.n == 1:
-        async with aclosing(mesh.events(first)) as events:
+        async with aclosing(token_events(client, first)) as events:
             async for event in events:
                 yield 0, event
         return
     queue: asyncio.Queue[tuple[int, Delta | Finish | BaseException]] = asyncio.Queue()
     jobs = [first]
 
-    async def pump(index: int, job: Submitted) -> None:
+    async def pump(index: int, job: GatewayRequest) -> None:
         try:
-            async with aclosing(mesh.events(job)) as events:
+            async with aclosing(token_events(client, job)) as events:
                 async for event in events:
                     await queue.put((index, event))
         except Exception as exc:
@@ -98,11 +99,11 @@ async def merged_events(
             # this is set, or they failed and closing this generator cancels the wait.
             await first.first_token.wait()
             for index in range(1, choices.n):
-                job = await choices.submit(mesh, index, retry_for=mesh.config.stall_timeout)
+                job = await choices.submit(client, index, client.config.stall_timeout)
                 jobs.append(job)
                 tasks.append(asyncio.create_task(pump(index, job)))
-        except ApiError as exc:
-            refused = GenerationFailed(f"choice {index} was refused: {exc}", exc.status)
+        except Refused as exc:
+            refused = GenerationFailed(f"choice {index} was refused: {exc}", Failure.REFUSED, exc)
             await queue.put((index, refused))
         except Exception as exc:
             await queue.put((index, exc))
@@ -123,4 +124,4 @@ async def merged_events(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for job in jobs:  # those whose pump never ran (cancelled before it started)
-            await mesh.abandon(job)
+            await client.abandon(job)

@@ -1,4 +1,8 @@
-"""ApiError: what the client sees, in the OpenAI shape {"error": {message, type, param, code}}."""
+"""ApiError: what the client sees, in the OpenAI shape {"error": {message, type, param, code}}.
+
+`api_error` is the one place where a refusal or a failed generation (refusals.py) becomes
+an HTTP status: the statuses below are what clients (and tests) see.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ import math
 from typing import Any
 
 from aiohttp import web
+
+from services.gateway.refusals import Failure, GenerationFailed, Refused, UpstreamUnavailable
+from shared.protocol import Outcome
 
 TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -15,6 +22,9 @@ TYPE_BY_STATUS = {
     503: "service_unavailable_error",
     504: "timeout_error",
 }
+STATUS_BY_OUTCOME = {Outcome.INVALID: 400, Outcome.BUSY: 429, Outcome.UNAVAILABLE: 503,
+                     Outcome.FAILED: 503}  # fmt: skip
+STATUS_BY_FAILURE = {Failure.LOST: 502, Failure.UNPLACED: 503, Failure.TIMED_OUT: 504}
 
 
 class ApiError(Exception):
@@ -55,3 +65,14 @@ class ApiError(Exception):
 def invalid(message: str, param: str | None = None) -> ApiError:
     """A 400 naming the offending field."""
     return ApiError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def api_error(exc: Refused | GenerationFailed) -> ApiError:
+    """The client's answer to a refusal or a failed generation."""
+    if isinstance(exc, GenerationFailed):
+        refused = exc.refused
+        status = api_error(refused).status if refused else STATUS_BY_FAILURE[exc.failure]
+        return ApiError(status, str(exc), code="generation_failed")
+    if isinstance(exc, UpstreamUnavailable):  # the upstream's own status, passed on
+        return ApiError(exc.status, exc.message, code=exc.code)
+    return ApiError(STATUS_BY_OUTCOME[exc.outcome], exc.message, retry_after=exc.retry_after)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from services.gateway.config import GatewayConfig
-from services.gateway.generation import Mesh
+from services.gateway.model_client import ModelClient
 
 CONFIG = web.AppKey("config", GatewayConfig)
-MESH = web.AppKey("mesh", Mesh)
+CLIENT = web.AppKey("client", ModelClient)  # the gateway's own model (--model-dir)

@@ -42,6 +42,7 @@ from shared.engine.sampling_params import InvalidParameter, SamplingParams
 from shared.models.generation_config import SamplingDefaults
 
 OPENAI_DEFAULTS = SamplingDefaults()  # a model without generation_config.json
+_DEFAULTED = frozenset(f.name for f in dataclasses.fields(SamplingDefaults))
 
 Kind = Literal["chat", "completion"]
 MAX_STOP_STRINGS = 4
@@ -90,6 +91,7 @@ class GenerationRequest:
     prompt_logprobs_listed: bool = False  # prompt_logprobs asked (not only echo's logprobs)
     beam_search: bool = False  # use_beam_search: n beams (beam_search.py)
     length_penalty: float = 1.0
+    unset: frozenset[str] = frozenset()  # sampling fields left out: a model's defaults apply
 
 
 def parse_request(
@@ -190,7 +192,15 @@ def parse_request(
         prompt_logprobs_listed="prompt_logprobs" in body,
         beam_search=beam_search(body, n, tools),
         length_penalty=float_field(body, "length_penalty", 1.0),
+        unset=_DEFAULTED.difference(body),
     )
+
+
+def with_defaults(request: GenerationRequest, defaults: SamplingDefaults) -> GenerationRequest:
+    """`request` with the sampling fields its body left out set to `defaults` (a model's
+    generation_config.json): what `parse_request(kind, body, defaults)` gives."""
+    values = {k: v for k, v in dataclasses.asdict(defaults).items() if k in request.unset}
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, **values))
 
 
 def with_max_tokens(

@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway.errors import ApiError
-from services.gateway.keys import MESH
+from services.gateway.keys import CLIENT
 from shared.protocol import KVPeer, MeshStatus, StatusQuery, WorkerStatus
 from shared.telemetry.metrics import GatewayMetrics
 
@@ -87,10 +87,10 @@ async def _record_history(app: web.Application) -> AsyncIterator[None]:
     app[HISTORY] = history
 
     async def sample() -> None:
-        before = Totals.read(app[MESH].metrics)
+        before = Totals.read(app[CLIENT].metrics)
         while True:
             await asyncio.sleep(SAMPLE_S)
-            now = Totals.read(app[MESH].metrics)
+            now = Totals.read(app[CLIENT].metrics)
             history.append(now.since(before))
             before = now
 
@@ -107,10 +107,10 @@ def _page(name: str) -> Callable[[web.Request], Awaitable[web.FileResponse]]:
 
 
 async def mesh_status(request: web.Request) -> web.Response:
-    mesh = request.app[MESH]
+    client = request.app[CLIENT]
     try:
-        status = await mesh.bus.request(
-            mesh.subjects.status, StatusQuery(), MeshStatus, timeout=STATUS_TIMEOUT_S
+        status = await client.bus.request(
+            client.subjects.status, StatusQuery(), MeshStatus, timeout=STATUS_TIMEOUT_S
         )
     except Exception as exc:
         raise ApiError(503, f"the scheduler did not answer: {exc!r}", retry_after=1) from None
@@ -123,7 +123,7 @@ async def mesh_status(request: web.Request) -> web.Response:
             "rejected": status.rejected,
         },
         "gateway": {
-            "requests_running": Totals.read(mesh.metrics).running,
+            "requests_running": Totals.read(client.metrics).running,
             "sample_seconds": SAMPLE_S,
             "history": list(request.app[HISTORY]),
         },

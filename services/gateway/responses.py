@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.gateway.generation import Delta, Finish, Usage
 from services.gateway.openai_schema import Kind
 from services.gateway.prompt_scores import PromptScoring, echoed_rows, vllm_prompt_logprobs
 from services.gateway.prompting import ModelText
+from services.gateway.token_events import Delta, Finish, Usage
 from services.gateway.tool_stream import ToolCallStream
 from shared.protocol import PromptTokenLogprob, TokenLogprob
 

@@ -23,45 +23,46 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway.choices import merged_events
-from services.gateway.completions import json_body, prepare, tool_stream
-from services.gateway.errors import ApiError
-from services.gateway.generation import Finish, GenerationFailed
-from services.gateway.openai_schema import parse_request
+from services.gateway.completions import own_model, prepare, tool_stream
+from services.gateway.errors import ApiError, api_error
+from services.gateway.refusals import GenerationFailed
+from services.gateway.request_body import RequestBody, json_body
 from services.gateway.responses_input import CHAT_TO_RESPONSES, chat_body
-from services.gateway.routed import serving_mesh
 from services.gateway.sse import SSEWriter
+from services.gateway.token_events import Finish
 from services.gateway.tool_parsers import plain
 from services.gateway.tool_stream import ToolCallStream
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
-    chat = chat_body(body)
+    chat = RequestBody("chat", chat_body(body))
     try:
-        parsed = parse_request("chat", chat, serving_mesh(request).text.sampling_defaults)
+        chat.parsed()
     except ApiError as exc:
         exc.param = CHAT_TO_RESPONSES.get(exc.param or "", exc.param)
         raise
-    mesh, choices = prepare(request, parsed)
+    client = own_model(request, chat)
+    parsed, choices = prepare(client, chat)
     shape = ResponseShape(
         f"resp_{choices.request_id}",
-        mesh.config.served_model_name,
+        client.config.served_model_name,
         body,
-        tool_stream(mesh, parsed) or ToolCallStream(plain),
+        tool_stream(client, parsed) or ToolCallStream(plain),
     )
-    first = await choices.submit(mesh, 0)
+    first = await choices.submit(client, 0)
     try:
         if not parsed.stream:
             text, finish = "", None
             try:
-                async with aclosing(merged_events(mesh, choices, first)) as events:
+                async with aclosing(merged_events(client, choices, first)) as events:
                     async for _, event in events:
                         if isinstance(event, Finish):
                             finish = event
                         else:
                             text += event.text
             except GenerationFailed as exc:
-                raise ApiError(exc.status, str(exc), code="generation_failed") from None
+                raise api_error(exc) from None
             if finish is None:
                 raise ApiError(500, "the token stream ended without a finish")
             shape.advance(text, finish)  # parsed whole: no partial call is ever kept
@@ -71,7 +72,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         try:
             for event in shape.opening():
                 await sse.send(event, event["type"])
-            async with aclosing(merged_events(mesh, choices, first)) as events:
+            async with aclosing(merged_events(client, choices, first)) as events:
                 async for _, event in events:
                     finish = event if isinstance(event, Finish) else None
                     for out in shape.advance("" if finish else event.text, finish):
@@ -81,7 +82,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             await sse.send(failed, failed["type"])
         return await sse.done()
     finally:
-        await mesh.abandon(first)
+        await client.abandon(first)
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ A client's `model` names a model or a route. A route picks its target:
     most that many tokens); the last rule has none.
 The chosen model's fallback chain follows it: its fallbacks in order, each followed by its
 own (depth first), no model twice. The config refuses fallback cycles, so a chain ends.
-The gateway tries the chain in order while a model is unavailable (services/gateway/routed.py).
+The gateway tries the chain in order while a model is unavailable (services/gateway/chain.py).
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway.body_fields import bool_field
-from services.gateway.completions import json_body
 from services.gateway.errors import ApiError, invalid
-from services.gateway.keys import CONFIG, MESH
+from services.gateway.keys import CLIENT, CONFIG
 from services.gateway.messages import CHAT_OPTION_FIELDS, chat_options, parse_messages
+from services.gateway.request_body import json_body
 from services.gateway.tools import TOOL_FIELDS, parse_tools
 
 _COMMON = {"model", "add_special_tokens", "return_token_strs"}
@@ -28,7 +28,7 @@ _PROMPT = _COMMON | {"prompt"}
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    config, text = request.app[CONFIG], request.app[MESH].text
+    config, text = request.app[CONFIG], request.app[CLIENT].text
     body = _dict(await json_body(request))
     chat = "messages" in body
     body = _checked(request, body, _CHAT if chat else _PROMPT)
@@ -54,7 +54,7 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 async def detokenize(request: web.Request) -> web.Response:
-    text = request.app[MESH].text
+    text = request.app[CLIENT].text
     body = _checked(request, await json_body(request), {"model", "tokens"})
     tokens = body.get("tokens")
     if not (

@@ -3,10 +3,11 @@
 The body goes on as the client sent it, with `model` set to the upstream's name for the
 model; the answer comes back with `model` set to the name the client knows it by (JSON, or
 each SSE `data:` chunk). One aiohttp session per gateway. Until the upstream's response
-starts, every failure is `UpstreamUnavailable` (the router falls back): no connection within
-`connect_timeout`, no response headers within `response_timeout`, or an answer of 429 or
-5xx. A 4xx answer is the client's and is passed on as is. Once a stream has started, a
-failure ends it with an error event (no fallback after the first token).
+starts, every failure is `UpstreamUnavailable` (refusals.py; the chain falls back): no
+connection within `connect_timeout`, no response headers within `response_timeout`, an
+answer of 429 or 5xx, or one that is not JSON. A 4xx answer is the client's and is passed
+on as is. Once a stream has started, a failure ends it with an error event (no fallback
+after the first token).
 """
 
 from __future__ import annotations
@@ -19,18 +20,11 @@ import aiohttp
 from aiohttp import web
 
 from services.gateway.errors import ApiError
+from services.gateway.refusals import UpstreamUnavailable
 from services.mesh_config import Upstream
 
 log = logging.getLogger(__name__)
 MAX_ERROR_TEXT = 300  # characters of an upstream's error body kept in our message
-
-
-class UpstreamUnavailable(Exception):
-    """The upstream could not serve the request; `status` is what the client would see."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class UpstreamClient:
@@ -86,7 +80,8 @@ async def _relay_body(response: aiohttp.ClientResponse, served_name: str) -> web
     try:
         data = json.loads(raw)
     except ValueError:
-        raise ApiError(502, "the upstream's answer is not JSON", code="bad_upstream") from None
+        message = "the upstream's answer is not JSON"
+        raise UpstreamUnavailable(message, 502, code="bad_upstream") from None
     if isinstance(data, dict) and "model" in data:
         data["model"] = served_name
     return web.json_response(data, status=response.status)

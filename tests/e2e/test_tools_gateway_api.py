@@ -17,10 +17,10 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from services.gateway.generation import Delta, Finish, Usage
 from services.gateway.prompt_scores import PromptScoring
 from services.gateway.prompting import ModelText
 from services.gateway.responses import ResponseBuilder
+from services.gateway.token_events import Delta, Finish, Usage
 from shared.nats_server import NatsServer
 from shared.protocol import PromptTokenLogprob, TokenLogprob
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)

@@ -8,6 +8,7 @@ one whose tokenizer has fill-in-the-middle tokens, for `suffix`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import threading
@@ -99,6 +100,8 @@ class FakeMesh:
         for i, (ids, finish, error) in enumerate(script):
             if request.request_id in self.cancelled:
                 return
+            if error and request.attempt:
+                continue  # a migrated attempt plays the script without its errors
             chunk = TokenChunk(request.request_id, index, ids, finish_reason=finish, error=error)
             if ids:
                 self.log.append(("token", request.request_id))
@@ -209,6 +212,20 @@ def fim_gw_fixture(
     config = gateway_config(nats_server, model_dir, "gw-fim")
     runner = gw.run(start_gateway(config))
     yield Harness(f"http://127.0.0.1:{config.port}", gw.mesh, gw.loop, ModelText.load(model_dir))
+    gw.run(runner.cleanup())
+
+
+@pytest.fixture(scope="module", name="migrating_gw")
+def migrating_gw_fixture(
+    gw: Harness,
+    nats_server: NatsServer,
+    real_model_dir: Path,  # noqa: F811
+) -> Iterator[Harness]:
+    """A second gateway on the same fake mesh that migrates a failed attempt once."""
+    config = gateway_config(nats_server, real_model_dir, "gw-mig")
+    config = dataclasses.replace(config, migration_limit=1)
+    runner = gw.run(start_gateway(config))
+    yield Harness(f"http://127.0.0.1:{config.port}", gw.mesh, gw.loop, gw.text)
     gw.run(runner.cleanup())
 
 

@@ -25,6 +25,7 @@ from tests.integration.gateway_harness import (
     Harness,
     gw_fixture,  # noqa: F401  (fixtures)
     http,
+    migrating_gw_fixture,  # noqa: F401  (fixtures)
 )
 from tests.integration.test_observability import metric, scrape
 
@@ -99,6 +100,21 @@ def test_stall_and_worker_error(gw: Harness) -> None:
     stream = gw.client().completions.create(model=MODEL, prompt="x", stream=True)
     with pytest.raises(openai.APIError, match="out of memory"):
         list(stream)
+
+
+def test_a_failed_attempt_migrates_with_the_tokens_delivered(migrating_gw: Harness) -> None:
+    gw = migrating_gw
+    ids = gw.reply_script()
+    first_chunk, *rest = gw.mesh.script
+    gw.mesh.script = [first_chunk, ([], None, "decode worker lost"), *rest]
+    reply = gw.client().chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert reply.choices[0].message.content == REPLY
+    assert reply.usage.completion_tokens == len(ids)  # no token twice, none missing
+    first, migrated = gw.mesh.submitted[-2:]
+    assert (migrated.request_id, migrated.attempt) == (f"{first.request_id}~1", 1)
+    assert migrated.delivered_token_ids == first_chunk[0]
+    assert migrated.deadline == first.deadline and migrated.sampling == first.sampling
+    assert gw.wait_cancelled(first.request_id)  # the failed attempt frees its blocks
 
 
 def test_bad_requests_name_the_field(gw: Harness) -> None:
