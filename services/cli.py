@@ -44,14 +44,14 @@ def _generate(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from loadtest import bench_cli
-    from services import launcher
+    from services import launch_cli
     from services.gateway import cli as gateway_cli
     from services.scheduler import cli as scheduler_cli
     from services.worker import cli as worker_cli
 
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    launcher.add_parser(commands)
+    launch_cli.add_parser(commands)
     gateway_cli.add_parser(commands)
     scheduler_cli.add_parser(commands)
     worker_cli.add_parser(commands)

@@ -37,6 +37,7 @@ class ChildSpec:
     name: str  # unique, shown in logs
     role: str  # "scheduler" | "worker" | "gateway": decides the shutdown order
     argv: tuple[str, ...]
+    metrics_port: int | None = None  # its --metrics-port, listed at start; None: not given
 
 
 class Child:

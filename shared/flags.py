@@ -1,8 +1,9 @@
 """Command-line flags generated from a dataclass, so each setting is declared once.
 
-A field opts in with `flag(...)`: its default, help text, choices, and a flag name when it
-is not `--<field-name>`. `add_flags` turns each such field into an argparse flag whose
-default is `SPLITSERVE_<FIELD>` when that is set, `build` makes the dataclass back from the
+A field opts in with `flag(...)`: its default, help text, choices, a flag name when it is
+not `--<field-name>`, and its environment variable when that is not `SPLITSERVE_<FIELD>`
+(or None: the flag has none). `add_flags` turns each such field into an argparse flag whose
+default is the variable's value when that is set, `build` makes the dataclass back from the
 parsed namespace, and `changed_argv` writes the values that differ from their defaults as
 the arguments of a child process (how `splitserve up` configures its services).
 
@@ -15,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-
-from shared.config import env
 
 T = TypeVar("T")
 _KEY = "splitserve.flag"
@@ -40,6 +40,7 @@ class Flag:
     # such as "" for a name that defaults to the model directory's. Used when `has_unset`.
     unset: object = None
     has_unset: bool = False
+    variable: str | None = ""  # the environment variable; "": SPLITSERVE_<FIELD>; None: none
 
     def option(self, field_name: str) -> str:
         return self.name or "--" + field_name.replace("_", "-")
@@ -52,9 +53,10 @@ def flag(
     choices: tuple[str, ...] | None = None,
     name: str = "",
     unset: object = MISSING,
+    variable: str | None = "",
 ) -> Any:
     """A dataclass field that is also a command-line flag (and a `SPLITSERVE_*` variable)."""
-    spec = Flag(help, choices, name, unset, has_unset=unset is not MISSING)
+    spec = Flag(help, choices, name, unset, unset is not MISSING, variable)
     return dataclasses.field(default=default, metadata={_KEY: spec})
 
 
@@ -72,8 +74,17 @@ class Setting:
         return self.spec.option(self.name)
 
     @property
-    def variable(self) -> str:
-        return f"SPLITSERVE_{self.name.upper()}"
+    def variable(self) -> str | None:
+        if self.spec.variable == "":
+            return f"SPLITSERVE_{self.name.upper()}"
+        return self.spec.variable
+
+    @property
+    def env_default(self) -> object:
+        """The flag's default: its variable's value when that is set, else the field's."""
+        if self.variable is None:
+            return self.default
+        return env(self.variable, self.default, self.parse)
 
     def parse(self, raw: str) -> object:
         """A variable's text as a value of the field; ValueError saying why not."""
@@ -114,8 +125,9 @@ def add_flags(
 ) -> None:
     """One flag per flagged field of `cls`, defaulting to its `SPLITSERVE_*` variable."""
     for setting in settings(cls, skip):
-        default = env(setting.name, setting.default, setting.parse)
-        help_text = f"{setting.spec.help} [{setting.variable}]"
+        default = setting.env_default
+        variable = f" [{setting.variable}]" if setting.variable else ""
+        help_text = setting.spec.help + variable
         options: dict[str, Any] = {"dest": setting.name, "help": help_text}
         if default is MISSING:
             options["required"] = True
@@ -150,7 +162,7 @@ def changed_argv(
         if not hasattr(args, setting.name):
             continue
         value = getattr(args, setting.name)
-        if value is None or value == env(setting.name, setting.default, setting.parse):
+        if value is None or value == setting.env_default:
             continue
         if setting.kind is bool:
             argv.append(setting.option if value else "--no-" + setting.option[2:])
@@ -160,6 +172,18 @@ def changed_argv(
             value = value.resolve() if isinstance(value, Path) else value
             argv += [setting.option, str(value)]
     return tuple(argv)
+
+
+def env(variable: str, default: T, parse: Callable[[str], T] = str) -> T:
+    """Environment variable `variable` parsed, or `default` when it is unset or empty; a
+    value that does not parse exits naming the variable."""
+    raw = os.environ.get(variable)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise SystemExit(f"{variable}={raw!r}: {exc}") from None
 
 
 def _kind(hint: object) -> type:

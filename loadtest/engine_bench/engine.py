@@ -120,7 +120,7 @@ def run_engine_bench(cfg: BenchConfig) -> None:
     backend = resolve_backend(cfg.attention_backend, config.torch_device)
     invariant = "on" if batch_invariant.resolve(config) else "off"
     print(
-        f"model {model_dir} {config.dtype}, torch threads {torch.get_num_threads()}, "
+        f"model {model_dir} {engine.config.dtype}, torch threads {torch.get_num_threads()}, "
         f"attention {backend}, batch-invariant matmuls {invariant}"
     )
     print(f"workload: {cfg.num_requests} requests x {cfg.input_len} prompt -> {cfg.output_len}")

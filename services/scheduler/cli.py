@@ -22,9 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> None:
     config = SchedulerConfig.from_args(args)
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = config.common.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(serve(config))
 
 
@@ -39,14 +38,18 @@ class SchedulerProcess:
     async def start(self) -> None:
         config = self.config
         self.bus = await Bus.connect(
-            config.nats_url, "scheduler", on_reconnect=self._reconnected, auth=config.nats_auth
+            config.common.nats_url,
+            "scheduler",
+            on_reconnect=self._reconnected,
+            auth=config.common.nats_auth,
         )
         self.service = SchedulerService(config, self.bus)
         self.service.metrics.registry.register(self.bus.rejections.counter)
         port = serve_metrics(self.service.metrics.registry, config.metrics_port)
         print(f"scheduler metrics on port {port}", flush=True)
         await self.service.start()
-        log.info("scheduler ready on %s (namespace %s)", config.nats_url, config.namespace)
+        common = config.common
+        log.info("scheduler ready on %s (namespace %s)", common.nats_url, common.namespace)
 
     async def shutdown(self) -> None:
         log.info("scheduler stopping")

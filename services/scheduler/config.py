@@ -1,25 +1,24 @@
 """The scheduler's settings: one frozen dataclass filled from CLI flags (`SPLITSERVE_*` env).
 
-The fields declared with `flag(...)` are the scheduler's own flags (`shared/flags.py`).
+The fields declared with `flag(...)` are the scheduler's own flags (`shared/flags.py`); the
+settings every service shares are `common`. `block_size` is declared once, with the engine's
+(`block_size_flag`): `up` passes one `--block-size` to the workers and the scheduler.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
+from shared.engine.engine_config import block_size_flag, check_block_size
 from shared.flags import add_flags, build, flag
-from shared.nats_options import NatsAuth
-from shared.subjects import DEFAULT_NAMESPACE
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    nats_url: str = "nats://127.0.0.1:4222"  # or a cluster's URLs, comma-separated
-    nats_auth: NatsAuth | None = None  # the scheduler role's credentials and TLS; None: none
-    namespace: str = DEFAULT_NAMESPACE
-    log_level: str = "INFO"
+    # NATS URL, credentials (the scheduler role's), namespace, log level, trace export
+    common: CommonConfig = field(default_factory=CommonConfig)
     max_queue: int = flag(
         256,
         help="requests being placed or waiting for room; beyond this, submits are refused "
@@ -29,7 +28,7 @@ class SchedulerConfig:
         16,
         help="a prompt with at most this many tokens uncached on its decode worker skips prefill",
     )
-    block_size: int = flag(16, help="tokens per KV block (the workers' must match)")
+    block_size: int = block_size_flag()
     model_id: str = ""  # block-hash model id until a worker's heartbeat names its model
     # Seconds for each Reserve / PrefillTask / DecodeTask reply. Workers answer at once (not
     # after an engine step), so running out of it means a lost or wedged worker.
@@ -50,14 +49,12 @@ class SchedulerConfig:
     )
     sweep_interval: float = 0.5  # expiry, request deadlines; waiters retry at least this often
     retry_after: float = 1.0  # what a refusal for load or missing workers advises
-    otlp_endpoint: str = ""  # traces over OTLP/HTTP; "": off
     metrics_port: int = 0  # Prometheus /metrics; 0: a free port
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        check_block_size(self.block_size)
         if self.local_prefill_tokens < 0:
             raise ValueError(f"local_prefill_tokens must be >= 0, got {self.local_prefill_tokens}")
         timeouts = ("reserve_timeout", "heartbeat_timeout", "queue_timeout", "sweep_interval")
@@ -68,16 +65,7 @@ class SchedulerConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SchedulerConfig:
         common = CommonConfig.from_args(args)
-        return build(
-            cls,
-            args,
-            nats_url=common.nats_url,
-            nats_auth=common.nats_auth,
-            namespace=common.namespace,
-            log_level=common.log_level,
-            otlp_endpoint=common.otlp_endpoint,
-            metrics_port=args.metrics_port,
-        )
+        return build(cls, args, common=common, metrics_port=args.metrics_port)
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:

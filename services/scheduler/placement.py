@@ -91,7 +91,7 @@ class Placer:
         self.registry = registry
         self.clock = clock
         self.is_cancelled = is_cancelled
-        self.subjects = Subjects(config.namespace)
+        self.subjects = Subjects(config.common.namespace)
         # Requests to workers in flight (worker id -> their tasks): cancelled when the worker
         # is lost, so a placement moves on without waiting out `reserve_timeout`.
         self.asking: dict[str, set[asyncio.Task[object]]] = {}

@@ -64,12 +64,12 @@ class SchedulerService:
         self.config = config
         self.bus = bus
         self.clock = clock
-        self.subjects = Subjects(config.namespace)
+        self.subjects = Subjects(config.common.namespace)
         self.registry = Registry(config.heartbeat_timeout)
         self.placing: dict[str, int] = {}  # model -> submits being placed or waiting now
         self.admitted = 0
         self.rejected = 0
-        self.tracing = setup_tracing("scheduler", config.otlp_endpoint)
+        self.tracing = setup_tracing("scheduler", config.common.otlp_endpoint)
         self.metrics = SchedulerMetrics()
         self.lines = ModelLines()
         self._sweeper: asyncio.Task[None] | None = None

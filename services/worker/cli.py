@@ -48,7 +48,6 @@ def engine_argv(args: argparse.Namespace, skip: Sequence[str] = ("model_dir",)) 
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
-    common = CommonConfig.from_args(args)
     model_name = args.model_name or args.model_dir.resolve().name
     return build(
         WorkerConfig,
@@ -56,10 +55,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         worker_id=args.worker_id or f"{args.role}-{secrets.token_hex(3)}",
         model_name=model_name,
         engine=build(EngineConfig, args),
-        nats_url=common.nats_url,
-        nats_auth=common.nats_auth,
-        namespace=common.namespace,
-        otlp_endpoint=common.otlp_endpoint,
+        common=CommonConfig.from_args(args),
         metrics_port=args.metrics_port,
     )
 

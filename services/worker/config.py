@@ -1,18 +1,19 @@
 """`WorkerConfig`: every setting of one worker process, checked at construction.
 
 The engine's settings are one nested `EngineConfig` (`engine`); `engine_config()` is what
-this worker's role runs. The fields declared with `flag(...)` are the worker's own flags
-(`shared/flags.py`); the engine's are declared in `EngineConfig`.
+this worker's role runs. The settings every service shares are another (`common`). The
+fields declared with `flag(...)` are the worker's own flags (`shared/flags.py`); the
+engine's are declared in `EngineConfig`, the shared ones in `CommonConfig`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from shared.config import CommonConfig
 from shared.engine.engine_config import EngineConfig
 from shared.flags import flag
-from shared.nats_options import NatsAuth
 from shared.protocol import ROLES
 
 KV_TRANSPORTS = ("auto", "nixl", "nats")
@@ -51,9 +52,8 @@ class WorkerConfig:
         "~/.cache/vllm); --no-vllm-compile runs it eagerly and starts in seconds",
     )
     engine: EngineConfig  # the model and every engine setting
-    nats_url: str = "nats://127.0.0.1:4222"  # or a cluster's URLs, comma-separated
-    nats_auth: NatsAuth | None = None  # the worker role's credentials and TLS; None: none
-    namespace: str = "ss"
+    # NATS URL, credentials (the worker role's), namespace, log level, trace export
+    common: CommonConfig = field(default_factory=CommonConfig)
     heartbeat_interval: float = 1.0  # seconds between heartbeats (and KV event checks)
     transfer_timeout: float = 30.0  # seconds one KV transfer may take at most
     # A decode reservation waits this long for its first KV chunk (the prefill may queue),
@@ -62,7 +62,6 @@ class WorkerConfig:
     kv_window: int = 4  # KV chunks in flight, unacknowledged
     kv_headroom: int = 64 * 1024  # bytes left under max_payload for a chunk's other fields
     grace_period: float = 30.0  # seconds in-flight work may take after SIGTERM
-    otlp_endpoint: str = ""  # traces over OTLP/HTTP; "": off
     metrics_port: int | None = None  # Prometheus /metrics; 0: a free port; None: not served
 
     def __post_init__(self) -> None:

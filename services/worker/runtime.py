@@ -101,9 +101,10 @@ class Worker:
             layout,
             config.kv_transport,
         )
-        bus = await Bus.connect(config.nats_url, f"worker-{wid}", auth=config.nats_auth)
+        common = config.common
+        bus = await Bus.connect(common.nats_url, f"worker-{wid}", auth=common.nats_auth)
         self.telemetry.metrics.registry.register(bus.rejections.counter)
-        subjects = Subjects(config.namespace)
+        subjects = Subjects(common.namespace)
         self.ctx = ctx = WorkerContext(
             config,
             bus,

@@ -45,7 +45,9 @@ class WorkerTelemetry:
     def __post_init__(self) -> None:
         role = self.config.role
         service = "worker" if role == "both" else role
-        self.tracing = setup_tracing(service, self.config.otlp_endpoint, self.config.worker_id)
+        self.tracing = setup_tracing(
+            service, self.config.common.otlp_endpoint, self.config.worker_id
+        )
         self.metrics = WorkerMetrics(role, self.config.model_name)
         self._sampled = self.metrics.generation_tokens.labels(role)
 

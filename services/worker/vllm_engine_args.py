@@ -16,13 +16,14 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 
 from services.worker.config import WorkerConfig
 from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
+from shared.engine.resolve import resolve
 from shared.ports import free_port
 
 GIB = 1 << 30
 
 
 def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineArgs:
-    engine = config.engine_config()
+    engine = resolve(config.engine_config())
     connector = KVTransferConfig(
         kv_connector="NixlConnector",
         kv_role="kv_both",

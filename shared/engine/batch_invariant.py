@@ -38,7 +38,8 @@ def resolve(config: EngineConfig) -> bool:
     """config.batch_invariant → on or off. None (auto): on when the C++ kernels are built,
     the weights are float or w8a8 (the VNNI kernel) and attention resolves to `cpu` (so
     never on CUDA). True without the kernels raises (EngineConfig itself refuses True with
-    int4, another attention backend or a CUDA device)."""
+    int4, another attention backend or a CUDA device). resolve.py calls it when an engine is
+    built; EngineConfig never does."""
     built = native.load() is not None
     w8a8 = config.quantization == "w8a8" and built and int8_dot_product()
     if config.batch_invariant is None:
@@ -53,15 +54,6 @@ def resolve(config: EngineConfig) -> bool:
     if config.batch_invariant and config.quantization == "w8a8" and not w8a8:
         raise RuntimeError("w8a8 needs the AVX512-VNNI kernel (not on this CPU)")
     return config.batch_invariant
-
-
-def packs_matmuls(config: EngineConfig) -> bool:
-    """Whether our kernels run the matmuls: `resolve` with a setting it refuses as off (what
-    `--dtype auto` asks while the config is being made; the refusal comes later)."""
-    try:
-        return resolve(config)
-    except RuntimeError:
-        return False
 
 
 def pack_weights(weights: ModelWeights, silu_mlp: bool = False) -> ModelWeights:

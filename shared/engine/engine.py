@@ -29,6 +29,7 @@ from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner
 from shared.engine.outputs import RequestOutput
 from shared.engine.request_check import RequestChecker
+from shared.engine.resolve import resolve
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import BatchScheduler
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -43,6 +44,7 @@ from shared.engine.structured_output import GrammarCompilers
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        config = resolve(config)  # auto device, batch_invariant and dtype: this machine's
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.config = config

@@ -2,16 +2,21 @@
 
 Each field that a worker takes from its command line declares its flag here, once
 (`shared/flags.py`): `splitserve worker`, `splitserve up` and the `SPLITSERVE_*` variables
-of compose and Kubernetes all come from these declarations. Importing this module does not
-import torch (the launcher and flag parsing never do): dtypes stay names until
-`torch_dtype`, and devices resolve in `resolve_device`, both importing torch when called.
+of compose and Kubernetes all come from these declarations; `block_size_flag` is also the
+scheduler's (it hashes blocks with the workers' size).
+
+The subtle rule: an `EngineConfig` is pure. Making one never imports torch, probes the
+hardware or builds kernels; its checks read only its own fields. `auto` (device, dtype,
+batch_invariant) stays `auto` until the engine is built: shared/engine/resolve.py turns the
+config into one for this machine. `torch_dtype` and `torch_device` import torch when read.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shared.flags import flag
 
@@ -24,6 +29,18 @@ SPECULATIVE_METHODS = ("ngram", "draft")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_TOKEN_BUDGET = 256  # the native engine's default step budget (max_num_batched_tokens)
 GPU_TOKEN_BUDGET = 2048
+DEFAULT_BLOCK_SIZE = 16
+_DEVICE = re.compile(r"auto|(cpu|cuda)(:\d+)?")
+
+
+def block_size_flag() -> Any:
+    """The `--block-size` field, one declaration for the engine and the scheduler."""
+    return flag(DEFAULT_BLOCK_SIZE, help="tokens per KV block (workers and scheduler: one size)")
+
+
+def check_block_size(block_size: int) -> None:
+    if block_size <= 0 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two, not {block_size}")
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,7 +60,7 @@ class EngineConfig:
     # Where weights, KV cache and step tensors live: auto (cuda when torch sees a CUDA
     # device, else cpu) | cpu | cuda | cuda:N. On CUDA, attention auto resolves to triton.
     device: str = flag("auto", help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda[:N]")
-    block_size: int = flag(16, help="tokens per KV block (the scheduler's must match)")
+    block_size: int = block_size_flag()
     kv_cache_gib: float = flag(2.0, help="GiB for the paged KV cache; sets the block count")
     num_kv_blocks: int | None = flag(None, help="KV blocks; overrides --kv-cache-gib")
     # Unset: the engine's own budget (token_budget). The native engine takes 256 on a CPU:
@@ -91,29 +108,23 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.dtype == "auto":  # resolved once: workers and KV layouts see a real name
-            from shared.engine import batch_invariant
-            from shared.engine.model_config import auto_dtype
-
-            kernel_matmuls = batch_invariant.packs_matmuls(self)
-            device_type = self.torch_device.type
-            dtype = auto_dtype(self.model_dir, device_type, self.quantization, kernel_matmuls)
-            object.__setattr__(self, "dtype", dtype)
-        if self.dtype not in DTYPE_NAMES:
+        if self.dtype not in ("auto", *DTYPE_NAMES):
             raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, not {self.dtype!r}")
-        device = self.torch_device  # raises ValueError for a device that is not there
-        if device.type == "cuda" and self.attention_backend == "cpu":
+        if not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        cuda = self.device.startswith("cuda")
+        if cuda and self.attention_backend == "cpu":
             raise ValueError("the cpu attention backend reads CPU memory: not with device cuda")
-        if device.type == "cuda" and (self.quantization or self.batch_invariant):
+        if cuda and (self.quantization or self.batch_invariant):
             raise ValueError(
                 "quantization and batch_invariant run CPU kernels: not with device cuda"
             )
-        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, not {self.block_size}")
+        check_block_size(self.block_size)
         budget = self.max_num_batched_tokens
         if self.max_num_seqs < 1 or (budget is not None and budget < 1):
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
-        if self.token_budget < self.max_num_seqs:
+        known_budget = budget is not None or self.device != "auto"
+        if known_budget and self.token_budget < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be positive")
@@ -147,10 +158,11 @@ class EngineConfig:
 
     @property
     def token_budget(self) -> int:
-        """The native engine's step budget: `max_num_batched_tokens`, or its default."""
+        """The native engine's step budget: `max_num_batched_tokens`, or its default for the
+        device (a resolved config's: `auto` counts as the CPU)."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
-        return GPU_TOKEN_BUDGET if self.torch_device.type == "cuda" else CPU_TOKEN_BUDGET
+        return GPU_TOKEN_BUDGET if self.device.startswith("cuda") else CPU_TOKEN_BUDGET
 
 
 def torch_dtypes() -> dict[str, torch.dtype]:

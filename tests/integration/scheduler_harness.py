@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.service import SchedulerService
 from shared.bus import Bus, Headers
+from shared.config import CommonConfig
 from shared.engine.block_hash import hash_full_blocks
 from shared.engine.sampling_params import SamplingParams
 from shared.protocol import (
@@ -117,9 +118,10 @@ async def mesh(
     """A scheduler and the fake workers on `namespace`; yields a client bus once the
     scheduler has heard from every worker."""
     subjects = Subjects(namespace)
-    settings = dict(namespace=namespace, heartbeat_timeout=1.0, sweep_interval=0.1) | config
+    settings = dict(heartbeat_timeout=1.0, sweep_interval=0.1) | config
     sched_bus = await Bus.connect(url, "scheduler")
-    service = SchedulerService(SchedulerConfig(nats_url=url, **settings), sched_bus)
+    common = CommonConfig(url, namespace)
+    service = SchedulerService(SchedulerConfig(common=common, **settings), sched_bus)
     await service.start()
     worker_bus = await Bus.connect(url, "workers")
     client = await Bus.connect(url, "client")

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from services import launcher
+from services import launch_cli, launcher
 from services.cli import build_parser
-from services.launcher import ChildSpec, LauncherConfig, child_specs, run_mesh
-from services.supervisor import MeshDown, Supervisor
+from services.launch_plan import LauncherConfig, child_specs
+from services.launcher import metrics_ports, run_mesh
+from services.supervisor import ChildSpec, MeshDown, Supervisor
 from services.worker import cli as worker_cli
 from services.worker.cli import engine_argv
 from shared.ports import free_port
@@ -183,7 +184,7 @@ def test_command_table():
     config = LauncherConfig(
         home=Path("/h"), model_dir=Path("/m"), prefill=2, decode=1, metrics_port=9100
     )
-    specs = child_specs(config, "nats://x:1")
+    specs = child_specs(config, "nats://x:1", metrics_ports(config))
     assert [s.name for s in specs] == [
         "scheduler",
         "worker prefill-0",
@@ -206,7 +207,11 @@ def test_command_table():
         "--model-dir",
     )
     aggregated = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), prefill=3, aggregated=True)
-    roles = [s.argv[5] for s in child_specs(aggregated, "u") if s.role == "worker"]
+    roles = [
+        s.argv[5]
+        for s in child_specs(aggregated, "u", metrics_ports(aggregated))
+        if s.role == "worker"
+    ]
     assert roles == ["both", "both", "both"]
 
 
@@ -214,12 +219,14 @@ def test_engine_flags_of_up_reach_every_worker_and_parse_there():
     """`splitserve up --quantization int8 --speculative ngram ...` hands the engine flags
     that differ from their defaults to each worker, whose own parser takes them."""
     parser = argparse.ArgumentParser()
-    launcher.add_parser(parser.add_subparsers())
+    launch_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(
         ["up", "--quantization", "int8", "--speculative", "ngram", "--no-batch-invariant"]
     )
     config = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), worker_args=engine_argv(args))
-    workers = [s for s in child_specs(config, "nats://x:1") if s.role == "worker"]
+    workers = [
+        s for s in child_specs(config, "nats://x:1", metrics_ports(config)) if s.role == "worker"
+    ]
     assert len(workers) == 2
     worker_parser = argparse.ArgumentParser()
     worker_cli.add_arguments(worker_parser)
@@ -234,7 +241,8 @@ def up_children(argv: list[str]) -> dict[str, argparse.Namespace]:
     """Each child of `splitserve up ARGV` (model dir /m), parsed by the real `splitserve`:
     a flag forwarded to a service that lacks it would fail here."""
     args = build_parser().parse_args(["up", "--model-dir", "/m", *argv])
-    specs = child_specs(launcher.config_from_args(args, Path("/h")), "nats://x:1")
+    config = launch_cli.config_from_args(args, Path("/h"))
+    specs = child_specs(config, "nats://x:1", metrics_ports(config))
     return {spec.name: build_parser().parse_args(spec.argv[3:]) for spec in specs}
 
 

@@ -17,7 +17,10 @@ import nats
 import pytest
 
 from services.cli import build_parser
-from services.launcher import ChildSpec, LauncherConfig, child_specs, config_from_args, run_mesh
+from services.launch_cli import config_from_args
+from services.launch_plan import LauncherConfig, child_specs
+from services.launcher import metrics_ports, run_mesh
+from services.supervisor import ChildSpec
 from shared.nats_auth import MeshCredentials, service_role, start_mesh_nats
 from shared.nats_options import connect_options
 from shared.subjects import Subjects
@@ -245,7 +248,8 @@ def test_up_with_an_external_server_passes_its_credentials_and_tls_to_every_serv
     argv = ["up", "--nats", "nats://a:4222,nats://b:4222", "--nats-user", "mesh"]
     argv += ["--nats-password-file", str(tmp_path / "pw"), "--nats-tls-ca", str(tmp_path / "ca")]
     config = config_from_args(build_parser().parse_args(argv), tmp_path)
-    specs = child_specs(replace(config, model_dir=tmp_path), config.nats_url)
+    config = replace(config, model_dir=tmp_path)
+    specs = child_specs(config, config.nats_url, metrics_ports(config))
     assert len(specs) == 4  # scheduler, prefill, decode, gateway
     for spec in specs:
         line = " ".join(spec.argv)

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.worker.config import WorkerConfig
 from services.worker.runtime import Worker
 from shared.bus import Bus
+from shared.config import CommonConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams
@@ -56,8 +57,7 @@ def worker_config(url: str, namespace: str, role: str, model_dir: Path) -> Worke
         role=role,
         model_name="tiny",
         engine=engine,
-        nats_url=url,
-        namespace=namespace,
+        common=CommonConfig(url, namespace),
         heartbeat_interval=0.1,
         transfer_timeout=10.0,
         grace_period=2.0,

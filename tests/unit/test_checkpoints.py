@@ -13,6 +13,7 @@ import torch
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model_config import UnsupportedArchitecture, auto_dtype
+from shared.engine.resolve import resolve
 from shared.engine.sampling_params import SamplingParams
 from tests.conftest import write_tiny_model
 from tests.engine_harness import LogitsRecorder, hf_greedy, hf_logits, run_to_completion
@@ -133,7 +134,7 @@ def test_dtype_auto_on_an_avx2_cpu_is_float32_where_torch_runs_the_matmuls(tmp_p
     model_dir = write_tiny_model(tmp_path / "m", torch_dtype="bfloat16")
 
     def dtype(**settings) -> str:
-        return EngineConfig(model_dir=model_dir, device="cpu", **settings).dtype
+        return resolve(EngineConfig(model_dir=model_dir, device="cpu", **settings)).dtype
 
     assert dtype() == "bfloat16"  # the C++ kernels (cpu attention, batch-invariant)
     assert dtype(batch_invariant=True) == "bfloat16"
@@ -148,7 +149,8 @@ def test_engine_config_resolves_dtype_auto_once(tmp_path):
 
     model_dir = write_tiny_model(tmp_path / "m", torch_dtype="bfloat16")
     expected = "bfloat16" if cpu_runs_bf16() else "float32"
-    assert EngineConfig(model_dir=model_dir, dtype="auto", device="cpu").dtype == expected
+    config = EngineConfig(model_dir=model_dir, dtype="auto", device="cpu")
+    assert (config.dtype, resolve(config).dtype) == ("auto", expected)
 
 
 def test_up_refuses_an_unserved_architecture_before_starting_anything(tmp_path):

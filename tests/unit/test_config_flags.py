@@ -14,10 +14,14 @@ from pathlib import Path
 import pytest
 
 from services.cli import build_parser
+from services.gateway.config import GatewayConfig
+from services.scheduler.config import SchedulerConfig
 from services.worker import cli as worker_cli
 from services.worker.config import WorkerConfig
+from shared.config import CommonConfig
 from shared.engine.engine_config import EngineConfig
 from shared.flags import flag_names, settings
+from shared.nats_options import NatsAuth
 
 # A value other than the default for each engine flag (model_dir: the worker's --model-dir).
 CHANGED = {
@@ -132,7 +136,13 @@ def test_the_step_budget_is_the_engines_own_unless_given():
 
 @pytest.mark.parametrize(
     "module",
-    ["shared.engine.engine_config", "services.worker.cli", "services.launcher", "services.cli"],
+    [
+        "shared.engine.engine_config",
+        "services.worker.cli",
+        "services.launcher",
+        "services.launch_cli",
+        "services.cli",
+    ],
 )
 def test_flag_parsing_does_not_import_torch(module):
     code = (
@@ -143,6 +153,39 @@ def test_flag_parsing_does_not_import_torch(module):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode() or "torch was imported"
+
+
+def test_building_the_configs_imports_no_torch_and_leaves_auto_as_auto():
+    """A worker's config is made (and checked) without torch, the hardware or the C++
+    kernels: `auto` is answered when the engine is built (shared/engine/resolve.py)."""
+    code = (
+        "import sys\n"
+        "from services.cli import build_parser\n"
+        "from services.worker.cli import config_from_args\n"
+        "from services.scheduler.config import SchedulerConfig\n"
+        "args = build_parser().parse_args(['worker', '--model-dir', '/none', '--device', 'cuda'])\n"
+        "engine = config_from_args(args).engine\n"
+        "assert (engine.dtype, engine.device, engine.batch_invariant) == ('auto', 'cuda', None)\n"
+        "SchedulerConfig.from_args(build_parser().parse_args(['scheduler']))\n"
+        "sys.exit(sorted({'torch', 'shared.engine.native'} & set(sys.modules)) or 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
+
+
+def test_the_common_flags_build_one_config_nested_in_every_service(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318")
+    monkeypatch.setenv("SPLITSERVE_NAMESPACE", "blue")
+    common = ["--nats", "nats://a:1", "--nats-user", "u", "--log-level", "DEBUG"]
+    worker = build_parser().parse_args(["worker", "--model-dir", "/m", *common])
+    scheduler = build_parser().parse_args(["scheduler", *common])
+    gateway = build_parser().parse_args(["gateway", "--model-dir", "/m", "--max-model-len", "64"])
+    expected = CommonConfig("nats://a:1", "blue", "DEBUG", "http://otel:4318", NatsAuth("u"))
+    assert worker_cli.config_from_args(worker).common == expected
+    assert SchedulerConfig.from_args(scheduler).common == expected
+    assert GatewayConfig.from_args(gateway).common == CommonConfig(
+        "nats://127.0.0.1:4222", "blue", "INFO", "http://otel:4318", NatsAuth()
+    )
 
 
 def test_a_list_setting_reads_commas_and_repeats_and_a_flag_replaces_its_variable(monkeypatch):

@@ -1,4 +1,5 @@
-"""EngineConfig.device: what auto picks, the clear error when CUDA is asked for but absent,
+"""EngineConfig.device: what auto picks, the clear error (when the engine's config resolves:
+shared/engine/resolve.py) when CUDA is asked for but absent,
 what a CUDA device implies for attention and batch invariance (with torch told it has
 GPUs), the worker's --device flag, and `bench gpu` without a GPU. (In unit tests an
 EngineConfig's auto is the CPU, tests/unit/conftest.py; auto itself is resolve_device's.)"""
@@ -17,6 +18,7 @@ from shared.engine import batch_invariant
 from shared.engine.attention import resolve_backend
 from shared.engine.engine_config import EngineConfig, resolve_device
 from shared.engine.model_config import cpu_runs_bf16
+from shared.engine.resolve import resolve
 
 MODEL = Path("/models/m")  # never read: with a named dtype (auto on a GPU reads config.json)
 
@@ -39,8 +41,9 @@ def test_auto_is_the_cpu_without_cuda_and_cuda_is_refused_clearly():
     assert resolve_device("auto") == torch.device("cpu")
     assert EngineConfig(model_dir=MODEL, device="cpu").torch_device == torch.device("cpu")
     for name in ("cuda", "cuda:0"):
+        config = EngineConfig(model_dir=MODEL, device=name)  # pure: nothing probed yet
         with pytest.raises(ValueError, match=f"device '{name}' asked for, but torch sees no CUDA"):
-            EngineConfig(model_dir=MODEL, device=name)
+            resolve(config)
 
 
 @pytest.mark.parametrize("name", ["gpu", "mps", "meta", ""])
@@ -57,7 +60,7 @@ def test_cuda_resolves_to_a_named_device_that_exists():
         config = EngineConfig(model_dir=MODEL, dtype="float32", device=device)
         assert config.torch_device == torch.device("cuda", index)
     with pytest.raises(ValueError, match="torch sees 2 CUDA device"):
-        EngineConfig(model_dir=MODEL, dtype="float32", device="cuda:2")
+        resolve(EngineConfig(model_dir=MODEL, dtype="float32", device="cuda:2"))
 
 
 @pytest.mark.usefixtures("two_gpus")
@@ -83,7 +86,7 @@ def test_the_worker_device_and_dtype_flags_reach_the_engine_config():
     assert worker_cli.engine_argv(args) == tuple(flags)  # what `up` forwards to each worker
     default = worker_cli.config_from_args(parser.parse_args(["--model-dir", "/m"]))
     auto = "bfloat16" if cpu_runs_bf16() else "float32"  # --dtype auto, on this CPU
-    assert (default.engine.device, default.engine.dtype) == ("auto", auto)
+    assert (default.engine.device, resolve(default.engine).dtype) == ("auto", auto)
 
 
 @pytest.mark.usefixtures("no_cuda")

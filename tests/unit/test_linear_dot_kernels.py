@@ -117,9 +117,10 @@ def test_rows_do_not_depend_on_the_thread_count(kind):
 def test_the_start_up_log_names_the_path_each_setting_takes(tmp_path):
     from shared.engine import batch_invariant
     from shared.engine.engine_config import EngineConfig
+    from shared.engine.resolve import resolve
 
     def path(**settings) -> str:
-        config = EngineConfig(model_dir=tmp_path, **settings)
+        config = resolve(EngineConfig(model_dir=tmp_path, **settings))
         packed = not config.quantization and batch_invariant.resolve(config)
         return batch_invariant.describe_matmuls(config, packed)
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.launcher import LauncherConfig, child_specs
+from services.launch_plan import LauncherConfig, child_specs
+from services.launcher import metrics_ports
 from services.mesh_config import load_mesh_config
 
 CONFIG = """\
@@ -24,7 +25,9 @@ def test_each_mesh_model_gets_its_own_pools_and_the_gateway_the_file(tmp_path: P
     mesh = load_mesh_config(path)
     config = LauncherConfig(home=tmp_path, model_dir=tmp_path / "a", mesh=mesh,
                             worker_args=("--dtype", "float32"))  # fmt: skip
-    specs = {spec.name: spec.argv for spec in child_specs(config, "nats://x:1")}
+    specs = {
+        spec.name: spec.argv for spec in child_specs(config, "nats://x:1", metrics_ports(config))
+    }
     workers = sorted(name for name in specs if name.startswith("worker "))
     assert workers == [
         "worker smol-a-both-0", "worker smol-a-both-1", "worker smol-b-decode-0",

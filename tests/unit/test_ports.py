@@ -92,12 +92,13 @@ def test_a_port_set_aside_is_never_drawn(monkeypatch):
 
 
 def test_up_never_gives_a_metrics_port_the_gateway_s(monkeypatch):
-    from services.launcher import LauncherConfig, child_specs
+    from services.launch_plan import LauncherConfig, child_specs
+    from services.launcher import metrics_ports
 
     gateway, *others = free_now(4)
     draw_in_order(monkeypatch, [x for other in others for x in (gateway, other)])
     config = LauncherConfig(home=Path("/h"), model_dir=Path("/m"), port=gateway)
-    specs = child_specs(config, "nats://x:1")
+    specs = child_specs(config, "nats://x:1", metrics_ports(config))
     metrics = [
         int(s.argv[s.argv.index("--metrics-port") + 1]) for s in specs if s.role != "gateway"
     ]

@@ -1,0 +1,139 @@
+"""The plan of `splitserve up`: `LauncherConfig` → the child processes, in start order.
+
+`child_specs` is a pure function: no process, socket or file is touched; the run
+(services/launcher.py) starts what it returns. The children: the scheduler, the workers
+(N prefill + M decode, or N of role "both" with `aggregated`; with a mesh config each mesh
+model's own pools, worker ids `<model>-<role>-<i>`, each with `--model-name <model>` and its
+`engine:` flags after the command line's) and the gateway, each `python -m services.cli
+<service> ...`. `up` sets some of their flags itself: the gateway's `--host`, `--port` and
+`--model-dir`, each worker's `--role`, `--worker-id` and `--model-dir`, and every service's
+`--nats`, `--namespace` and `--otlp-endpoint`; the scheduler and each worker get the next
+of `metrics_ports`. The rest are the `*_args` the CLI forwards (flags that differ from their
+defaults: services/launch_cli.py).
+
+The subtle rule: `up`'s own flags have no `SPLITSERVE_*` variable (`variable=None`) but
+`--namespace` and `--log-level`, whose variables every service reads too.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.mesh_config import MeshConfig, model_dir_of
+from services.supervisor import ChildSpec
+from shared.flags import flag
+from shared.models.registry import DEFAULT_MODEL
+from shared.subjects import DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherConfig:
+    home: Path  # where models are pulled and the embedded nats-server keeps its files
+    host: str = flag("127.0.0.1", variable=None, help="the gateway's bind address")
+    port: int = flag(8000, variable=None, help="gateway HTTP port")
+    nats_url: str = flag(
+        "", name="--nats", variable=None, help="use this NATS URL instead of starting one"
+    )
+    nats_port: int = flag(0, variable=None, help="embedded server port (0: a free one)")
+    nats_args: tuple[str, ...] = ()  # with nats_url: the --nats-* flags (credentials, TLS)
+    namespace: str = flag(DEFAULT_NAMESPACE, help="subject prefix")
+    mesh_file: Path | None = flag(
+        None,
+        name="--config",
+        variable=None,
+        help="a mesh config: several models, routes, fallbacks (YAML)",
+    )
+    model: str = flag(DEFAULT_MODEL, variable=None, help="a known model name (pulled)")
+    model_dir: Path | None = flag(None, variable=None, help="an HF-layout directory instead")
+    prefill: int = flag(1, variable=None, help="prefill workers (or 'both')")
+    decode: int = flag(1, variable=None, help="decode workers")
+    aggregated: bool = flag(
+        False, variable=None, help="--prefill N workers of role both, no decode pool"
+    )
+    ready_timeout: float = flag(
+        300.0, variable=None, help="seconds for the gateway's /ready to answer"
+    )
+    grace: float = flag(10.0, variable=None, help="SIGTERM → SIGKILL seconds, per group")
+    restart_backoff: float = 1.0  # seconds before a first restart; doubles with each recent one
+    max_restarts_per_minute: int = flag(
+        5, variable=None, help="restarts of one child before up gives up on it"
+    )
+    log_level: str = flag("INFO", help="DEBUG, INFO, WARNING or ERROR")
+    otlp_endpoint: str = flag(
+        "", variable=None, help="OTLP/HTTP URL for every service (none: no trace export)"
+    )
+    metrics_port: int = flag(
+        0, variable=None, help="first scheduler/worker /metrics port (0: free ports)"
+    )
+    worker_args: tuple[str, ...] = ()  # engine and worker flags passed to every worker
+    gateway_args: tuple[str, ...] = ()  # gateway flags, passed to it as they are
+    scheduler_args: tuple[str, ...] = ()  # scheduler flags, passed to it as they are
+    mesh: MeshConfig | None = None  # `mesh_file` loaded: several models (replaces the pools)
+
+    def __post_init__(self) -> None:
+        if self.prefill < (1 if self.aggregated else 0) or self.decode < 0:
+            raise ValueError("worker counts must be >= 0 (and >= 1 with --aggregated)")
+        if not self.aggregated and self.decode < 1:
+            raise ValueError("a disaggregated mesh needs at least one decode worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPool:
+    role: str
+    count: int
+    model_dir: Path | None
+    prefix: str = ""  # of its worker ids: "<model>-" with a mesh config
+    argv: tuple[str, ...] = ()  # its model's own flags, after the shared ones
+
+
+def worker_pools(config: LauncherConfig) -> list[WorkerPool]:
+    """The one model's pools from the flags, or each mesh model's from the config file."""
+    if config.mesh is None:
+        if config.aggregated:
+            return [WorkerPool("both", config.prefill, config.model_dir)]
+        return [
+            WorkerPool("prefill", config.prefill, config.model_dir),
+            WorkerPool("decode", config.decode, config.model_dir),
+        ]
+    pools = []
+    for model in config.mesh.mesh_models:
+        model_dir = model_dir_of(model, config.home)
+        argv = ("--model-name", model.name, *model.engine_argv)
+        counts = [("both", model.aggregated)] if model.aggregated else []
+        counts = counts or [("prefill", model.prefill), ("decode", model.decode)]
+        pools += [WorkerPool(role, n, model_dir, f"{model.name}-", argv) for role, n in counts]
+    return pools
+
+
+def child_specs(
+    config: LauncherConfig, nats_url: str, metrics_ports: Iterator[int]
+) -> list[ChildSpec]:
+    """The command table, in start order: the scheduler, the workers, the gateway."""
+    service = (sys.executable, "-m", "services.cli")
+    common = ("--nats", nats_url, "--namespace", config.namespace, *config.nats_args)
+    if config.otlp_endpoint:
+        common += ("--otlp-endpoint", config.otlp_endpoint)
+
+    def metered(name: str, role: str, argv: tuple[str, ...], after: tuple[str, ...]) -> ChildSpec:
+        port = next(metrics_ports)
+        return ChildSpec(name, role, (*argv, "--metrics-port", str(port), *after), port)
+
+    scheduler = (*service, "scheduler", *common)
+    specs = [metered("scheduler", "scheduler", scheduler, config.scheduler_args)]
+    for pool in worker_pools(config):
+        for i in range(pool.count):
+            worker_id = f"{pool.prefix}{pool.role}-{i}"
+            argv = (*service, "worker", "--role", pool.role, "--model-dir", str(pool.model_dir))
+            argv += ("--worker-id", worker_id, *common)
+            after = (*config.worker_args, *pool.argv)
+            specs.append(metered(f"worker {worker_id}", "worker", argv, after))
+    gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))
+    gateway += ("--model-dir", str(config.model_dir), *common, *config.gateway_args)
+    if config.mesh is not None:
+        first = config.mesh.mesh_models[0].name
+        gateway += ("--mesh-config", str(config.mesh.source), "--served-model-name", first)
+    specs.append(ChildSpec("gateway", "gateway", gateway))
+    return specs

@@ -1,0 +1,119 @@
+"""The plan of `splitserve up` (services/launch_plan.py), a pure function: its children in
+start order with their roles and /metrics ports, the flags `up` sets on each, the flags it
+forwards to each service and to none other, and `up`'s own flags (declared with `flag()`,
+without variables but `--namespace` and `--log-level`)."""
+
+from __future__ import annotations
+
+from itertools import count
+from pathlib import Path
+
+from services.cli import build_parser
+from services.launch_cli import config_from_args
+from services.launch_plan import LauncherConfig, child_specs
+from shared.flags import settings
+
+HOME, MODEL = Path("/h"), Path("/m")
+
+
+def option(argv: tuple[str, ...], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_the_children_in_start_order_with_their_roles_and_metrics_ports():
+    config = LauncherConfig(home=HOME, model_dir=MODEL, prefill=2, decode=1)
+    ports = count(9300)
+    specs = child_specs(config, "nats://n:1", ports)
+    assert [(s.name, s.role) for s in specs] == [
+        ("scheduler", "scheduler"),
+        ("worker prefill-0", "worker"),
+        ("worker prefill-1", "worker"),
+        ("worker decode-0", "worker"),
+        ("gateway", "gateway"),
+    ]
+    assert [s.metrics_port for s in specs] == [9300, 9301, 9302, 9303, None]
+    for spec in specs[:-1]:
+        assert option(spec.argv, "--metrics-port") == str(spec.metrics_port)
+    assert "--metrics-port" not in specs[-1].argv  # /metrics on the gateway's own port
+    assert next(ports) == 9304  # one port drawn per scheduler and worker, no more
+    workers = specs[1:-1]
+    assert [option(s.argv, "--role") for s in workers] == ["prefill", "prefill", "decode"]
+    assert [option(s.argv, "--worker-id") for s in workers] == [
+        "prefill-0",
+        "prefill-1",
+        "decode-0",
+    ]
+    assert {option(s.argv, "--model-dir") for s in workers} == {"/m"}
+
+
+def test_an_aggregated_mesh_has_one_pool_of_role_both():
+    config = LauncherConfig(home=HOME, model_dir=MODEL, prefill=2, aggregated=True, decode=0)
+    workers = [s for s in child_specs(config, "u", count(1)) if s.role == "worker"]
+    assert [option(s.argv, "--worker-id") for s in workers] == ["both-0", "both-1"]
+    assert {option(s.argv, "--role") for s in workers} == {"both"}
+
+
+def test_every_child_gets_the_nats_url_namespace_credentials_and_trace_endpoint():
+    config = LauncherConfig(
+        home=HOME,
+        model_dir=MODEL,
+        namespace="blue",
+        otlp_endpoint="http://otel:4318",
+        nats_args=("--nats-user", "mesh"),
+        host="0.0.0.0",
+        port=8123,
+    )
+    specs = child_specs(config, "nats://a:4222,nats://b:4222", count(1))
+    for spec in specs:
+        assert spec.argv[1:3] == ("-m", "services.cli")
+        assert option(spec.argv, "--nats") == "nats://a:4222,nats://b:4222"
+        assert option(spec.argv, "--namespace") == "blue"
+        assert option(spec.argv, "--otlp-endpoint") == "http://otel:4318"
+        assert option(spec.argv, "--nats-user") == "mesh"
+    gateway = specs[-1].argv
+    assert (option(gateway, "--host"), option(gateway, "--port")) == ("0.0.0.0", "8123")
+    assert option(gateway, "--model-dir") == "/m"
+    quiet = child_specs(LauncherConfig(home=HOME, model_dir=MODEL), "u", count(1))
+    assert not any("--otlp-endpoint" in s.argv for s in quiet)
+
+
+def test_forwarded_flags_reach_their_service_alone():
+    config = LauncherConfig(
+        home=HOME,
+        model_dir=MODEL,
+        worker_args=("--dtype", "float32"),
+        gateway_args=("--max-pending", "7"),
+        scheduler_args=("--max-queue", "9"),
+    )
+    argvs = {s.name: s.argv for s in child_specs(config, "u", count(1))}
+    for name, argv in argvs.items():
+        assert ("--dtype" in argv) == name.startswith("worker"), name
+        assert ("--max-pending" in argv) == (name == "gateway"), name
+        assert ("--max-queue" in argv) == (name == "scheduler"), name
+    assert argvs["worker decode-0"][-2:] == ("--dtype", "float32")  # after what up sets
+
+
+def test_the_cli_forwards_the_flags_that_differ_from_their_defaults():
+    argv = ["up", "--model-dir", "/m", "--prefill", "3", "--block-size", "32"]
+    argv += ["--max-queue", "9", "--cors-origins", "*", "--kv-transport", "nats"]
+    config = config_from_args(build_parser().parse_args(argv), HOME)
+    assert (config.prefill, config.decode, config.model_dir) == (3, 1, MODEL)
+    assert config.worker_args == ("--block-size", "32", "--kv-transport", "nats")
+    assert config.scheduler_args == ("--max-queue", "9", "--block-size", "32")
+    assert config.gateway_args == ("--cors-origins", "*")
+    assert config.nats_args == ()  # its own nats-server: credentials come from the run
+    plain = config_from_args(build_parser().parse_args(["up"]), HOME)
+    assert (plain.worker_args, plain.scheduler_args, plain.gateway_args) == ((), (), ())
+    assert plain == LauncherConfig(home=HOME)  # every flag's default is the field's
+
+
+def test_ups_own_flags_read_no_variable_but_namespace_and_log_level(monkeypatch):
+    variables = {s.name: s.variable for s in settings(LauncherConfig)}
+    assert {name for name, variable in variables.items() if variable} == {
+        "namespace",
+        "log_level",
+    }
+    monkeypatch.setenv("SPLITSERVE_PORT", "9999")  # the gateway's variable, not up's
+    monkeypatch.setenv("SPLITSERVE_NAMESPACE", "green")
+    config = config_from_args(build_parser().parse_args(["up"]), HOME)
+    assert (config.port, config.namespace) == (8000, "green")
