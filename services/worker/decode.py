@@ -21,7 +21,6 @@ import time
 from opentelemetry.context import Context
 
 from services.worker.context import WorkerContext, loop_deadline
-from services.worker.refusals import refusal
 from services.worker.requests import RequestState, WorkerRequest
 from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.outputs import RequestOutput
@@ -49,30 +48,28 @@ class DecodeSide:
 
     async def on_reserve(self, msg: Reserve, parent: Context) -> Reservation:
         ctx, request = self.ctx, msg.request
-        refused = self._refuse(request.request_id)
-        if refused is not None:
-            return Reservation(request.request_id, refused[0], error=refused[1])
-        # In the table before the engine answers, so a Cancel meanwhile is not lost.
-        entry = ctx.new_request(
-            request, S.RESERVED, parent, decodes=True, deadline_limit=ctx.config.reservation_timeout
+
+        async def take(entry: WorkerRequest) -> None:
+            reservation = await ctx.engine.kv.reserve(request)
+            entry.num_blocks = len(reservation.block_ids)
+            entry.skip_blocks = reservation.num_cached_blocks
+            entry.next_index += 1  # the first token comes from the prefill worker
+
+        entry, outcome, error = await ctx.admit(
+            request,
+            S.RESERVED,
+            parent,
+            take,
+            decodes=True,
+            deadline_limit=ctx.config.reservation_timeout,
         )
-        try:
-            reservation = await ctx.engine.reserve(request)
-        except Exception as exc:
-            ctx.table.end(entry, "refused", time.time())
-            outcome, error = refusal(request.request_id, exc)
+        if entry is None:
             return Reservation(request.request_id, outcome, error=error)
-        if ctx.table.get(request.request_id) is not entry:  # cancelled while reserving
-            ctx.engine.abort(request.request_id)
-            return Reservation(request.request_id, Outcome.UNAVAILABLE, error="cancelled")
-        entry.num_blocks = len(reservation.block_ids)
-        entry.skip_blocks = reservation.num_cached_blocks
-        entry.next_index += 1  # the first token comes from the prefill worker
         return Reservation(
             request.request_id,
             Outcome.OK,
             entry.num_blocks,
-            reservation.num_cached_blocks,
+            entry.skip_blocks,
             transports=list(ctx.transports),
         )
 
@@ -82,7 +79,9 @@ class DecodeSide:
         blocks = from_chunk(chunk, self.ctx.layout, entry.num_blocks)
         if entry.state == S.RESERVED:
             self.ctx.table.move(entry, S.RECEIVING, time.time())
-        await self.ctx.engine.import_kv(chunk.request_id, blocks)
+        copier = self.ctx.engine.kv.copier
+        assert copier is not None
+        await copier.write(chunk.request_id, blocks)
         entry.deadline = loop_deadline(entry.request.deadline, self.ctx.config.transfer_timeout)
         if chunk.layer_start == 0:  # the first layer group carries every block once
             self.ctx.kv_blocks_received += len(chunk.block_hashes)
@@ -98,7 +97,7 @@ class DecodeSide:
             return
         entry.deadline = loop_deadline(entry.request.deadline)
         self.ctx.table.move(entry, S.RUNNING, time.time())
-        self.ctx.engine.start_decode(done.request_id, done.first_token_id)
+        self.ctx.engine.kv.start_decode(done.request_id, done.first_token_id, b"")
 
     async def on_ready(self, ready: KVReady, headers: Headers) -> None:
         """A one-sided transfer: check what the prefill worker offers against this worker's
@@ -120,7 +119,7 @@ class DecodeSide:
                     raise InvalidRequest("agent_metadata", str(exc)) from None
                 read_by = loop_deadline(ready.read_by)
                 entry.kv_read = asyncio.current_task()  # a stop cancels it: the READ is aborted
-                async with ctx.engine.pinned(request_id):  # an abort waits for the READ
+                async with ctx.engine.kv.pinned(request_id):  # an abort waits for the READ
                     await read_blocks(
                         transport, ready.agent, ready.block_ids, local_blocks, read_by
                     )
@@ -137,7 +136,7 @@ class DecodeSide:
         ctx.kv_blocks_received += len(local_blocks)
         entry.deadline = loop_deadline(entry.request.deadline)
         ctx.table.move(entry, S.RUNNING, time.time())
-        ctx.engine.start_decode(request_id, ready.first_token_id, ready.engine_params)
+        ctx.engine.kv.start_decode(request_id, ready.first_token_id, ready.engine_params)
 
     def _check_ready(self, entry: WorkerRequest, ready: KVReady) -> list[int]:
         """The reserved block ids the offered blocks go to, after every check (InvalidRequest
@@ -157,29 +156,14 @@ class DecodeSide:
             raise InvalidRequest("block_hashes", "one hash per block")
         if any(not 0 <= b < ready.num_cache_blocks for b in ready.block_ids):
             raise InvalidRequest("block_ids", f"ids outside [0, {ready.num_cache_blocks})")
-        return self.ctx.engine.reserved_blocks(
-            entry.request_id, ready.first_block, ready.block_hashes
-        )
+        return self.ctx.engine.kv.reserved(entry.request_id, ready.first_block, ready.block_hashes)
 
     async def on_task(self, task: DecodeTask, parent: Context) -> TaskAck:
-        ctx, request = self.ctx, task.request
-        refused = self._refuse(request.request_id)
-        if refused is not None:
-            return TaskAck(request.request_id, *refused)
-        try:
-            await ctx.engine.check(request)
-        except Exception as exc:
-            return TaskAck(request.request_id, *refusal(request.request_id, exc))
-        refused = self._refuse(request.request_id)  # again: the check let others in
-        if refused is not None:
-            return TaskAck(request.request_id, *refused)
-        ctx.new_request(request, S.QUEUED, parent, decodes=True)
-        ctx.engine.submit(request, hold_kv=False)
-        return TaskAck(request.request_id, Outcome.OK)
+        async def take(entry: WorkerRequest) -> None:
+            await self.ctx.engine.submit(task.request, hold_kv=False)
 
-    def on_started(self, entry: WorkerRequest, step_started: float) -> None:
-        if entry.state == S.QUEUED:
-            self.ctx.table.move(entry, S.RUNNING, step_started)
+        _, outcome, error = await self.ctx.admit(task.request, S.QUEUED, parent, take, decodes=True)
+        return TaskAck(task.request.request_id, outcome, error)
 
     def on_output(self, entry: WorkerRequest, output: RequestOutput) -> None:
         """New tokens of a running request (on the loop): queue them for the gateway."""
@@ -197,13 +181,6 @@ class DecodeSide:
             self.ctx.fail(entry, reason)
         else:
             self.ctx.table.end(entry, reason, time.time())
-
-    def _refuse(self, request_id: str) -> tuple[Outcome, str] | None:
-        if self.ctx.draining:
-            return Outcome.UNAVAILABLE, "draining"
-        if request_id in self.ctx.table:
-            return Outcome.UNAVAILABLE, "duplicate request id"
-        return None
 
     def _receiving(self, request_id: str) -> WorkerRequest:
         entry = self.ctx.table.get(request_id)

@@ -18,9 +18,9 @@ import time
 
 from opentelemetry.context import Context
 
-from services.worker.context import WorkerContext, loop_deadline, token_chunk
-from services.worker.refusals import refusal
+from services.worker.context import WorkerContext, loop_deadline
 from services.worker.requests import RequestState, WorkerRequest
+from shared.engine.kv_handoff import HeldBlocks
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer import to_chunks
 from shared.kvtransfer.nats_transport import KVSender
@@ -56,30 +56,26 @@ class PrefillSide:
         self.peers = PeerStats()
 
     async def on_task(self, task: PrefillTask, parent: Context) -> TaskAck:
-        request = task.request
-        ctx = self.ctx
-        if ctx.draining:
-            return TaskAck(request.request_id, Outcome.UNAVAILABLE, "draining")
-        if request.request_id in ctx.table:
-            return TaskAck(request.request_id, Outcome.UNAVAILABLE, "duplicate request id")
-        try:
-            await ctx.engine.check(request)
-        except Exception as exc:
-            outcome, error = refusal(request.request_id, exc)
-            return TaskAck(request.request_id, outcome, error)
-        if request.request_id in ctx.table:  # the same id again while this one was checked
-            return TaskAck(request.request_id, Outcome.UNAVAILABLE, "duplicate request id")
-        entry = ctx.new_request(request, S.QUEUED, parent, decodes=False)
-        entry.decode_worker, entry.skip_blocks = task.decode_worker, task.skip_blocks
-        entry.offered_transports = list(task.transports)
-        ctx.engine.submit(request, hold_kv=True)
-        return TaskAck(request.request_id, Outcome.OK)
+        async def take(entry: WorkerRequest) -> None:
+            entry.decode_worker, entry.skip_blocks = task.decode_worker, task.skip_blocks
+            entry.offered_transports = list(task.transports)
+            await self.ctx.engine.submit(task.request, hold_kv=True)
 
-    def on_output(self, entry: WorkerRequest, output: RequestOutput) -> None:
-        """The first token is out (on the loop): stream it, then move the KV."""
+        _, outcome, error = await self.ctx.admit(
+            task.request, S.QUEUED, parent, take, decodes=False
+        )
+        return TaskAck(task.request.request_id, outcome, error)
+
+    def on_output(
+        self, entry: WorkerRequest, output: RequestOutput, held: HeldBlocks | None
+    ) -> None:
+        """The first token (on the loop), the one place it is handled: stream it, then move
+        the KV (`held`: its blocks; None when that token ended the request)."""
         entry.trace.cached_tokens = output.num_cached_tokens
         self.ctx.table.move(entry, S.HELD, time.time())
-        entry.hand_off = asyncio.create_task(self._hand_off(entry, output))
+        self.ctx.stream(entry, output)
+        first_token = output.new_token_ids[0]
+        entry.hand_off = asyncio.create_task(self._hand_off(entry, first_token, held))
 
     def stop(self, entry: WorkerRequest, reason: str, *, tell_gateway: bool) -> None:
         """Abort the request; HELD or TRANSFERRING, its hand-off is cancelled and cleans up."""
@@ -93,21 +89,20 @@ class PrefillSide:
         else:
             self.ctx.table.end(entry, reason, time.time())
 
-    async def _hand_off(self, entry: WorkerRequest, output: RequestOutput) -> None:
+    async def _hand_off(
+        self, entry: WorkerRequest, first_token: int, held: HeldBlocks | None
+    ) -> None:
         ctx, request_id = self.ctx, entry.request_id
-        first_token = output.new_token_ids[0]
         deadline = loop_deadline(entry.request.deadline, ctx.config.transfer_timeout)
         subject = ctx.subjects.kv(entry.decode_worker)
         sender = KVSender(ctx.bus, subject, ctx.config.kv_window, deadline)
         try:
-            await ctx.bus.publish(entry.subject, token_chunk(output, entry.next_index))
-            entry.next_index += 1
-            if output.finish_reason is not None:  # the engine has freed it: no KV to move
+            if held is None:  # the first token ended it; the engine has freed it: no KV to move
                 await sender.abort(KVDone(request_id, 0, first_token, Outcome.FAILED, "finished"))
                 ctx.table.end(entry, "finished", time.time())
                 return
             ctx.table.move(entry, S.TRANSFERRING, time.time())
-            await self._transfer(entry, sender, first_token)
+            await self._transfer(entry, sender, first_token, held)
         except asyncio.CancelledError:  # stopped: a Cancel, or a failure to report
             ctx.engine.abort(request_id)
             reason = entry.failure or "cancelled"
@@ -124,10 +119,12 @@ class PrefillSide:
             await sender.abort(done)
             ctx.fail(entry, reason)
         else:
-            ctx.engine.release(request_id)
+            ctx.engine.kv.release(request_id)
             ctx.table.end(entry, "finished", time.time())
 
-    async def _transfer(self, entry: WorkerRequest, sender: KVSender, first_token: int) -> None:
+    async def _transfer(
+        self, entry: WorkerRequest, sender: KVSender, first_token: int, held: HeldBlocks
+    ) -> None:
         """Move the blocks decode lacks by the transport both ends take, then release them."""
         ctx, request_id, layout = self.ctx, entry.request_id, self.ctx.layout
         request = entry.request
@@ -142,7 +139,7 @@ class PrefillSide:
         started = time.perf_counter()
         try:
             if one_sided:
-                await self._offer(entry, sender, first_token)
+                await self._offer(entry, sender, first_token, held)
             else:
                 await self._push(entry, sender, first_token, num_blocks)
         except BaseException as exc:
@@ -169,19 +166,23 @@ class PrefillSide:
         """`nats`: one export of every layer, cut into chunks under max_payload, then KVDone."""
         ctx, request_id = self.ctx, entry.request_id
         if num_blocks:
-            blocks = await ctx.engine.export_kv(request_id, entry.skip_blocks)
+            copier = ctx.engine.kv.copier
+            assert copier is not None
+            blocks = await copier.export(request_id, entry.skip_blocks)
             max_bytes = ctx.bus.max_payload - ctx.config.kv_headroom
             for chunk in to_chunks(blocks, max_bytes):
                 await sender.send(chunk)
         await sender.finish(KVDone(request_id, sender.num_chunks, first_token))
 
-    async def _offer(self, entry: WorkerRequest, sender: KVSender, first_token: int) -> None:
+    async def _offer(
+        self, entry: WorkerRequest, sender: KVSender, first_token: int, held: HeldBlocks
+    ) -> None:
         """One-sided (`nixl`): tell the decode worker where the blocks are; it READs them and
         answers. The blocks stay held until then (or this side's deadline, which comes after
         the READ's own)."""
         ctx, transport, layout = self.ctx, self.ctx.transport, self.ctx.layout
         assert transport is not None
-        block_ids, block_hashes = ctx.engine.held_blocks(entry.request_id)
+        block_ids, block_hashes = held.block_ids, held.block_hashes
         first = entry.skip_blocks
         read_for = max(0.0, sender.deadline - asyncio.get_running_loop().time()) / 2
         ready = KVReady(
@@ -197,7 +198,7 @@ class PrefillSide:
             block_hashes=block_hashes[first:],
             first_token_id=first_token,
             read_by=time.time() + read_for,
-            engine_params=ctx.engine.hand_off_params(entry.request_id),
+            engine_params=ctx.engine.kv.params(entry.request_id),
         )
         with transport.serving():
             await sender.finish(ready)

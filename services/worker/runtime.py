@@ -27,7 +27,7 @@ from services.worker.prefill import PrefillSide
 from services.worker.requests import RequestState, RequestTable, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus, Headers
-from shared.engine.outputs import RequestOutput
+from shared.engine.outputs import StepOutput
 from shared.kvtransfer.nats_transport import serve_kv
 from shared.kvtransfer.select import make_transport
 from shared.kvtransfer.transfer import TransportFactory
@@ -97,7 +97,7 @@ class Worker:
         transport = await asyncio.to_thread(
             self.transport_factory,
             wid,
-            self.engine.kv_cache_layers(),
+            self.engine.kv.cache_layers(),
             layout,
             config.kv_transport,
         )
@@ -166,15 +166,15 @@ class Worker:
         self.telemetry.tracing.shutdown()
 
     # -- EngineEvents (called on the loop) ------------------------------------------------
-    def on_started(self, request_ids: list[str], step_started: float) -> None:
-        for request_id in request_ids:
+    def on_step(self, step: StepOutput, step_started: float) -> None:
+        """The engine's transitions move the table: started (QUEUED → COMPUTING, or RUNNING
+        for a DecodeTask), the first token of a prefill (→ HELD, with its blocks), tokens."""
+        for request_id in step.started:
             entry = self.table.get(request_id)
             if entry is None or entry.state != S.QUEUED:
                 continue
             self.table.move(entry, S.RUNNING if entry.decodes else S.COMPUTING, step_started)
-
-    def on_outputs(self, outputs: list[RequestOutput], step_started: float) -> None:
-        for output in outputs:
+        for output in step.outputs:
             entry = self.table.get(output.request_id)
             if entry is None:  # cancelled while the step ran
                 continue
@@ -184,7 +184,7 @@ class Worker:
                 self.decode.on_output(entry, output)
             elif entry.state == S.COMPUTING:
                 assert self.prefill is not None
-                self.prefill.on_output(entry, output)
+                self.prefill.on_output(entry, output, step.held.get(output.request_id))
 
     def on_request_failed(self, request_id: str, error: BaseException) -> None:
         log.error("%s: the engine failed it", request_id, exc_info=error)
