@@ -21,7 +21,7 @@ from shared.bus import Bus
 from shared.engine.outputs import RequestOutput
 from shared.engine.sequence import FinishReason
 from shared.kvtransfer import KVLayout
-from shared.kvtransfer.transfer import KVTransport
+from shared.kvtransfer.link import KVLink
 from shared.protocol import Outcome, PromptTokenLogprob, SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
 
@@ -42,16 +42,10 @@ class WorkerContext:
     table: RequestTable
     telemetry: WorkerTelemetry
     outbox: asyncio.Queue[tuple[str, TokenChunk]]  # to gateways, published in order
-    transport: KVTransport | None  # the one-sided KV transport (nixl); None: nats only
+    link: KVLink  # the KV transports: each transfer's sender and receiver
     draining: bool = False  # set on SIGTERM: new tasks are refused
     kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
     kv_blocks_received: int = 0
-
-    @property
-    def transports(self) -> list[str]:
-        """What this worker can move KV by, best first (`nats` where the engine copies)."""
-        names = [self.transport.name] if self.transport is not None else []
-        return names + (["nats"] if self.engine.kv.copier is not None else [])
 
     async def admit(
         self,

@@ -26,10 +26,11 @@ from typing import Protocol
 
 import torch
 
-from shared.engine.kv_handoff import HeldBlocks, KVBlocks, Reservation
+from shared.engine.kv_handoff import Reservation
 from shared.engine.outputs import StepOutput
 from shared.engine.stats import EngineStats, KVCacheEvents
 from shared.kvtransfer import KVLayout
+from shared.kvtransfer.transfer import KVCopier
 from shared.protocol import SubmitRequest
 
 
@@ -46,17 +47,6 @@ class EngineEvents(Protocol):
         """The engine stopped for good; every request it held is lost."""
 
 
-class KVCopier(Protocol):
-    """Copies of whole blocks out of a held request and into a reservation (the `nats`
-    transport ships them as chunks)."""
-
-    async def export(self, request_id: str, first_block: int) -> KVBlocks:
-        """A held request's blocks from `first_block` on, every layer, in one copy."""
-
-    async def write(self, request_id: str, blocks: KVBlocks) -> None:
-        """Write received blocks into a reservation (checked against it first)."""
-
-
 class EngineKV(Protocol):
     """The engine's side of the KV hand-off: a prefill engine's held blocks, a decode
     engine's reservations."""
@@ -71,9 +61,6 @@ class EngineKV(Protocol):
 
     async def reserve(self, request: SubmitRequest) -> Reservation:
         """Hold blocks for the request's prompt and delivered tokens."""
-
-    def held(self, request_id: str) -> HeldBlocks:
-        """A held request's blocks (UnknownRequest when none are held)."""
 
     def reserved(
         self, request_id: str, first_block: int, block_hashes: list[int | None]

@@ -17,10 +17,10 @@ from typing import TypeVar
 
 import torch
 
-from services.worker.engine_client import KVCopier
 from services.worker.engine_thread import EngineThread
 from shared.engine.engine import LLMEngine
-from shared.engine.kv_handoff import HeldBlocks, KVBlocks, KVHandOff, Reservation
+from shared.engine.kv_handoff import KVBlocks, KVHandOff, Reservation
+from shared.kvtransfer.transfer import KVCopier
 from shared.protocol import SubmitRequest
 
 T = TypeVar("T")
@@ -51,9 +51,6 @@ class NativeKV:
                 output_token_ids=request.delivered_token_ids,
             )
         )
-
-    def held(self, request_id: str) -> HeldBlocks:
-        return self._handoff.held(request_id)
 
     def reserved(
         self, request_id: str, first_block: int, block_hashes: list[int | None]

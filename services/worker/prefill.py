@@ -2,12 +2,11 @@
 
 QUEUED (the `PrefillTask` is acked at once: validity is checked without waiting for a step)
 → COMPUTING (its first chunk is scheduled) → HELD (first token sampled, streamed to the
-gateway; KV pinned) → TRANSFERRING (`nixl`, when both ends take it: a `KVReady` naming
-the blocks, which the decode worker READs straight from this worker's cache before it
-answers; `nats`: all its blocks exported in one copy, sent as chunks, then `KVDone`) →
-released. A request that finishes at its first token skips the transfer
-and tells the decode worker to drop its reservation. A cancel while the KV is in flight
-stops the transfer; the blocks are freed once no copy of them is running.
+gateway; KV pinned) → TRANSFERRING (its transfer's sender moves the blocks the decode
+worker lacks, by the transport both ends take: shared/kvtransfer picks it) → released.
+A request that finishes at its first token skips the transfer and tells the decode worker
+to drop its reservation. A cancel while the KV is in flight stops the transfer; the blocks
+are freed once no copy or READ of them is running.
 """
 
 from __future__ import annotations
@@ -22,10 +21,8 @@ from services.worker.context import WorkerContext, loop_deadline
 from services.worker.requests import RequestState, WorkerRequest
 from shared.engine.kv_handoff import HeldBlocks
 from shared.engine.outputs import RequestOutput
-from shared.kvtransfer import to_chunks
-from shared.kvtransfer.nats_transport import KVSender
-from shared.kvtransfer.transfer import TransferError
-from shared.protocol import KVDone, KVPeer, KVReady, Outcome, PrefillTask, TaskAck
+from shared.kvtransfer.transfer import KVSender, TransferError
+from shared.protocol import KVPeer, PrefillTask, TaskAck
 from shared.telemetry.tracing import inject
 
 log = logging.getLogger(__name__)
@@ -95,14 +92,17 @@ class PrefillSide:
         ctx, request_id = self.ctx, entry.request_id
         deadline = loop_deadline(entry.request.deadline, ctx.config.transfer_timeout)
         subject = ctx.subjects.kv(entry.decode_worker)
-        sender = KVSender(ctx.bus, subject, ctx.config.kv_window, deadline)
+        sender = ctx.link.sender(
+            request_id, first_token, subject, entry.offered_transports, deadline
+        )
+        entry.transport = sender.name
         try:
             if held is None:  # the first token ended it; the engine has freed it: no KV to move
-                await sender.abort(KVDone(request_id, 0, first_token, Outcome.FAILED, "finished"))
+                await sender.abort("finished")
                 ctx.table.end(entry, "finished", time.time())
                 return
             ctx.table.move(entry, S.TRANSFERRING, time.time())
-            await self._transfer(entry, sender, first_token, held)
+            await self._transfer(entry, sender, held)
         except asyncio.CancelledError:  # stopped: a Cancel, or a failure to report
             ctx.engine.abort(request_id)
             reason = entry.failure or "cancelled"
@@ -110,38 +110,27 @@ class PrefillSide:
                 ctx.fail(entry, entry.failure)
             else:
                 ctx.table.end(entry, reason, time.time())
-            await sender.abort(KVDone(request_id, 0, first_token, Outcome.FAILED, reason))
+            await sender.abort(reason)
         except Exception as exc:
             reason = str(exc) if isinstance(exc, TransferError) else f"internal error: {exc!r}"
             log.warning("%s: KV transfer failed: %s", request_id, reason)
             ctx.engine.abort(request_id)
-            done = KVDone(request_id, sender.num_chunks, first_token, Outcome.FAILED, reason)
-            await sender.abort(done)
+            await sender.abort(reason)
             ctx.fail(entry, reason)
         else:
             ctx.engine.kv.release(request_id)
             ctx.table.end(entry, "finished", time.time())
 
-    async def _transfer(
-        self, entry: WorkerRequest, sender: KVSender, first_token: int, held: HeldBlocks
-    ) -> None:
-        """Move the blocks decode lacks by the transport both ends take, then release them."""
+    async def _transfer(self, entry: WorkerRequest, sender: KVSender, held: HeldBlocks) -> None:
+        """Move the blocks decode lacks by the transport both ends take."""
         ctx, request_id, layout = self.ctx, entry.request_id, self.ctx.layout
-        request = entry.request
-        num_tokens = len(request.prompt_token_ids) + len(request.delivered_token_ids)
-        num_blocks = max(0, -(-num_tokens // layout.block_size) - entry.skip_blocks)
+        num_blocks = max(0, len(held.block_ids) - entry.skip_blocks)
         num_bytes = num_blocks * layout.block_bytes * layout.num_layers
-        transport = ctx.transport
-        one_sided = transport is not None and transport.name in entry.offered_transports
-        entry.transport = transport.name if one_sided and transport else "nats"
         span = ctx.telemetry.start_send(entry, num_blocks, num_bytes)
         sender.headers = inject(span)
         started = time.perf_counter()
         try:
-            if one_sided:
-                await self._offer(entry, sender, first_token, held)
-            else:
-                await self._push(entry, sender, first_token, num_blocks)
+            await sender.send(entry.skip_blocks, held, ctx.engine.kv.params(request_id))
         except BaseException as exc:
             error = "cancelled" if isinstance(exc, asyncio.CancelledError) else str(exc)
             ctx.telemetry.end_send(entry, span, time.perf_counter() - started, 0, error)
@@ -159,46 +148,3 @@ class PrefillSide:
             seconds * 1e3,
             num_bytes / 1e6 / max(seconds, 1e-9),
         )
-
-    async def _push(
-        self, entry: WorkerRequest, sender: KVSender, first_token: int, num_blocks: int
-    ) -> None:
-        """`nats`: one export of every layer, cut into chunks under max_payload, then KVDone."""
-        ctx, request_id = self.ctx, entry.request_id
-        if num_blocks:
-            copier = ctx.engine.kv.copier
-            assert copier is not None
-            blocks = await copier.export(request_id, entry.skip_blocks)
-            max_bytes = ctx.bus.max_payload - ctx.config.kv_headroom
-            for chunk in to_chunks(blocks, max_bytes):
-                await sender.send(chunk)
-        await sender.finish(KVDone(request_id, sender.num_chunks, first_token))
-
-    async def _offer(
-        self, entry: WorkerRequest, sender: KVSender, first_token: int, held: HeldBlocks
-    ) -> None:
-        """One-sided (`nixl`): tell the decode worker where the blocks are; it READs them and
-        answers. The blocks stay held until then (or this side's deadline, which comes after
-        the READ's own)."""
-        ctx, transport, layout = self.ctx, self.ctx.transport, self.ctx.layout
-        assert transport is not None
-        block_ids, block_hashes = held.block_ids, held.block_hashes
-        first = entry.skip_blocks
-        read_for = max(0.0, sender.deadline - asyncio.get_running_loop().time()) / 2
-        ready = KVReady(
-            request_id=entry.request_id,
-            transport=transport.name,
-            agent=ctx.config.worker_id,
-            agent_metadata=transport.metadata(),
-            num_cache_blocks=transport.num_blocks,
-            layout=[layout.num_layers, *layout.block_shape],
-            dtype=layout.dtype,
-            first_block=first,
-            block_ids=block_ids[first:],
-            block_hashes=block_hashes[first:],
-            first_token_id=first_token,
-            read_by=time.time() + read_for,
-            engine_params=ctx.engine.kv.params(entry.request_id),
-        )
-        with transport.serving():
-            await sender.finish(ready)

@@ -28,6 +28,7 @@ from services.worker.requests import RequestState, RequestTable, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus, Headers
 from shared.engine.outputs import StepOutput
+from shared.kvtransfer.link import KVLink, KVReceivers
 from shared.kvtransfer.nats_transport import serve_kv
 from shared.kvtransfer.select import make_transport
 from shared.kvtransfer.transfer import TransportFactory
@@ -104,6 +105,10 @@ class Worker:
         bus = await Bus.connect(config.nats_url, f"worker-{wid}", auth=config.nats_auth)
         self.telemetry.metrics.registry.register(bus.rejections.counter)
         subjects = Subjects(config.namespace)
+        kv = self.engine.kv
+        link = KVLink(
+            bus, wid, layout, config.kv_window, config.kv_headroom, kv, kv.copier, transport
+        )
         self.ctx = ctx = WorkerContext(
             config,
             bus,
@@ -113,7 +118,7 @@ class Worker:
             self.table,
             self.telemetry,
             asyncio.Queue(),
-            transport,
+            link,
         )
         if config.prefills:
             self.prefill = prefill = PrefillSide(ctx)
@@ -122,7 +127,7 @@ class Worker:
             self.decode = decode = DecodeSide(ctx)
             await _serve(bus, subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
             await _serve(bus, subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
-            await serve_kv(bus, subjects.kv(wid), decode)
+            await serve_kv(bus, subjects.kv(wid), KVReceivers(link, decode))
         await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
@@ -160,8 +165,7 @@ class Worker:
         # deregistered and it stops.
         if not await self.engine.drain(OUTBOX_FLUSH_S):
             log.warning("the engine still held requests at shutdown")
-        if ctx.transport is not None:
-            ctx.transport.close()
+        ctx.link.close()
         await self.engine.cleanup()
         self.telemetry.tracing.shutdown()
 
@@ -287,7 +291,7 @@ class Worker:
             spec_accepted_tokens=stats.spec_decode.accepted,
             spec_verify_steps=stats.spec_decode.verify_steps,
             metrics_port=self.metrics_port,
-            kv_transports=self.ctx.transports,
+            kv_transports=self.ctx.link.names,
             kv_peers=self.prefill.peers.snapshot() if self.prefill is not None else [],
         )
         await bus.publish(subjects.heartbeat, beat)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.engine_client import KVCopier
 from shared.engine.block_hash import block_hashes
 from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.kv_handoff import HeldBlocks, Reservation, check_offered
+from shared.kvtransfer.transfer import KVCopier
 from shared.protocol import SubmitRequest
 
 # (request, vLLM's kv_transfer_params, the first token the prefill worker streamed)
@@ -78,12 +78,6 @@ class VllmKV:
         self.held_params[request.request_id] = dict(params)
         return HeldBlocks(block_ids, self.hashes(request, len(block_ids)))
 
-    def held(self, request_id: str) -> dict[str, object]:
-        params = self.held_params.get(request_id)
-        if params is None:
-            raise UnknownRequest(f"request {request_id!r} holds no blocks here")
-        return params
-
     def reserved(
         self, request_id: str, first_block: int, block_hashes: list[int | None]
     ) -> list[int]:
@@ -95,7 +89,10 @@ class VllmKV:
         return list(indices)  # a reservation's block ids are its table positions
 
     def params(self, request_id: str) -> bytes:
-        return json.dumps(self.held(request_id)).encode()
+        params = self.held_params.get(request_id)
+        if params is None:
+            raise UnknownRequest(f"request {request_id!r} holds no blocks here")
+        return json.dumps(params).encode()
 
     @contextlib.asynccontextmanager
     async def pinned(self, request_id: str) -> AsyncIterator[None]:

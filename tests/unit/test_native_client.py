@@ -128,8 +128,8 @@ def test_check_refuses_bad_requests_and_a_failed_submit_is_reported(tiny_model_d
     async def scenario(client: NativeEngineClient, events: Events, layout: KVLayout) -> None:
         with pytest.raises(InvalidRequest, match="token ids must be in"):
             await client.submit(request("bad", [10**6]), hold_kv=False)
-        await client.submit(request("twice"), hold_kv=False)
-        await client.submit(request("twice"), hold_kv=False)  # the engine refuses the second
+        twice = [client.submit(request("twice"), hold_kv=False) for _ in range(2)]
+        await asyncio.gather(*twice)  # both checked at once; the engine refuses the second
         await wait_for(lambda: ("failed", "twice") in events.log)
         await wait_for(lambda: len(events.outputs.get("twice", [])) == GREEDY.max_tokens)
 
