@@ -81,17 +81,16 @@ class DecodeSide:
         ctx, entry = self.ctx, self.ctx.table.get(request.request_id)
         if entry is not request or entry.receiver is None:  # stopped meanwhile
             return
-        receiver = entry.receiver
-        entry.transport = receiver.name
+        received = entry.receiver.received
+        entry.transport = entry.receiver.name
+        ctx.kv_blocks_received += received.num_blocks - entry.trace.kv_blocks
+        entry.trace.kv_blocks, entry.trace.kv_bytes = received.num_blocks, received.num_bytes
         if state == TransferState.TRANSFERRING:
             if entry.state == S.RESERVED:
                 ctx.table.move(entry, S.RECEIVING, time.time())
             entry.deadline = loop_deadline(entry.request.deadline, ctx.config.transfer_timeout)
             return
-        received = receiver.received
         entry.trace.parent = extract(received.headers)  # the sender's span: parent of ours
-        ctx.kv_blocks_received += received.num_blocks - entry.trace.kv_blocks
-        entry.trace.kv_blocks, entry.trace.kv_bytes = received.num_blocks, received.num_bytes
         if state == TransferState.FAILED:
             ctx.engine.abort(entry.request_id)
             ctx.table.end(entry, received.error, time.time())

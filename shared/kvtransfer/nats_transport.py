@@ -208,6 +208,7 @@ class NatsReceiver:
         if chunk.layer_start == 0:  # the first layer group carries every block once
             self.received.num_blocks += len(chunk.block_hashes)
         self.received.num_bytes += len(chunk.data)
+        self._move(TransferState.TRANSFERRING)  # again: these blocks are in
 
     def _on_done(self, done: KVDone, headers: Headers) -> None:
         self.received.headers = headers
