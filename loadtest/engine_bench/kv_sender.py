@@ -16,7 +16,7 @@ from services.worker.config import WorkerConfig
 from shared.bus import Bus
 from shared.engine.kv_handoff import KVBlocks
 from shared.kvtransfer.chunks import DTYPES, KVLayout, to_chunks
-from shared.kvtransfer.nats_transport import KVSender
+from shared.kvtransfer.nats_transport import ChunkSender
 from shared.kvtransfer.nixl_transport import NixlTransport
 from shared.protocol import KVDone
 
@@ -69,7 +69,7 @@ async def push(bus: Bus, cache: list[torch.Tensor], n: int) -> float:
     """Seconds from the gather to KVDone's ack (every chunk written by the receiver)."""
     start = time.perf_counter()
     deadline = asyncio.get_running_loop().time() + 120
-    sender = KVSender(bus, SUBJECT, WORKER_DEFAULTS["kv_window"], deadline)
+    sender = ChunkSender(bus, SUBJECT, WORKER_DEFAULTS["kv_window"], deadline)
     index = torch.arange(n)
     data = torch.stack([layer.index_select(0, index) for layer in cache])  # as read_blocks
     blocks = KVBlocks("bench", 0, len(cache), 0, [None] * n, data)

@@ -1,24 +1,28 @@
 """What the prefill and decode sides of a worker share: connection, engine client, request
-table, and the conversions of engine outputs to `TokenChunk`s."""
+table, admission (`admit`, the same for every kind of work), and the one way tokens leave
+the worker: `stream`/`fail` queue `TokenChunk`s on the outbox, which the runtime publishes in
+order."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from opentelemetry.context import Context
 
 from services.worker.config import WorkerConfig
 from services.worker.engine_client import EngineClient
+from services.worker.refusals import refusal
 from services.worker.requests import RequestState, RequestTable, Trace, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus
 from shared.engine.outputs import RequestOutput
 from shared.engine.sequence import FinishReason
 from shared.kvtransfer import KVLayout
-from shared.kvtransfer.transfer import KVTransport
-from shared.protocol import PromptTokenLogprob, SubmitRequest, TokenChunk, TokenLogprob
+from shared.kvtransfer.link import KVLink
+from shared.protocol import Outcome, PromptTokenLogprob, SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
 
 FINISH_REASONS = {
@@ -38,15 +42,42 @@ class WorkerContext:
     table: RequestTable
     telemetry: WorkerTelemetry
     outbox: asyncio.Queue[tuple[str, TokenChunk]]  # to gateways, published in order
-    transport: KVTransport | None  # the one-sided KV transport (nixl); None: nats only
+    link: KVLink  # the KV transports: each transfer's sender and receiver
     draining: bool = False  # set on SIGTERM: new tasks are refused
     kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
     kv_blocks_received: int = 0
 
-    @property
-    def transports(self) -> list[str]:
-        """What this worker can move KV by, best first."""
-        return [self.transport.name, "nats"] if self.transport is not None else ["nats"]
+    async def admit(
+        self,
+        request: SubmitRequest,
+        state: RequestState,
+        parent: Context,
+        take: Callable[[WorkerRequest], Awaitable[object]],
+        *,
+        decodes: bool,
+        deadline_limit: float | None = None,
+    ) -> tuple[WorkerRequest | None, Outcome, str]:
+        """Take `request` in `state` unless draining or its id is held here; `take(entry)` (the
+        engine's check and queueing, or a reservation) runs with it in the table already, so
+        neither a Cancel nor the same id again is lost meanwhile. (entry, OK, "") or
+        (None, the refusal)."""
+        request_id = request.request_id
+        if self.draining:
+            return None, Outcome.UNAVAILABLE, "draining"
+        if request_id in self.table:
+            return None, Outcome.UNAVAILABLE, "duplicate request id"
+        entry = self.new_request(
+            request, state, parent, decodes=decodes, deadline_limit=deadline_limit
+        )
+        try:
+            await take(entry)
+        except Exception as exc:
+            self.table.end(entry, "refused", time.time())
+            return None, *refusal(request_id, exc)
+        if self.table.get(request_id) is not entry:  # cancelled meanwhile
+            self.engine.abort(request_id)
+            return None, Outcome.UNAVAILABLE, "cancelled"
+        return entry, Outcome.OK, ""
 
     def new_request(
         self,

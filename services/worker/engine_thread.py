@@ -1,15 +1,15 @@
 """The engine in its own thread: the only code that calls the (synchronous) `LLMEngine`.
 
 Commands come in through a queue as functions of the engine. Between commands the thread
-steps the engine; each step's report goes back to the event loop with
-`call_soon_threadsafe`. The thread sleeps on the queue — using no CPU — whenever stepping
-would change nothing: the engine holds no work, or its last step scheduled no token (every
-waiting request lacks blocks; only a command — a release, an abort, an import — can free
-them). After every step and every batch of commands it snapshots the engine's counters
-(`stats`) and gathers its prefix-cache events, which the loop reads without waiting; a step
-that commands came in during is snapshot once they are applied, so prompts that arrived
-meanwhile count as waiting (a prefill worker's backlog) from the step's end, as does a
-prompt that one step prefilled only in part.
+steps the engine; each step's `StepOutput` (its outputs and the engine's transitions) goes
+back to the event loop with `call_soon_threadsafe`. The thread sleeps on the queue — using
+no CPU — whenever stepping would change nothing: the engine holds no work, or its last step
+scheduled no token (every waiting request lacks blocks; only a command — a release, an
+abort, an import — can free them). After every step and every batch of commands it snapshots
+the engine's counters (`stats`) and gathers its prefix-cache events, which the loop reads
+without waiting; a step that commands came in during is snapshot once they are applied, so
+prompts that arrived meanwhile count as waiting (a prefill worker's backlog) from the step's
+end, as does a prompt that one step prefilled only in part.
 
 With a `CoreLease` (core_lease.py), each step runs with one torch thread per core it holds:
 its own, and those of the machine's idle workers.
@@ -38,7 +38,7 @@ import torch
 
 from services.worker.core_lease import CoreLease
 from shared.engine.engine import LLMEngine
-from shared.engine.outputs import RequestOutput
+from shared.engine.outputs import StepOutput
 from shared.engine.stats import EngineStats, KVCacheEvents, KVEventLog
 
 log = logging.getLogger(__name__)
@@ -57,13 +57,6 @@ T = TypeVar("T")
 
 
 @dataclass(slots=True)
-class StepReport:
-    step_started: float  # Unix seconds
-    outputs: list[RequestOutput]
-    started: list[str]  # requests whose first chunk this step computed
-
-
-@dataclass(slots=True)
 class _Command:
     fn: Callable[[LLMEngine], Any]
     on_done: Callable[[Any, BaseException | None], None]  # called in the engine thread
@@ -73,13 +66,13 @@ class EngineThread:
     def __init__(
         self,
         build: Callable[[], LLMEngine],
-        on_step: Callable[[LLMEngine, StepReport], None],
+        on_step: Callable[[StepOutput, float], None],
         on_fatal: Callable[[BaseException], None],
         lease: CoreLease | None = None,
     ) -> None:
-        """`on_step(engine, report)` runs in the engine thread right after a step (to read
-        what only the thread may read) and must hand its results to the loop itself;
-        `on_fatal` runs on the loop when the thread dies. `lease` sizes each step's threads."""
+        """`on_step(step, step_started)` runs on the loop after a step that did something
+        (`step_started` in Unix seconds); `on_fatal` runs on the loop when the thread dies.
+        `lease` sizes each step's threads."""
         self.build = build
         self.lease = lease
         self.on_step = on_step
@@ -182,15 +175,15 @@ class EngineThread:
             while self._apply_commands(engine, stalled or not engine.has_unfinished_requests()):
                 if not engine.has_unfinished_requests():
                     continue
-                report = StepReport(time.time(), [], [])
-                outputs = self._step(engine)
-                if outputs is None:  # commands came while it waited for cores: they go first
+                step_started = time.time()
+                step = self._step(engine)
+                if step is None:  # commands came while it waited for cores: they go first
                     continue
-                report.outputs = outputs
                 stalled = engine.last_step_num_tokens == 0
-                self.on_step(engine, report)
                 if self._commands.empty():  # else once they are applied: prompts that came
                     self._observe(engine)  # during the step are a backlog, not none at all
+                if step.outputs or step.started:  # after the counters: they agree with it
+                    self.to_loop(self.on_step, step, step_started)
         except Exception as exc:  # an engine bug: fail every caller rather than hang them
             log.exception("engine thread failed")
             self._fail(exc)
@@ -198,19 +191,19 @@ class EngineThread:
             if self.lease is not None:
                 self.lease.close()
 
-    def _step(self, engine: LLMEngine) -> list[RequestOutput] | None:
+    def _step(self, engine: LLMEngine) -> StepOutput | None:
         """One step on the cores the lease gives; None, without a step, when commands came
         while the lease waited on another worker (a reservation must not wait out a backlog:
         the prompt it is for is what the prefill worker needs next)."""
         if self.lease is None:
-            return engine.step()
+            return engine.run_step()
         cores = self.lease.acquire(interrupted=lambda: not self._commands.empty())
         if cores is None:
             return None
         try:
             if cores != torch.get_num_threads():
                 torch.set_num_threads(cores)
-            return engine.step()
+            return engine.run_step()
         finally:
             self.lease.release()
 

@@ -1,6 +1,9 @@
 """One `WorkerRequest` per request a worker holds, in one `RequestTable`.
 
-The states, in the order a request passes through them:
+The states, in the order a request passes through them. QUEUED, COMPUTING, HELD and
+RUNNING follow the engine's own reports (its step outputs: started, held, tokens); RESERVED,
+RECEIVING and TRANSFERRING are the mesh's, each moved by the one side that owns it (the
+KV receiver's or sender's state, transfer.py):
 
 prefill side: QUEUED (accepted, in the engine's waiting queue) → COMPUTING (its first
     prefill chunk is scheduled) → HELD (first token sampled and streamed; its KV blocks
@@ -24,6 +27,7 @@ from typing import Protocol
 
 from opentelemetry.context import Context
 
+from shared.kvtransfer.transfer import KVReceiver
 from shared.protocol import SubmitRequest
 
 
@@ -70,7 +74,7 @@ class WorkerRequest:
     offered_transports: list[str] = field(default_factory=list)  # prefill: decode takes these
     hand_off: asyncio.Task[None] | None = None  # prefill: first token out, then the KV
     failure: str = ""  # prefill: why the hand-off was stopped, when the gateway must know
-    kv_read: asyncio.Task[None] | None = None  # decode: the task whose READ is in flight
+    receiver: KVReceiver | None = None  # decode: its transfer's, once the first message came
 
     @property
     def request_id(self) -> str:

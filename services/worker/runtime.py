@@ -27,7 +27,8 @@ from services.worker.prefill import PrefillSide
 from services.worker.requests import RequestState, RequestTable, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus, Headers
-from shared.engine.outputs import RequestOutput
+from shared.engine.outputs import StepOutput
+from shared.kvtransfer.link import KVLink, KVReceivers
 from shared.kvtransfer.nats_transport import serve_kv
 from shared.kvtransfer.select import make_transport
 from shared.kvtransfer.transfer import TransportFactory
@@ -97,7 +98,7 @@ class Worker:
         transport = await asyncio.to_thread(
             self.transport_factory,
             wid,
-            self.engine.kv_cache_layers(),
+            self.engine.kv.cache_layers(),
             layout,
             config.kv_transport,
         )
@@ -105,6 +106,10 @@ class Worker:
         bus = await Bus.connect(common.nats_url, f"worker-{wid}", auth=common.nats_auth)
         self.telemetry.metrics.registry.register(bus.rejections.counter)
         subjects = Subjects(common.namespace)
+        kv = self.engine.kv
+        link = KVLink(
+            bus, wid, layout, config.kv_window, config.kv_headroom, kv, kv.copier, transport
+        )
         self.ctx = ctx = WorkerContext(
             config,
             bus,
@@ -114,7 +119,7 @@ class Worker:
             self.table,
             self.telemetry,
             asyncio.Queue(),
-            transport,
+            link,
         )
         if config.prefills:
             self.prefill = prefill = PrefillSide(ctx)
@@ -123,7 +128,7 @@ class Worker:
             self.decode = decode = DecodeSide(ctx)
             await _serve(bus, subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
             await _serve(bus, subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
-            await serve_kv(bus, subjects.kv(wid), decode)
+            await serve_kv(bus, subjects.kv(wid), KVReceivers(link, decode))
         await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
@@ -161,21 +166,20 @@ class Worker:
         # deregistered and it stops.
         if not await self.engine.drain(OUTBOX_FLUSH_S):
             log.warning("the engine still held requests at shutdown")
-        if ctx.transport is not None:
-            ctx.transport.close()
+        ctx.link.close()
         await self.engine.cleanup()
         self.telemetry.tracing.shutdown()
 
     # -- EngineEvents (called on the loop) ------------------------------------------------
-    def on_started(self, request_ids: list[str], step_started: float) -> None:
-        for request_id in request_ids:
+    def on_step(self, step: StepOutput, step_started: float) -> None:
+        """The engine's transitions move the table: started (QUEUED → COMPUTING, or RUNNING
+        for a DecodeTask), the first token of a prefill (→ HELD, with its blocks), tokens."""
+        for request_id in step.started:
             entry = self.table.get(request_id)
             if entry is None or entry.state != S.QUEUED:
                 continue
             self.table.move(entry, S.RUNNING if entry.decodes else S.COMPUTING, step_started)
-
-    def on_outputs(self, outputs: list[RequestOutput], step_started: float) -> None:
-        for output in outputs:
+        for output in step.outputs:
             entry = self.table.get(output.request_id)
             if entry is None:  # cancelled while the step ran
                 continue
@@ -185,7 +189,7 @@ class Worker:
                 self.decode.on_output(entry, output)
             elif entry.state == S.COMPUTING:
                 assert self.prefill is not None
-                self.prefill.on_output(entry, output)
+                self.prefill.on_output(entry, output, step.held.get(output.request_id))
 
     def on_request_failed(self, request_id: str, error: BaseException) -> None:
         log.error("%s: the engine failed it", request_id, exc_info=error)
@@ -288,7 +292,7 @@ class Worker:
             spec_accepted_tokens=stats.spec_decode.accepted,
             spec_verify_steps=stats.spec_decode.verify_steps,
             metrics_port=self.metrics_port,
-            kv_transports=self.ctx.transports,
+            kv_transports=self.ctx.link.names,
             kv_peers=self.prefill.peers.snapshot() if self.prefill is not None else [],
         )
         await bus.publish(subjects.heartbeat, beat)

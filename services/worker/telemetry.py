@@ -6,9 +6,9 @@ request's entry into a state to its entry into the next:
   prefill: QUEUED → COMPUTING `prefill.queue`; COMPUTING → HELD `prefill.compute` (from
     the step of its first chunk to its first token); TRANSFERRING: the sending `kv.transfer`
     (made by the hand-off itself, which needs its context for the chunks' headers).
-  decode: RECEIVING (first chunk) → RUNNING (KVDone) the receiving `kv.transfer`, parent of
-    the rest; RUNNING (or QUEUED, for a DecodeTask) until its first step `decode.queue`;
-    from that step to the end `decode.generate`.
+  decode: RECEIVING (its receiver's first bytes) → RUNNING (every block in) the receiving
+    `kv.transfer`, parent of the rest; RUNNING (or QUEUED, for a DecodeTask) until its
+    first step `decode.queue`; from that step to the end `decode.generate`.
 Everything per request lives in its `Trace`; this object keeps no per-request state.
 """
 
@@ -89,7 +89,7 @@ class WorkerTelemetry:
         elif (old, new) == (S.QUEUED, S.RUNNING):  # a DecodeTask's first step
             self._queue_span("decode.queue", request, now)
             record.first_step = now
-        elif new == S.RUNNING:  # KVDone: every block is in
+        elif new == S.RUNNING:  # the transfer's receiver has every block
             self._receive_span(request, record.entered if old == S.RECEIVING else now, now, "")
 
     def on_output(self, request: WorkerRequest, output: RequestOutput, step_started: float) -> None:

@@ -2,20 +2,16 @@
 
 vLLM's `AsyncLLM` runs on the worker's event loop; its engine core (scheduler and model)
 runs in a process of its own, so no step ever blocks the loop. Each request is one
-`generate` task whose outputs (deltas) become our `RequestOutput`s; cancelling the task
+`generate` task whose outputs (deltas) become our `StepOutput`s; cancelling the task
 aborts the request in vLLM and frees its blocks.
 
 The hand-off between a vLLM prefill worker and a vLLM decode worker goes through vLLM's
-NixlConnector (vllm_transport.py says how it fits the mesh's one-sided hand-off):
+NixlConnector (vllm_kv.py holds its state, vllm_transport.py fits it to the mesh):
 - prefill: the request runs with `max_tokens=1` and `do_remote_decode`; its final output
-  carries vLLM's `kv_transfer_params` (where its blocks are), which `hand_off_params` gives
-  the mesh to send in `KVReady.engine_params`. vLLM keeps the blocks until the decode
-  engine has READ them (or its lease passes), so `release` has nothing to free.
-- decode: a reservation holds no vLLM blocks (vLLM allocates them when the request enters
-  it); `start_decode` submits the request with those params and `do_remote_prefill`, and
-  vLLM pulls every prompt block before it recomputes the last prompt token and samples the
-  first token again. That token was streamed by the prefill worker already: it is dropped
-  here (and counted when it differs; both ends sample it with the same seed).
+  carries vLLM's `kv_transfer_params` (where its blocks are), reported as held.
+- decode: vLLM pulls every prompt block before it recomputes the last prompt token and
+  samples the first token again. That token was streamed by the prefill worker already:
+  it is dropped here (and counted when it differs; both ends sample it with the same seed).
 A migrated request is resubmitted with prompt + delivered tokens as its prompt; vLLM's
 prefix cache serves whatever of it is still cached.
 """
@@ -23,32 +19,28 @@ prefix cache serves whatever of it is still cached.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 
-import torch
 from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput as VllmOutput
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from services.worker.config import WorkerConfig
-from services.worker.engine_client import EngineEvents, KVReservation
+from services.worker.engine_client import EngineEvents
 from services.worker.vllm_engine_args import engine_args, set_environment
+from services.worker.vllm_kv import VllmKV
 from services.worker.vllm_kv_events import VllmKVEventTranslator
 from services.worker.vllm_kv_subscriber import VllmKVEventSubscriber
 from services.worker.vllm_outputs import flat_block_ids, request_output
 from services.worker.vllm_sampling import to_vllm
 from services.worker.vllm_stats import CounterLogger, VllmCounters
 from services.worker.vllm_transport import VllmNixlTransport
-from shared.engine.block_hash import hash_full_blocks
-from shared.engine.errors import InvalidRequest, UnknownRequest
-from shared.engine.kv_handoff import KVBlocks, check_offered
-from shared.engine.outputs import RequestOutput
+from shared.engine.errors import InvalidRequest
+from shared.engine.kv_handoff import HeldBlocks
+from shared.engine.outputs import RequestOutput, StepOutput
 from shared.engine.sequence import FinishReason
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.stats import EngineStats, KVCacheEvents
@@ -56,17 +48,6 @@ from shared.kvtransfer import KVLayout
 from shared.protocol import SubmitRequest
 
 log = logging.getLogger(__name__)
-NOT_NIXL = "a vLLM worker moves KV only through vLLM's NIXL connector (transport vllm-nixl)"
-
-
-@dataclass(slots=True)
-class _Blocks:
-    """A held prompt (prefill side) or a reservation (decode side)."""
-
-    request: SubmitRequest
-    block_ids: list[int]  # held: in the prefill engine's cache; reserved: table positions
-    block_hashes: list[int | None]
-    kv_transfer_params: dict[str, object]  # held: vLLM's, for the decode engine
 
 
 class VllmEngineClient:
@@ -80,9 +61,10 @@ class VllmEngineClient:
         self._layout: KVLayout | None = None
         self._num_blocks = 0
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._held: dict[str, _Blocks] = {}
-        self._reserved: dict[str, _Blocks] = {}
         self._kv_events: VllmKVEventSubscriber | None = None
+        self.kv = VllmKV(
+            self.block_size, self.engine_config.model_id, self._check, self._decode, self._fail
+        )
 
     async def start(self, events: EngineEvents) -> KVLayout:
         self._events = events
@@ -119,16 +101,8 @@ class VllmEngineClient:
         assert self._layout is not None, "start() first"
         return VllmNixlTransport(self._layout, self._num_blocks)
 
-    async def check(self, request: SubmitRequest) -> None:
-        self._sampling(request)
-        max_len = self.engine_config.max_model_len
-        num_tokens = len(request.prompt_token_ids) + len(request.delivered_token_ids)
-        if not request.prompt_token_ids:
-            raise InvalidRequest("prompt", "empty")
-        if max_len is not None and num_tokens >= max_len:
-            raise InvalidRequest("prompt", f"{num_tokens} tokens: the context is {max_len}")
-
-    def submit(self, request: SubmitRequest, *, hold_kv: bool) -> None:
+    async def submit(self, request: SubmitRequest, *, hold_kv: bool) -> None:
+        self._check(request)
         params = {"do_remote_decode": True} if hold_kv else None
         self._spawn(request, lambda: self._sampling(request, hold_kv, params), hold=hold_kv)
 
@@ -136,80 +110,7 @@ class VllmEngineClient:
         task = self._tasks.pop(request_id, None)
         if task is not None:
             task.cancel()
-        self._held.pop(request_id, None)  # vLLM frees held blocks when their lease ends
-        self._reserved.pop(request_id, None)
-
-    async def reserve(self, request: SubmitRequest) -> KVReservation:
-        await self.check(request)
-        tokens = [*request.prompt_token_ids, *request.delivered_token_ids]
-        num_blocks = -(-len(tokens) // self.block_size)
-        hashes = hash_full_blocks(tokens, self.block_size, self.engine_config.model_id)
-        self._reserved[request.request_id] = _Blocks(request, list(range(num_blocks)), hashes, {})
-        return KVReservation(list(range(num_blocks)), 0)  # vLLM finds its own cached prefix
-
-    async def import_kv(self, request_id: str, blocks: KVBlocks) -> None:
-        raise InvalidRequest("transport", NOT_NIXL)
-
-    def reserved_blocks(
-        self, request_id: str, first_block: int, block_hashes: list[int | None]
-    ) -> list[int]:
-        reserved = self._reserved.get(request_id)
-        if reserved is None:
-            raise UnknownRequest(f"no reservation for {request_id!r}")
-        indices = check_offered(
-            request_id, len(reserved.block_ids), reserved.block_hashes, first_block, block_hashes
-        )
-        return reserved.block_ids[indices.start : indices.stop]
-
-    @contextlib.asynccontextmanager
-    async def pinned(self, request_id: str) -> AsyncIterator[None]:
-        """vLLM pins the blocks it READs into, and those it is READ from, by itself."""
-        yield
-
-    def kv_cache_layers(self) -> list[torch.Tensor]:
-        return []  # registered with NIXL by vLLM's connector, not by the worker
-
-    def start_decode(
-        self, request_id: str, first_token_id: int, engine_params: bytes = b""
-    ) -> None:
-        reserved = self._reserved.pop(request_id, None)
-        if reserved is None:
-            self._fail(request_id, UnknownRequest(f"no reservation for {request_id!r}"))
-            return
-        try:
-            params = json.loads(engine_params) if engine_params else {}
-        except json.JSONDecodeError as exc:
-            self._fail(request_id, InvalidRequest("engine_params", str(exc)))
-            return
-        if not params:
-            self._fail(request_id, InvalidRequest("engine_params", "no kv_transfer_params"))
-            return
-        params.update(do_remote_prefill=True, do_remote_decode=False)
-        request = reserved.request
-        self._spawn(
-            request,
-            lambda: self._sampling(request, False, params),
-            hold=False,
-            drop_first=first_token_id,
-        )
-
-    async def export_kv(self, request_id: str, first_block: int) -> KVBlocks:
-        raise InvalidRequest("transport", NOT_NIXL)
-
-    def held_blocks(self, request_id: str) -> tuple[list[int], list[int | None]]:
-        held = self._held.get(request_id)
-        if held is None:
-            raise UnknownRequest(f"request {request_id!r} holds no blocks here")
-        return list(held.block_ids), list(held.block_hashes)
-
-    def hand_off_params(self, request_id: str) -> bytes:
-        held = self._held.get(request_id)
-        if held is None:
-            raise UnknownRequest(f"request {request_id!r} holds no blocks here")
-        return json.dumps(held.kv_transfer_params).encode()
-
-    def release(self, request_id: str) -> None:
-        self._held.pop(request_id, None)  # the decode engine READ them: vLLM frees them
+        self.kv.forget(request_id)
 
     def stats(self) -> EngineStats:
         """vLLM's latest counters. vLLM reports them after its steps only, so they are stale
@@ -217,13 +118,13 @@ class VllmEngineClient:
         this worker in it, it runs nothing and its blocks count as free (those a lease
         still pins for a peer's READ are freed within `transfer_timeout`)."""
         c = self.counters
-        idle = not self._tasks and not self._held
+        idle = not self._tasks and not self.kv.held_params
         usage = 0.0 if idle else c.usage
         return EngineStats(
             num_running=min(c.num_running, len(self._tasks)),
             num_waiting=min(c.num_waiting, len(self._tasks)),
-            num_held=len(self._held),
-            num_reserved=len(self._reserved),
+            num_held=len(self.kv.held_params),
+            num_reserved=len(self.kv.reservations),
             free_blocks=round(self._num_blocks * (1.0 - usage)),
             total_blocks=self._num_blocks,
             block_size=self.block_size,
@@ -254,8 +155,8 @@ class VllmEngineClient:
         if self._tasks:
             await asyncio.wait(list(self._tasks.values()), timeout=5.0)
         self._tasks.clear()
-        self._held.clear()
-        self._reserved.clear()
+        self.kv.held_params.clear()
+        self.kv.reservations.clear()
         llm, self._llm = self._llm, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
@@ -264,6 +165,22 @@ class VllmEngineClient:
             kv_events.close()
 
     # -- internals --------------------------------------------------------------------------
+    def _check(self, request: SubmitRequest) -> None:
+        """InvalidRequest for what vLLM would refuse (its sampling, the context length)."""
+        self._sampling(request)
+        max_len = self.engine_config.max_model_len
+        num_tokens = len(request.prompt_token_ids) + len(request.delivered_token_ids)
+        if not request.prompt_token_ids:
+            raise InvalidRequest("prompt", "empty")
+        if max_len is not None and num_tokens >= max_len:
+            raise InvalidRequest("prompt", f"{num_tokens} tokens: the context is {max_len}")
+
+    def _decode(self, request: SubmitRequest, params: dict[str, object], first: int) -> None:
+        """A reservation's KV is offered: vLLM pulls it as the request enters it."""
+        self._spawn(
+            request, lambda: self._sampling(request, False, params), hold=False, drop_first=first
+        )
+
     def _sampling(
         self,
         request: SubmitRequest,
@@ -305,7 +222,7 @@ class VllmEngineClient:
         hold: bool,
         drop_first: int | None,
     ) -> None:
-        """Run one request in vLLM, reporting its outputs as the native engine does."""
+        """Run one request in vLLM, reporting each delta as one step of the native engine."""
         llm, events, request_id = self._llm, self._events, request.request_id
         assert llm is not None and events is not None, "start() first"
         tokens = [*request.prompt_token_ids, *request.delivered_token_ids]
@@ -314,41 +231,38 @@ class VllmEngineClient:
             sampling = make_sampling()
             prompt = TokensPrompt(prompt_token_ids=tokens)
             async for out in llm.generate(prompt, sampling, request_id):
-                now = time.time()
-                if not started:
-                    started = True
-                    events.on_started([request_id], now)
+                step = StepOutput(started=[] if started else [request_id])
+                started = True
                 output = request_output(request, out, sampling.logprobs)
                 if drop_first is not None and output.new_token_ids:
                     self._drop_first(output, drop_first)
                     drop_first = None
-                if hold and out.finished:
-                    self._hold(request, out, output)
+                held = self._hold(request, out, output) if hold and out.finished else None
+                if held is not None:
+                    step.held[request_id] = held
                 if output.new_token_ids or output.finish_reason is not None:
-                    events.on_outputs([output], now)
+                    step.outputs.append(output)
+                if step.started or step.outputs:
+                    events.on_step(step, time.time())
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             events.on_request_failed(request_id, exc)
 
-    def _hold(self, request: SubmitRequest, out: VllmOutput, output: RequestOutput) -> None:
+    def _hold(
+        self, request: SubmitRequest, out: VllmOutput, output: RequestOutput
+    ) -> HeldBlocks | None:
         """A prefill's one token is out: keep its blocks for the decode engine unless the
         request itself ends here (a stop, or max_tokens reached)."""
         remaining = request.sampling.max_tokens - len(request.delivered_token_ids)
         capped_by_us = output.finish_reason == FinishReason.LENGTH and remaining > 1
         params = out.kv_transfer_params
         if not capped_by_us:
-            return
+            return None
         if not params or not params.get("remote_block_ids"):
             raise RuntimeError(f"vLLM returned no KV to hand off: {params!r}")
-        tokens = [*request.prompt_token_ids, *request.delivered_token_ids]
-        hashes: list[int | None] = list(
-            hash_full_blocks(tokens, self.block_size, self.engine_config.model_id)
-        )
-        block_ids = flat_block_ids(params["remote_block_ids"])
-        hashes += [None] * (len(block_ids) - len(hashes))
-        self._held[request.request_id] = _Blocks(request, block_ids, hashes, dict(params))
         output.finish_reason = None
+        return self.kv.hold(request, flat_block_ids(params["remote_block_ids"]), params)
 
     def _drop_first(self, output: RequestOutput, first_token_id: int) -> None:
         """The decode engine's first token: the prefill worker streamed it already."""

@@ -3,10 +3,11 @@
 Between two vLLM workers KV moves through vLLM's own NixlConnector: the prefill engine
 keeps a finished prompt's blocks for a peer, the decode engine pulls them when the request
 enters it with the prefill engine's `kv_transfer_params` (our `KVReady.engine_params`).
-The mesh's hand-off (prefill.py `_offer`, decode.py `on_ready`) is unchanged: it checks the
-offered blocks against the reservation as for any transport, then `start_decode` hands the
-request to vLLM, which READs. So this transport's `start_read` has nothing left to move
-and answers SUCCESS; a failed pull comes back as the request's failure from the engine.
+The mesh's one-sided transfer (shared/kvtransfer/one_sided.py) is the same as for any
+transport: the decode side checks the offered blocks against the reservation, then
+`start_decode` hands the request to vLLM, which READs. So this transport's `start_read`
+has nothing left to move and answers SUCCESS; a failed pull comes back as the request's
+failure from the engine.
 Its `metadata` is empty: where to READ from travels per request in `engine_params`.
 """
 

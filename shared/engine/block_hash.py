@@ -31,3 +31,12 @@ def hash_full_blocks(
         parent = hash_block(parent, token_ids[start : start + block_size], model_id)
         hashes.append(parent)
     return hashes
+
+
+def block_hashes(
+    token_ids: list[int], block_size: int, model_id: str, num_blocks: int
+) -> list[int | None]:
+    """One entry per block of a request that fills `num_blocks` blocks with `token_ids`: the
+    chained hash of each full block, None for the rest (a partly filled one)."""
+    hashes: list[int | None] = [*hash_full_blocks(token_ids, block_size, model_id)[:num_blocks]]
+    return hashes + [None] * (num_blocks - len(hashes))

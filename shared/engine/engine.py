@@ -1,15 +1,17 @@
 """`LLMEngine`: the synchronous engine both worker roles run. One step = schedule → run → update.
 
-The API is small: `add_request`, `abort_request`, `step`, plus the KV hand-off hooks.
-A prefill worker adds requests with `hold_kv=True`: after the first token the request is
-HELD with its blocks until `export_kv` has copied them out and `release` frees them.
-A decode worker `reserve`s blocks for a prompt (RESERVED), writes the prefill worker's
-blocks with `import_kv`, then `start_decode` adds the request to the running batch.
+The API is small: `add_request`, `abort_request`, `step` (or `run_step`, which reports the
+engine's own transitions as well: started, held with its blocks, finished), plus the KV
+hand-off. A prefill worker adds requests with `hold_kv=True`: after the first token the
+request is HELD, its blocks pinned in `kv` (kv_handoff.py) until exported and released.
+A decode worker `reserve`s blocks for a prompt (RESERVED, pinned too), writes the prefill
+worker's blocks into them, then `start_decode` adds the request to the running batch.
 
 Errors (shared/engine/errors.py): a bad request raises `InvalidRequest`, an id not in the
 state an operation needs `UnknownRequest`, a full cache `OutOfBlocks`. `check_request` runs
 every validity check without touching the engine's state, so any thread may call it, even
-while the engine's own thread is inside `step`; the rest is for the engine's thread alone.
+while the engine's own thread is inside `step`; so may `checker` and `kv` (the copies of a
+hand-off run beside the steps); the rest is for the engine's thread alone.
 """
 
 from __future__ import annotations
@@ -19,15 +21,15 @@ from dataclasses import replace
 
 import torch
 
-from shared.engine.block_hash import hash_full_blocks
+from shared.engine.block_hash import block_hashes
 from shared.engine.block_manager import BlockManager
 from shared.engine.engine_config import EngineConfig
 from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.kv_cache import KVCache
-from shared.engine.kv_handoff import KVBlocks, Reservation, check_offered
+from shared.engine.kv_handoff import HeldBlocks, KVBlocks, KVHandOff, PinKind, Reservation
 from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner
-from shared.engine.outputs import RequestOutput
+from shared.engine.outputs import RequestOutput, StepOutput
 from shared.engine.request_check import RequestChecker
 from shared.engine.resolve import resolve
 from shared.engine.sampling_params import SamplingParams
@@ -86,7 +88,10 @@ class LLMEngine:
             num_blocks,
             grammars,
         )
+        self.kv = KVHandOff(self.runner.kv_cache)  # the pins of held and reserved blocks
         self.last_step_num_tokens = 0  # tokens the last step scheduled; 0: nothing could run
+        self._unstarted: set[str] = set()  # added, never scheduled yet
+        self._ended: list[RequestOutput] = []  # finished outside a step, for the next report
 
     # -- requests ---------------------------------------------------------------------------
     def check_request(
@@ -112,25 +117,44 @@ class LLMEngine:
         seq = self._new_sequence(request_id, prompt_token_ids, params, output_token_ids)
         seq.hold_kv = hold_kv
         self.scheduler.add(seq)
+        self._unstarted.add(request_id)
 
     def abort_request(self, request_id: str) -> None:
         """Forget the request and free its blocks at once, in whatever state it is. An unknown
         id is no error: the request may have finished meanwhile."""
         seq = self.requests.get(request_id)
+        self._unstarted.discard(request_id)
+        self.kv.forget(request_id)
         if seq is not None:
             self.scheduler.finish(seq, FinishReason.ABORT)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._ended)
 
     def step(self) -> list[RequestOutput]:
+        """Run one step; its outputs (`run_step` tells its transitions too)."""
+        return self.run_step().outputs
+
+    def run_step(self) -> StepOutput:
         """Run one step. Afterwards `last_step_num_tokens` is 0 when nothing could be scheduled
         (say every waiting request lacks blocks): stepping again before a request is added,
         aborted, released or started would schedule nothing either."""
         scheduled = self.scheduler.schedule()
         self.last_step_num_tokens = scheduled.num_tokens
+        report = StepOutput(self._ended)
+        self._ended = []
+        for chunk in scheduled.chunks:
+            if chunk.seq.request_id in self._unstarted:
+                self._unstarted.discard(chunk.seq.request_id)
+                report.started.append(chunk.seq.request_id)
         sampled = self.runner.run(scheduled.chunks) if scheduled.chunks else []
-        return self.scheduler.update(scheduled, sampled)
+        report.outputs += self.scheduler.update(scheduled, sampled)
+        for output in report.outputs:
+            seq = self.requests.get(output.request_id)
+            if seq is not None and seq.status == SequenceStatus.HELD:
+                report.held[seq.request_id] = held = self._held_blocks(seq)
+                self.kv.pin(seq.request_id, PinKind.HELD, held)
+        return report
 
     def stats(self) -> EngineStats:
         """Counters kept as things happen: no set is copied."""
@@ -163,55 +187,15 @@ class LLMEngine:
     def export_kv(
         self, request_id: str, layers: range | None = None, first_block: int = 0
     ) -> KVBlocks:
-        """Copy the prompt's KV blocks from `first_block` on, for `layers` (default: all)."""
-        block_ids, hashes = self.held_blocks(request_id)
-        if not 0 <= first_block <= len(block_ids):
-            reason = f"block {first_block} outside [0, {len(block_ids)}]"
-            raise InvalidRequest("first_block", reason)
-        layers = range(self.model_config.num_layers) if layers is None else layers
-        return KVBlocks(
-            request_id=request_id,
-            layer_start=layers.start,
-            layer_end=layers.stop,
-            first_block=first_block,
-            block_hashes=hashes[first_block:],
-            data=self.read_blocks(block_ids[first_block:], layers),
-        )
-
-    def held_blocks(self, request_id: str) -> tuple[list[int], list[int | None]]:
-        """A held request's prompt blocks: (block ids, hash per block; None for a partly
-        filled one). They stay its own, unchanged, until `release` or `abort_request`."""
-        seq = self._get(request_id, SequenceStatus.HELD)
-        num_blocks = self.block_manager.blocks_for(seq.num_computed_tokens)
-        hashes: list[int | None] = list(seq.block_hashes[:num_blocks])
-        return seq.block_table[:num_blocks], hashes + [None] * (num_blocks - len(hashes))
-
-    def read_blocks(self, block_ids: list[int], layers: range | None = None) -> torch.Tensor:
-        """A CPU copy of these blocks' KV: [layers, blocks, block_size, 2, kv_heads, d].
-        Safe from any thread for blocks no running sequence writes (held ones)."""
-        layers = range(self.model_config.num_layers) if layers is None else layers
-        if layers.start < 0 or layers.stop > self.model_config.num_layers:
-            raise InvalidRequest("layers", f"layers {layers} outside the model's")
-        return self.runner.kv_cache.read_blocks(block_ids, layers)
-
-    def write_blocks(self, block_ids: list[int], layers: range, data: torch.Tensor) -> None:
-        """Write KV into these blocks, after checking shape, dtype and ranges (InvalidRequest).
-        Safe from any thread for blocks no running sequence reads (reserved ones)."""
-        self.runner.kv_cache.write_blocks(block_ids, layers, data)
-
-    def kv_cache_layers(self) -> list[torch.Tensor]:
-        """The paged KV cache, one tensor per layer: [num_blocks, block_size, 2, kv_heads, d]
-        (a transport registers them once; they never move)."""
-        return self.runner.kv_cache.layers
-
-    def is_started(self, request_id: str) -> bool:
-        """Has the request been scheduled at least once (or left the engine)?"""
-        seq = self.requests.get(request_id)
-        return seq is None or seq.status != SequenceStatus.WAITING or seq.num_computed_tokens > 0
+        """Copy the held prompt's KV blocks from `first_block` on, for `layers` (default: all)."""
+        self._get(request_id, SequenceStatus.HELD)
+        return self.kv.export(request_id, first_block, layers)
 
     def release(self, request_id: str) -> None:
         """The held request's KV has been shipped: free its blocks."""
-        self.scheduler.finish(self._get(request_id, SequenceStatus.HELD), FinishReason.ABORT)
+        seq = self._get(request_id, SequenceStatus.HELD)
+        self.kv.forget(request_id)
+        self.scheduler.finish(seq, FinishReason.ABORT)
 
     # -- KV hand-off: decode side -----------------------------------------------------------
     def reserve(
@@ -225,20 +209,20 @@ class LLMEngine:
         OutOfBlocks when they do not fit now."""
         seq = self._new_sequence(request_id, prompt_token_ids, params, output_token_ids)
         num_cached = self.scheduler.reserve(seq)
+        config, block_ids = self.config, list(seq.block_table)
+        hashes = block_hashes(seq.token_ids, config.block_size, config.model_id, len(block_ids))
+        self.kv.pin(request_id, PinKind.RESERVED, HeldBlocks(block_ids, hashes))
         return Reservation(block_ids=list(seq.block_table), num_cached_blocks=num_cached)
 
     def import_kv(self, request_id: str, blocks: KVBlocks) -> None:
         """Write received blocks into the reservation, after checking they belong there."""
-        seq = self._get(request_id, SequenceStatus.RESERVED)
-        expected = hash_full_blocks(seq.token_ids, self.config.block_size, self.config.model_id)
-        indices = check_offered(
-            request_id, len(seq.block_table), expected, blocks.first_block, blocks.block_hashes
-        )
-        block_ids = seq.block_table[indices.start : indices.stop]
-        self.write_blocks(block_ids, blocks.layers, blocks.data)
+        self._get(request_id, SequenceStatus.RESERVED)
+        self.kv.write(request_id, blocks)
 
     def start_decode(self, request_id: str, first_token_id: int) -> RequestOutput:
-        """All blocks are in: append the prefill worker's first token and join the batch."""
+        """All blocks are in: append the prefill worker's first token and join the batch.
+        When that token ends the request, the next step reports its finish (with no token:
+        the prefill worker streamed it)."""
         seq = self._get(request_id, SequenceStatus.RESERVED)
         vocab = self.model_config.vocab_size
         if not 0 <= first_token_id < vocab:
@@ -246,7 +230,11 @@ class LLMEngine:
         if seq.grammar is not None and not seq.grammar.allows(first_token_id):
             reason = f"token {first_token_id} does not fit the request's grammar"
             raise InvalidRequest("first_token_id", reason)
-        return self.scheduler.start_decode(seq, first_token_id)
+        self.kv.forget(request_id)
+        output = self.scheduler.start_decode(seq, first_token_id)
+        if output.finish_reason is not None:
+            self._ended.append(replace(output, new_token_ids=[], new_logprobs=[]))
+        return output
 
     # -- internals --------------------------------------------------------------------------
     def _new_sequence(
@@ -265,6 +253,13 @@ class LLMEngine:
         seq = Sequence(request_id, tokens, len(prompt_token_ids), params, seed)
         seq.grammar = grammar
         return seq
+
+    def _held_blocks(self, seq: Sequence) -> HeldBlocks:
+        """A held request's prompt blocks: hash per block, None for a partly filled one."""
+        num_blocks = self.block_manager.blocks_for(seq.num_computed_tokens)
+        hashes: list[int | None] = list(seq.block_hashes[:num_blocks])
+        hashes += [None] * (num_blocks - len(hashes))
+        return HeldBlocks(seq.block_table[:num_blocks], hashes)
 
     def _get(self, request_id: str, status: SequenceStatus) -> Sequence:
         seq = self.requests.get(request_id)

@@ -1,9 +1,15 @@
-"""What one engine step reports per request."""
+"""What one engine step reports: per request its new tokens (`RequestOutput`), and the
+transitions the engine made (`StepOutput`), so its users keep no state machine of their own.
+
+The one subtle rule: a request's transitions come in the same `StepOutput` as the output
+that caused them (a held request's blocks with its first token), so nothing has to ask.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.engine.kv_handoff import HeldBlocks
 from shared.engine.sampler import TokenLogprobs
 from shared.engine.sequence import FinishReason, PromptLogprob
 
@@ -18,3 +24,11 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     # params.prompt_logprobs: with the first token, prompt tokens 1.. scored (None: not asked)
     prompt_logprobs: list[PromptLogprob] | None = None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    outputs: list[RequestOutput] = field(default_factory=list)  # new tokens and finishes
+    started: list[str] = field(default_factory=list)  # ids whose first chunk this step ran
+    # prefill side: ids held after this step's first token, with the blocks kept for export
+    held: dict[str, HeldBlocks] = field(default_factory=dict)

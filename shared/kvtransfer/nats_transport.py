@@ -1,11 +1,14 @@
 """The `nats` KV transport: chunks as request/reply on the decode worker's KV subject.
 
-`KVSender` keeps up to `window` chunks unacknowledged (flow control) and fails the whole
-transfer on the first refused chunk, timeout or passed deadline. `serve_kv` answers every
-message kind of the decode worker's KV subject (these chunks and their `KVDone`, and the
-one-sided transports' `KVReady`) with a `TaskAck`; a handler's error becomes its outcome:
-a frame or block that does not fit is INVALID, a request the receiver does not hold
-UNAVAILABLE, a failed transfer or anything else FAILED.
+`ChunkSender` keeps up to `window` chunks unacknowledged (flow control) and fails the whole
+transfer on the first refused chunk, timeout or passed deadline; every transport sends its
+control messages (`KVReady`, `KVDone`) through one too. `NatsSender` exports a held
+request's blocks in one copy and sends them as chunks under max_payload, then `KVDone`;
+`NatsReceiver` checks each chunk and writes it into the reservation beside the running
+steps, until `KVDone`. `serve_kv` answers every message kind of the decode worker's KV
+subject with a `TaskAck`; a handler's error becomes its outcome: a frame or block that does
+not fit is INVALID, a request the receiver does not hold UNAVAILABLE, a failed transfer or
+anything else FAILED.
 """
 
 from __future__ import annotations
@@ -18,9 +21,18 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared.bus import Bus, Headers
-from shared.engine.errors import EngineError, UnknownRequest
-from shared.kvtransfer.chunks import BadChunk
-from shared.kvtransfer.transfer import TransferError
+from shared.engine.errors import EngineError, InvalidRequest, UnknownRequest
+from shared.engine.kv_handoff import HeldBlocks
+from shared.kvtransfer.chunks import BadChunk, KVLayout, from_chunk, to_chunks
+from shared.kvtransfer.transfer import (
+    Awaiting,
+    KVCopier,
+    KVMessage,
+    Received,
+    ReceiveEvents,
+    TransferError,
+    TransferState,
+)
 from shared.protocol import (
     KVChunk,
     KVDone,
@@ -35,7 +47,7 @@ from shared.wire_checks import decode_checked_one_of
 log = logging.getLogger(__name__)
 
 
-class KVSender:
+class ChunkSender:
     def __init__(
         self, bus: Bus, subject: str, window: int, deadline: float, headers: Headers | None = None
     ) -> None:
@@ -95,6 +107,121 @@ class KVSender:
             raise TransferError(f"KV transfer failed: {exc}") from exc
         if not ack.ok:
             raise TransferError(f"decode worker refused KV: {ack.error}")
+
+
+NO_COPIES = "this engine copies no KV blocks: no KV transport in common with the peer"
+
+
+class NatsSender:
+    name = "nats"
+
+    def __init__(
+        self,
+        control: ChunkSender,
+        request_id: str,
+        first_token_id: int,
+        copier: KVCopier | None,
+        max_bytes: int,  # per chunk's data: the bus's max_payload less headroom
+    ) -> None:
+        self.control = control
+        self.request_id = request_id
+        self.first_token_id = first_token_id
+        self.copier = copier
+        self.max_bytes = max_bytes
+        self.state = TransferState.WAITING_FOR_INPUT
+
+    @property
+    def headers(self) -> Headers | None:
+        return self.control.headers
+
+    @headers.setter
+    def headers(self, headers: Headers | None) -> None:
+        self.control.headers = headers
+
+    def poll(self) -> TransferState:
+        return self.state
+
+    async def send(self, first_block: int, blocks: HeldBlocks, engine_params: bytes) -> None:
+        """One export of every layer, cut into chunks under `max_bytes`, then KVDone."""
+        if self.copier is None:
+            self.state = TransferState.FAILED
+            raise TransferError(NO_COPIES)
+        self.state = TransferState.TRANSFERRING
+        try:
+            if first_block < len(blocks.block_ids):
+                exported = await self.copier.export(self.request_id, first_block)
+                for chunk in to_chunks(exported, self.max_bytes):
+                    await self.control.send(chunk)
+            done = KVDone(self.request_id, self.control.num_chunks, self.first_token_id)
+            await self.control.finish(done)
+        except BaseException:
+            self.state = TransferState.FAILED
+            raise
+        self.state = TransferState.SUCCESS
+
+    async def abort(self, reason: str) -> None:
+        self.state = TransferState.FAILED
+        chunks = self.control.num_chunks
+        done = KVDone(self.request_id, chunks, self.first_token_id, Outcome.FAILED, reason)
+        await self.control.abort(done)
+
+
+class NatsReceiver:
+    name = "nats"
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        copier: KVCopier | None,
+        request: Awaiting,
+        events: ReceiveEvents,
+    ) -> None:
+        self.layout = layout
+        self.copier = copier
+        self.request = request
+        self.events = events
+        self.received = Received()
+        self.state = TransferState.WAITING_FOR_INPUT
+
+    def poll(self) -> TransferState:
+        return self.state
+
+    async def on_message(self, message: KVMessage, headers: Headers) -> None:
+        if isinstance(message, KVChunk):
+            await self._on_chunk(message)
+        elif isinstance(message, KVDone):
+            self._on_done(message, headers)
+        else:
+            raise InvalidRequest("transport", "this transfer moves its KV over nats")
+
+    def abort(self) -> None:
+        """Nothing to stop: a chunk being written finishes before its blocks are freed."""
+        self.state = TransferState.FAILED
+
+    async def _on_chunk(self, chunk: KVChunk) -> None:
+        """Check and write one chunk."""
+        if self.copier is None:
+            raise InvalidRequest("transport", NO_COPIES)
+        blocks = from_chunk(chunk, self.layout, self.request.num_blocks)
+        self._move(TransferState.TRANSFERRING)
+        await self.copier.write(chunk.request_id, blocks)
+        if chunk.layer_start == 0:  # the first layer group carries every block once
+            self.received.num_blocks += len(chunk.block_hashes)
+        self.received.num_bytes += len(chunk.data)
+        self._move(TransferState.TRANSFERRING)  # again: these blocks are in
+
+    def _on_done(self, done: KVDone, headers: Headers) -> None:
+        self.received.headers = headers
+        if not done.ok:
+            self.received.error = done.error or done.outcome.name.lower()
+            self._move(TransferState.FAILED)
+            return
+        self.received.first_token_id = done.first_token_id
+        self._move(TransferState.SUCCESS)
+
+    def _move(self, state: TransferState) -> None:
+        self.state = state
+        self.events.on_receive(self.request, state)
 
 
 class KVHandlers(Protocol):

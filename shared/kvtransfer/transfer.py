@@ -1,23 +1,28 @@
-"""The one-sided KV transport: a decode worker READs the blocks it lacks straight out of the
-prefill worker's registered KV cache into its own reserved blocks.
+"""How KV moves between workers: one interface for every transport, and the READ shape the
+one-sided transports share.
 
-Every worker makes one `KVTransport` at start over its paged cache (one tensor per layer,
-[num_blocks, block_size, 2, kv_heads, head_dim], on the CPU or a GPU) and publishes its
-`metadata()` in the mesh's own messages (`KVReady`), never through a side channel. A
-decode worker `connect`s to a peer once (by agent name), then each transfer is one
-`start_read` whose handle it polls until SUCCESS or FAILED, within a deadline.
+`KVSender` (prefill side) and `KVReceiver` (decode side) are one transfer each, with a
+poll state (`TransferState`). Implementations: `nats` (nats_transport.py: chunks pushed on
+the decode worker's KV subject, then `KVDone`) and the one-sided ones (one_sided.py: a
+`KVReady` naming the blocks, which the decode worker READs straight out of the prefill
+worker's registered cache) over any `KVTransport` — `nixl` (nixl_transport.py), `fake` (an
+in-process copy for tests, fake_transport.py), `vllm-nixl` (vLLM's connector). link.py
+picks the sender and receiver of each transfer, so the worker's roles never ask which
+transport runs. NATS always carries the control messages (`KVReady`, `KVDone`, aborts).
 
 | state | meaning |
 |---|---|
 | BOOTSTRAPPING | the peer's metadata is being loaded |
 | WAITING_FOR_INPUT | nothing asked yet |
-| TRANSFERRING | the READ is in flight: the local blocks must stay reserved |
-| SUCCESS | every byte is in the local blocks |
-| FAILED | nothing can be trusted in the local blocks; `error` says why |
+| TRANSFERRING | bytes are moving: the receiving blocks must stay reserved |
+| SUCCESS | every byte is in the receiving blocks |
+| FAILED | nothing can be trusted in the receiving blocks; `error` says why |
 
-Implementations: `nixl` (NIXL over UCX; nixl_transport.py) and `fake` (an in-process copy,
-for tests; fake_transport.py). The `nats` transport (nats_transport.py) pushes chunks
-instead and does not take this shape.
+A one-sided `KVTransport` is made once per worker over its paged cache (one tensor per
+layer, [num_blocks, block_size, 2, kv_heads, head_dim], on the CPU or a GPU); its
+`metadata()` travels in the mesh's own messages (`KVReady`), never through a side channel.
+A decode worker `connect`s to a peer once (by agent name), then each transfer is one
+`start_read` whose handle it polls until SUCCESS or FAILED, within a deadline.
 """
 
 from __future__ import annotations
@@ -26,14 +31,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Protocol
 
+from shared.bus import Headers
+from shared.engine.kv_handoff import HeldBlocks, KVBlocks
 from shared.kvtransfer.chunks import KVLayout
+from shared.protocol import KVChunk, KVDone, KVReady
 
 if TYPE_CHECKING:
     import torch
+
+KVMessage = KVChunk | KVDone | KVReady  # what a decode worker's KV subject carries
 
 log = logging.getLogger(__name__)
 POLL_S = 0.0005  # between polls of a READ in flight (64 blocks take ~10 ms at 4 GB/s)
@@ -97,6 +108,97 @@ TransportFactory = Callable[[str, list["torch.Tensor"], KVLayout, str], KVTransp
 class TransferError(RuntimeError):
     """A KV transfer that cannot complete (a refused chunk, a failed READ, a deadline):
     the receiving blocks hold nothing usable."""
+
+
+# -- what a transfer needs of its engine ----------------------------------------------------
+class KVCopier(Protocol):
+    """Copies of whole blocks out of a held request and into a reservation (the `nats`
+    transport ships them as chunks)."""
+
+    async def export(self, request_id: str, first_block: int) -> KVBlocks:
+        """A held request's blocks from `first_block` on, every layer, in one copy."""
+
+    async def write(self, request_id: str, blocks: KVBlocks) -> None:
+        """Write received blocks into a reservation (checked against it first)."""
+
+
+class KVPins(Protocol):
+    """A decode engine's reservations, as a one-sided READ needs them."""
+
+    def reserved(
+        self, request_id: str, first_block: int, block_hashes: list[int | None]
+    ) -> list[int]:
+        """The reservation's block ids from `first_block` on, one per hash, after checking
+        each full block's hash against the prompt (InvalidRequest)."""
+
+    def pinned(self, request_id: str) -> AbstractAsyncContextManager[None]:
+        """Keep the request's blocks while the body runs; an abort meanwhile waits."""
+
+
+# -- the interface every transport implements ---------------------------------------------
+class KVSender(Protocol):
+    """The prefill side of one request's transfer."""
+
+    name: str  # the transport's
+    headers: Headers | None  # the trace context every message of the transfer carries
+
+    def poll(self) -> TransferState: ...
+
+    async def send(self, first_block: int, blocks: HeldBlocks, engine_params: bytes) -> None:
+        """Move the held `blocks` from `first_block` on (the receiver holds the rest) and hand
+        the receiver the first token; returns once it has every block (TransferError
+        otherwise). `engine_params`: what the decode engine needs besides the blocks."""
+
+    async def abort(self, reason: str) -> None:
+        """Stop; tell the receiver (best effort) to drop the request."""
+
+
+@dataclass(slots=True)
+class Received:
+    """What a receiver has taken so far, and at SUCCESS what decoding starts with."""
+
+    num_blocks: int = 0  # blocks written, each once however many layer groups
+    num_bytes: int = 0
+    first_token_id: int = -1
+    engine_params: bytes = b""  # the prefill engine's, for the decode engine
+    headers: Headers = field(default_factory=dict)  # of the message that ended it
+    error: str = ""  # FAILED: why
+
+
+class KVReceiver(Protocol):
+    """The decode side of one request's transfer, fed the KV subject's messages for it."""
+
+    name: str  # the transport's
+    received: Received
+
+    def poll(self) -> TransferState: ...
+
+    async def on_message(self, message: KVMessage, headers: Headers) -> None:
+        """Take one message; raising refuses it (the sender fails the transfer)."""
+
+    def abort(self) -> None:
+        """Stop now: a READ in flight is abandoned (its source may be dead)."""
+
+
+class Awaiting(Protocol):
+    """A reservation awaiting its KV (the decode worker's entry for the request)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    num_blocks: int  # reserved for the whole prompt
+    skip_blocks: int  # leading blocks already held here: not sent
+    receiver: KVReceiver | None  # set by the first message of its transfer
+
+
+class ReceiveEvents(Protocol):
+    """The decode side, as receivers see it."""
+
+    def awaiting(self, request_id: str) -> Awaiting:
+        """The reservation the message is for (UnknownRequest when none awaits KV)."""
+
+    def on_receive(self, request: Awaiting, state: TransferState) -> None:
+        """The receiver's state changed (TRANSFERRING again: more blocks came)."""
 
 
 async def read_blocks(

@@ -15,6 +15,7 @@ import pytest
 from services.worker.runtime import Worker
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
+from shared.engine.request_check import RequestChecker
 from shared.engine.sampling_params import SamplingParams
 from shared.protocol import (
     Cancel,
@@ -144,7 +145,7 @@ def test_internal_engine_errors_are_failures_and_bad_requests_are_invalid(
         def broken(*args, **kwargs):
             raise ValueError("a bug, not the request")
 
-        monkeypatch.setattr(LLMEngine, "check_request", broken)
+        monkeypatch.setattr(RequestChecker, "check", broken)
         ack = await bench.prefill(bench.request("victim"))
         assert ack.outcome == Outcome.FAILED and "internal error" in ack.error
         monkeypatch.setattr(LLMEngine, "reserve", broken)
@@ -166,14 +167,14 @@ def test_an_engine_that_dies_fails_every_request_so_gateways_migrate(
         for name in ("a", "b"):
             assert (await bench.prefill(bench.request(name, LONG_PROMPT, LONG))).ok
         await until(lambda: "a" in bench.chunks and "b" in bench.chunks)  # both held
-        real_step = LLMEngine.step
+        real_step = LLMEngine.run_step
 
         def step(engine: LLMEngine):
             if engine.has_unfinished_requests():
                 raise RuntimeError("kernel exploded")
             return real_step(engine)
 
-        monkeypatch.setattr(LLMEngine, "step", step)
+        monkeypatch.setattr(LLMEngine, "run_step", step)
         assert (await bench.prefill(bench.request("c", PROMPT, LONG))).ok
         await asyncio.wait_for(bench.worker.failed.wait(), timeout=10)
         await until(lambda: all(bench.errors(name) for name in ("a", "b", "c")))

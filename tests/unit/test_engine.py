@@ -185,3 +185,35 @@ def test_reserve_refuses_when_blocks_run_out(tiny_model_dir):
         decode.reserve("b", PROMPTS["mid"], GREEDY)
     decode.abort_request("a")
     assert decode.block_manager.num_free_blocks == 6
+
+
+def test_a_step_reports_what_it_started_and_held(tiny_model_dir):
+    """`run_step` tells the engine's own transitions: a request is started by the step that
+    runs its first chunk (a long prompt's later chunks do not start it again) and held,
+    with its blocks, by the step that samples its first token."""
+    engine = make_engine(tiny_model_dir, max_num_batched_tokens=48)
+    engine.add_request("long", PROMPTS["long"], GREEDY, hold_kv=True)  # 70 tokens: 2 chunks
+    first = engine.run_step()
+    assert first.started == ["long"] and not first.outputs and not first.held
+    second = engine.run_step()
+    assert second.started == [] and [o.request_id for o in second.outputs] == ["long"]
+    held = second.held["long"]
+    assert len(held.block_ids) == 5 and held.block_hashes[-1] is None  # 70 = 4 * 16 + 6
+    assert None not in held.block_hashes[:4]
+    assert engine.kv.export("long", first_block=4).block_hashes == [None]
+    engine.release("long")
+    assert not engine.has_unfinished_requests() and engine.block_manager.num_free_blocks == 64
+
+
+def test_a_first_token_that_ends_a_decode_is_reported_by_the_next_step(tiny_model_dir):
+    prefill, decode = make_engine(tiny_model_dir), make_engine(tiny_model_dir)
+    one_token = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    prefill.add_request("r", PROMPTS["mid"], GREEDY, hold_kv=True)
+    first = run_to_completion(prefill)["r"]
+    decode.reserve("r", PROMPTS["mid"], one_token)
+    decode.import_kv("r", prefill.export_kv("r"))
+    assert decode.start_decode("r", first[0]).finish_reason == FinishReason.LENGTH
+    assert decode.has_unfinished_requests()
+    (ended,) = decode.run_step().outputs
+    assert (ended.request_id, ended.new_token_ids) == ("r", [])
+    assert ended.finish_reason == FinishReason.LENGTH and not decode.has_unfinished_requests()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 from services.worker.engine_thread import GIL_SWITCH_INTERVAL_S, EngineThread, still_loading
+from shared.engine.outputs import StepOutput
 from shared.engine.stats import KVCacheEvents
 
 
@@ -32,7 +33,7 @@ class IdleEngine:
 
 
 def make_thread(build) -> EngineThread:
-    return EngineThread(build, on_step=lambda engine, report: None, on_fatal=lambda exc: None)
+    return EngineThread(build, on_step=lambda step, step_started: None, on_fatal=lambda exc: None)
 
 
 def test_stop_joins_the_thread_of_a_built_engine():
@@ -134,7 +135,7 @@ class BurstEngine:
     def has_unfinished_requests(self) -> bool:
         return self.steps_left > 0
 
-    def step(self) -> list:
+    def run_step(self) -> StepOutput:
         if not self.burst_sent:
             self.burst_sent = True
             for _ in range(3):
@@ -143,7 +144,7 @@ class BurstEngine:
         self.last_step_num_tokens = max(1, self.waiting)
         self.waiting = 0
         self.steps_left -= 1
-        return []
+        return StepOutput()
 
     def stats(self) -> SimpleNamespace:
         return SimpleNamespace(num_waiting=self.waiting, num_running=0)
@@ -157,7 +158,7 @@ def _add_a_prompt_and_run_until(build, lease: RecordingLease, done, meanwhile=No
     `await meanwhile(thread)` if given, stopped once `done(lease.log)`."""
     thread = EngineThread(
         lambda: build(thread),
-        on_step=lambda engine, report: None,
+        on_step=lambda step, step_started: None,
         on_fatal=lambda exc: None,
         lease=lease,  # type: ignore[arg-type]
     )
@@ -203,12 +204,12 @@ class ChunkedEngine:
     def has_unfinished_requests(self) -> bool:
         return self.chunks_left > 0
 
-    def step(self) -> list:
+    def run_step(self) -> StepOutput:
         self.waiting, self.chunks_left = 0, self.chunks_left - 1
         self.running = int(self.chunks_left > 0)  # held once its first token is out
         self.log.append(("step", self.chunks_left))
         self.last_step_num_tokens = 256
-        return []
+        return StepOutput()
 
     def stats(self) -> SimpleNamespace:
         return SimpleNamespace(num_waiting=self.waiting, num_running=self.running)

@@ -1,14 +1,24 @@
-"""The `fake` KV transport (and the READ planning it shares with `nixl`), in one process."""
+"""The `fake` KV transport (and the READ planning it shares with `nixl`), in one process, and
+the link that picks each transfer's sender and receiver."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.kvtransfer.chunks import KVLayout
 from shared.kvtransfer.fake_transport import FakeFabric, FakeTransport, ReadFault
+from shared.kvtransfer.link import KVLink, KVReceivers
 from shared.kvtransfer.read_plan import BlockRun, block_runs
 from shared.kvtransfer.transfer import TransferState
+from shared.protocol import KVChunk, KVReady
 
 LAYOUT = KVLayout(num_layers=3, block_size=4, num_kv_heads=2, head_dim=8, dtype="float32")
 
@@ -129,3 +139,56 @@ def test_make_transport_falls_back_to_nats_unless_nixl_is_insisted_on(monkeypatc
         select.make_transport("w", cache(2, 0.0), LAYOUT, "nixl")
     with pytest.raises(ValueError, match="one of"):
         select.make_transport("w", cache(2, 0.0), LAYOUT, "rdma")
+
+
+class Reservation:
+    """The decode side as receivers see it: one reservation of 4 blocks (the first cached),
+    whose receiver's states are logged."""
+
+    def __init__(self) -> None:
+        self.request = SimpleNamespace(request_id="r", num_blocks=4, skip_blocks=1, receiver=None)
+        self.states: list[TransferState] = []
+
+    def awaiting(self, request_id: str) -> SimpleNamespace:
+        if request_id != "r":
+            raise UnknownRequest(f"no reservation for {request_id!r}")
+        return self.request
+
+    def on_receive(self, request: SimpleNamespace, state: TransferState) -> None:
+        self.states.append(state)
+
+    def reserved(self, request_id: str, first_block: int, hashes: list[int | None]) -> list[int]:
+        return [4, 5, 6][first_block - 1 :][: len(hashes)]
+
+    @contextlib.asynccontextmanager
+    async def pinned(self, request_id: str) -> AsyncIterator[None]:
+        yield
+
+
+def test_the_link_picks_each_transfers_sender_and_receiver(mesh) -> None:
+    """Senders by what both ends take; receivers by a transfer's first message, which a
+    one-sided receiver READs into the reserved blocks."""
+    _, prefill, decode = mesh
+    reservation = Reservation()
+    bus = SimpleNamespace(max_payload=1 << 20)
+    link = KVLink(bus, "decode-0", LAYOUT, 4, 1024, reservation, None, decode)  # type: ignore[arg-type]
+    assert link.names == ["fake"]  # no copier: no nats
+    assert link.sender("r", 9, "kv", ["fake", "nats"], 0.0).name == "fake"
+    assert link.sender("r", 9, "kv", ["nixl", "nats"], 0.0).name == "nats"
+    ready = KVReady(
+        "r", "fake", "prefill-0", prefill.metadata(), prefill.num_blocks,
+        [LAYOUT.num_layers, *LAYOUT.block_shape], LAYOUT.dtype,
+        1, [3, 7, 8], [None] * 3, 9, time.time() + 10,
+    )  # fmt: skip
+    asyncio.run(KVReceivers(link, reservation).on_ready(ready, {"traceparent": "x"}))
+    receiver = reservation.request.receiver
+    assert receiver.name == "fake" and receiver.poll() == TransferState.SUCCESS
+    assert reservation.states == [TransferState.TRANSFERRING, TransferState.SUCCESS]
+    assert (receiver.received.first_token_id, receiver.received.num_blocks) == (9, 3)
+    for mine, theirs in zip(decode.layers, prefill.layers, strict=True):
+        assert torch.equal(mine[[4, 5, 6]], theirs[[3, 7, 8]])
+    reservation.request.receiver = None
+    chunk = KVChunk("r", 0, 0, 1, 1, [None], LAYOUT.dtype, [1, 1, *LAYOUT.block_shape], b"")
+    with pytest.raises(InvalidRequest, match="copies no KV"):  # nats, without a copier
+        asyncio.run(KVReceivers(link, reservation).on_chunk(chunk, {}))
+    assert reservation.request.receiver.name == "nats" and len(reservation.states) == 2

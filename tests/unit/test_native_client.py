@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from services.worker.native_client import NativeEngineClient
-from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.errors import InvalidRequest, UnknownRequest
+from shared.engine.kv_cache import KVCache
 from shared.engine.kv_handoff import KVBlocks
-from shared.engine.outputs import RequestOutput
+from shared.engine.outputs import StepOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.kvtransfer import KVLayout
 from shared.protocol import SubmitRequest
@@ -31,11 +31,9 @@ class Events:
         self.log: list[tuple[str, str]] = []  # (event, request id)
         self.outputs: dict[str, list[int]] = {}
 
-    def on_started(self, request_ids: list[str], step_started: float) -> None:
-        self.log += [("started", r) for r in request_ids]
-
-    def on_outputs(self, outputs: list[RequestOutput], step_started: float) -> None:
-        for output in outputs:
+    def on_step(self, step: StepOutput, step_started: float) -> None:
+        self.log += [("started", r) for r in step.started]
+        for output in step.outputs:
             self.log.append(("output", output.request_id))
             self.outputs.setdefault(output.request_id, []).extend(output.new_token_ids)
 
@@ -78,21 +76,21 @@ def test_an_abort_waits_for_the_import_in_flight(tiny_model_dir, monkeypatch):
     """The reservation's blocks are not freed (and so not handed to anyone else) while a
     write into them runs, although the abort came first."""
     writing, release = threading.Event(), threading.Event()
-    real_write = LLMEngine.write_blocks
+    real_write = KVCache.write_blocks
 
-    def slow_write(engine, block_ids, layers, data):
+    def slow_write(cache, block_ids, layers, data):
         writing.set()
         assert release.wait(10)
-        real_write(engine, block_ids, layers, data)
+        real_write(cache, block_ids, layers, data)
 
-    monkeypatch.setattr(LLMEngine, "write_blocks", slow_write)
+    monkeypatch.setattr(KVCache, "write_blocks", slow_write)
 
     async def scenario(client: NativeEngineClient, events: Events, layout: KVLayout) -> None:
-        reservation = await client.reserve(request("r"))
+        reservation = await client.kv.reserve(request("r"))
         assert len(reservation.block_ids) == 3 and reservation.num_cached_blocks == 0
         shape = (layout.num_layers, 3, *layout.block_shape)
         blocks = KVBlocks("r", 0, layout.num_layers, 0, [None] * 3, torch.zeros(shape))
-        copy = asyncio.create_task(client.import_kv("r", blocks))
+        copy = asyncio.create_task(client.kv.write("r", blocks))
         await wait_for(writing.is_set)
         client.abort("r")
         await asyncio.sleep(0.3)  # steps and commands would have run by now
@@ -102,23 +100,22 @@ def test_an_abort_waits_for_the_import_in_flight(tiny_model_dir, monkeypatch):
         await wait_for(lambda: client.stats().num_reserved == 0)
         assert client.stats().free_blocks == 16
         with pytest.raises(UnknownRequest):
-            await client.import_kv("r", blocks)
+            await client.kv.write("r", blocks)
 
     run(tiny_model_dir, scenario)
 
 
 def test_a_held_request_exports_in_one_copy_and_frees_on_release(tiny_model_dir):
     async def scenario(client: NativeEngineClient, events: Events, layout: KVLayout) -> None:
-        await client.check(request("h"))
-        client.submit(request("h"), hold_kv=True)
+        await client.submit(request("h"), hold_kv=True)
         await wait_for(lambda: "h" in events.outputs)
         assert events.log[:2] == [("started", "h"), ("output", "h")]
         assert client.stats().num_held == 1
-        blocks = await client.export_kv("h", first_block=1)
+        blocks = await client.kv.export("h", first_block=1)
         assert blocks.first_block == 1 and len(blocks.block_hashes) == 2
         assert blocks.block_hashes[-1] is None  # the partly filled last block
         assert blocks.data.shape[:2] == (blocks.layer_end, 2)
-        client.release("h")
+        client.kv.release("h")
         await wait_for(lambda: client.stats().num_held == 0)
         assert client.stats().free_blocks == 16
         events_seen = client.take_kv_events()
@@ -130,9 +127,9 @@ def test_a_held_request_exports_in_one_copy_and_frees_on_release(tiny_model_dir)
 def test_check_refuses_bad_requests_and_a_failed_submit_is_reported(tiny_model_dir):
     async def scenario(client: NativeEngineClient, events: Events, layout: KVLayout) -> None:
         with pytest.raises(InvalidRequest, match="token ids must be in"):
-            await client.check(request("bad", [10**6]))
-        client.submit(request("twice"), hold_kv=False)
-        client.submit(request("twice"), hold_kv=False)  # the engine refuses the second
+            await client.submit(request("bad", [10**6]), hold_kv=False)
+        twice = [client.submit(request("twice"), hold_kv=False) for _ in range(2)]
+        await asyncio.gather(*twice)  # both checked at once; the engine refuses the second
         await wait_for(lambda: ("failed", "twice") in events.log)
         await wait_for(lambda: len(events.outputs.get("twice", [])) == GREEDY.max_tokens)
 

@@ -49,21 +49,20 @@ def vllm_output(token: int, finish: str, params: dict | None = None) -> SimpleNa
 def run_prefill(engine: VllmEngineClient, req: SubmitRequest, token: int, finish: str):
     out = vllm_output(token, finish, PARAMS)
     output = request_output(req, out, to_vllm("r", req.sampling, 0, max_tokens=1).logprobs)
-    engine._hold(req, out, output)
-    return output
+    return output, engine._hold(req, out, output)
 
 
 def test_a_prefill_capped_by_us_holds_its_blocks_for_the_decode_engine():
     engine = client()
-    output = run_prefill(engine, request(), 7, "length")
+    output, held = run_prefill(engine, request(), 7, "length")
     assert output.finish_reason is None and output.new_token_ids == [7]
-    block_ids, hashes = engine.held_blocks("r")
+    block_ids, hashes = held.block_ids, held.block_hashes
     assert block_ids == [4, 5, 6]
     assert len(hashes) == 3 and hashes[2] is None and None not in hashes[:2]  # 70 = 32+32+6
-    assert b'"remote_request_id": "r-1"' in engine.hand_off_params("r")
-    engine.release("r")
+    assert b'"remote_request_id": "r-1"' in engine.kv.params("r")
+    engine.kv.release("r")
     with pytest.raises(UnknownRequest):
-        engine.held_blocks("r")
+        engine.kv.params("r")
 
 
 @pytest.mark.parametrize(
@@ -72,10 +71,10 @@ def test_a_prefill_capped_by_us_holds_its_blocks_for_the_decode_engine():
 )
 def test_a_request_that_ends_at_its_first_token_holds_nothing(max_tokens, finish, ours):
     engine = client()
-    output = run_prefill(engine, request(max_tokens), 2, finish)
-    assert output.finish_reason == ours
+    output, held = run_prefill(engine, request(max_tokens), 2, finish)
+    assert output.finish_reason == ours and held is None
     with pytest.raises(UnknownRequest):
-        engine.held_blocks("r")
+        engine.kv.params("r")
 
 
 def test_the_decode_engines_first_token_is_dropped_and_a_mismatch_counted():
