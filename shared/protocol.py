@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.sequence import FinishReason
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
 
-__all__ = ["SCHEMA_VERSION", "WireError", "decode", "decode_one_of", "encode"]
+__all__ = ["SCHEMA_VERSION", "FinishReason", "WireError", "decode", "decode_one_of", "encode"]
 
 ROLES = ("prefill", "decode", "both")
 
@@ -231,7 +232,7 @@ class TokenChunk:
     index: int  # position in the output of token_ids[0]; lets the gateway drop duplicates
     token_ids: list[int]
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: FinishReason | None = None  # on the last chunk; ABORT goes with `error`
     error: str = ""  # a failure the gateway reports to the client
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0

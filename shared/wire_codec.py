@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 import msgpack
 
 # 2: one `Outcome` enum in every answer instead of ok/invalid flags; 3: prompt logprobs
-# (SamplingParams.prompt_logprobs, TokenChunk.prompt_logprobs)
-SCHEMA_VERSION = 3
+# (SamplingParams.prompt_logprobs, TokenChunk.prompt_logprobs); 4: `TokenChunk.finish_reason`
+# a `FinishReason` IntEnum instead of a string
+SCHEMA_VERSION = 4
 MAX_FRAME_BYTES = 64 * 2**20  # no message, KV chunks included, may exceed this
 MAX_LIST_ITEMS = 1 << 20  # no list in a message is longer: refused before it is walked
 
@@ -51,7 +52,10 @@ def decode(data: bytes, cls: type[T]) -> T:
         raise WireError("frame must be [version, type, fields]")
     version, name, fields = frame
     if version != SCHEMA_VERSION:
-        raise WireError(f"schema version {version!r} (this service speaks {SCHEMA_VERSION})")
+        raise WireError(
+            f"schema version {version!r}: this service speaks {SCHEMA_VERSION} "
+            "(every service of a mesh runs the same splitserve version)"
+        )
     if name != cls.__name__:
         raise WireError(f"expected a {cls.__name__}, got {name!r}")
     try:

@@ -23,7 +23,7 @@ from services.gateway.migration import migrate
 from services.gateway.model_client import ModelClient
 from services.gateway.refusals import Failure, GenerationFailed
 from services.gateway.stop_strings import StopStringMatcher
-from shared.protocol import PromptTokenLogprob, TokenChunk, TokenLogprob
+from shared.protocol import FinishReason, PromptTokenLogprob, TokenChunk, TokenLogprob
 from shared.telemetry.tracing import fail
 
 
@@ -71,27 +71,27 @@ async def token_events(client: ModelClient, job: GatewayRequest) -> AsyncIterato
     try:
         while True:
             chunk = await _next_chunk(client, job)
-            if chunk.error or chunk.finish_reason == "abort":
+            if chunk.error or chunk.finish_reason == FinishReason.ABORT:
                 await migrate(client, job, chunk.error or "the request was aborted by the mesh")
                 continue
             if chunk.token_ids:
                 last_chunk = _observe_chunk(client, job, last_chunk)
             job.delivered += chunk.token_ids
-            if chunk.token_ids or chunk.finish_reason:
+            if chunk.token_ids or chunk.finish_reason is not None:
                 job.first_token.set()
             completion_tokens += len(chunk.token_ids)
             scored = [] if job.prompt_scored else chunk.prompt_logprobs
             job.prompt_scored = job.prompt_scored or bool(scored)  # a migration scores again
             text, stopped = stops.feed(detokenizer.add(chunk.token_ids))
-            if chunk.finish_reason and not stopped:
+            if chunk.finish_reason is not None and not stopped:
                 text += stops.feed(detokenizer.flush())[0] + stops.flush()
             if stopped and output.include_stop_str:
                 text += stops.matched
             if text or chunk.logprobs or scored:
                 yield Delta(text, chunk.token_ids, chunk.logprobs, scored)
-            if stopped or chunk.finish_reason:
+            if stopped or chunk.finish_reason is not None:
                 finished = not stopped  # a stop string still needs the Cancel below
-                reason = outcome = "stop" if stopped else chunk.finish_reason or "stop"
+                reason = outcome = "stop" if stopped else chunk.finish_reason.name.lower()
                 metrics.e2e.observe(time.perf_counter() - job.submitted)
                 yield Finish(reason, Usage(len(job.spec.prompt_ids), completion_tokens))
                 return

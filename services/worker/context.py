@@ -25,12 +25,6 @@ from shared.kvtransfer.link import KVLink
 from shared.protocol import Outcome, PromptTokenLogprob, SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
 
-FINISH_REASONS = {
-    FinishReason.STOP: "stop",
-    FinishReason.LENGTH: "length",
-    FinishReason.ABORT: "abort",
-}
-
 
 @dataclass(slots=True)
 class WorkerContext:
@@ -109,7 +103,7 @@ class WorkerContext:
     def fail(self, entry: WorkerRequest, reason: str) -> None:
         """Tell the gateway the request failed here (it migrates it), and forget it."""
         error = TokenChunk(
-            entry.request_id, entry.next_index, [], finish_reason="abort", error=reason
+            entry.request_id, entry.next_index, [], finish_reason=FinishReason.ABORT, error=reason
         )
         self.outbox.put_nowait((entry.subject, error))
         self.table.end(entry, reason, time.time())
@@ -132,9 +126,7 @@ def token_chunk(output: RequestOutput, index: int) -> TokenChunk:
             TokenLogprob(lp.token_id, lp.logprob, [tuple(t) for t in lp.top])
             for lp in output.new_logprobs
         ],
-        finish_reason=None
-        if output.finish_reason is None
-        else FINISH_REASONS[output.finish_reason],
+        finish_reason=output.finish_reason,
         num_prompt_tokens=output.num_prompt_tokens,
         num_cached_tokens=output.num_cached_tokens,
         prompt_logprobs=[

@@ -33,6 +33,7 @@ from shared.nats_server import NatsServer
 from shared.ports import free_port
 from shared.protocol import (
     Cancel,
+    FinishReason,
     Heartbeat,
     MeshStatus,
     Outcome,
@@ -51,7 +52,7 @@ KEY = "sk-test"
 REPLY = "Hi there! 😀 你好"
 MAX_MODEL_LEN = 128
 NO_SCHEDULER_GRACE_S = 1.0  # a submit nobody subscribes to is asked again this long
-Script = list[tuple[list[int], str | None, str]]  # (token ids, finish_reason, error)
+Script = list[tuple[list[int], str | None, str]]  # (token ids, "stop"/"length"/None, error)
 
 
 @dataclass
@@ -102,7 +103,8 @@ class FakeMesh:
                 return
             if error and request.attempt:
                 continue  # a migrated attempt plays the script without its errors
-            chunk = TokenChunk(request.request_id, index, ids, finish_reason=finish, error=error)
+            reason = None if finish is None else FinishReason[finish.upper()]
+            chunk = TokenChunk(request.request_id, index, ids, finish_reason=reason, error=error)
             if ids:
                 self.log.append(("token", request.request_id))
             await self.bus.publish(subject, chunk)

@@ -27,6 +27,7 @@ from shared.kvtransfer.transfer import TransportFactory
 from shared.protocol import (
     Cancel,
     DecodeTask,
+    FinishReason,
     Heartbeat,
     KVChunk,
     KVDone,
@@ -101,7 +102,9 @@ class Mesh:
         return res
 
     async def tokens(self, request_id: str) -> list[int]:
-        await until(lambda: any(c.finish_reason for c in self.chunks.get(request_id, [])))
+        await until(
+            lambda: any(c.finish_reason is not None for c in self.chunks.get(request_id, []))
+        )
         chunks = self.chunks[request_id]
         assert all(not c.error for c in chunks), chunks
         assert [c.index for c in chunks] == list(range(len(chunks)))  # one token per chunk
@@ -173,7 +176,7 @@ def test_split_requests_stream_what_one_engine_would(nats_server, tiny_model_dir
             assert await mesh.tokens(name) == reference(tiny_model_dir, PROMPT, params), name
         seeded = mesh.chunks["seeded"]
         assert all(len(c.logprobs) == 1 and len(c.logprobs[0].top) == 2 for c in seeded)
-        assert seeded[-1].finish_reason == "length"
+        assert seeded[-1].finish_reason == FinishReason.LENGTH
         assert seeded[0].num_prompt_tokens == len(PROMPT)
 
     run_mesh(nats_server.url, tiny_model_dir, scenario)
@@ -208,7 +211,7 @@ def test_cancel_mid_stream_frees_every_block(nats_server, tiny_model_dir):
             return all(b is not None and b.free_blocks == b.total_blocks for b in beats)
 
         await until(all_free, timeout=5)
-        assert not any(c.finish_reason == "length" for c in mesh.chunks["long"])
+        assert not any(c.finish_reason == FinishReason.LENGTH for c in mesh.chunks["long"])
 
     run_mesh(nats_server.url, tiny_model_dir, scenario)
 
@@ -340,7 +343,7 @@ def test_draft_model_speculation_reaches_heartbeats_and_metrics(nats_server, tin
 
     async def scenario(mesh: Mesh) -> None:
         await mesh.split(mesh.request("spec", params))
-        await until(lambda: any(c.finish_reason for c in mesh.chunks.get("spec", [])))
+        await until(lambda: any(c.finish_reason is not None for c in mesh.chunks.get("spec", [])))
         chunks = mesh.chunks["spec"]
         assert [t for c in chunks for t in c.token_ids] == reference(tiny_model_dir, PROMPT, params)
         assert len(chunks) < params.max_tokens  # accepted drafts arrive with their step's token
