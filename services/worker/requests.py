@@ -1,7 +1,7 @@
 """One `WorkerRequest` per request a worker holds, in one `RequestTable`.
 
-The worker keeps only the states it owns, each moved by one owner, in the order a request
-passes through them:
+The worker keeps only the states it owns, each with one owner (the side that moves a
+request on from it); the order a request passes through them is below the list:
 
 ENGINE        the engine holds it (owner: the engine). Queued, computing, running or held
               are the engine's business, reported in its `StepOutput` (started, outputs,
@@ -21,7 +21,8 @@ decode side:  RESERVED → RECEIVING → ENGINE → gone (finished); a `DecodeTa
 
 Leaving the table is the one way a request ends here, whatever the cause (finished,
 cancelled, failed, past its deadline), so an empty table means nothing is left behind.
-Every change of state goes through `RequestTable.move`, which calls the telemetry hooks.
+Every change of state goes through `RequestTable.move`, which calls the telemetry hooks;
+the engine's own transitions reach telemetry from `Worker.on_step`, never as a state here.
 """
 
 from __future__ import annotations
