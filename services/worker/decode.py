@@ -2,9 +2,9 @@
 
 RESERVED (`Reserve`: blocks held for the prompt; the answer lists the transports it takes)
 → RECEIVING (its transfer's receiver has taken a first message and bytes are moving: chunks
-written beside the running steps, or one READ straight into the reserved blocks) → RUNNING
-(every block is in: in the continuous batch, every step's tokens streamed to the gateway)
-→ finished. A `DecodeTask` (the decode worker prefills itself) goes QUEUED → RUNNING.
+written beside the running steps, or one READ straight into the reserved blocks) → ENGINE
+(every block is in: in the engine's continuous batch, every step's tokens streamed to the
+gateway) → finished. A `DecodeTask` (the decode worker prefills itself) is ENGINE at once.
 
 The transfer itself is the receiver's (shared/kvtransfer, picked by the first message of
 the transfer); this side only follows its states (`on_receive`). The blocks of a
@@ -21,7 +21,7 @@ import time
 from opentelemetry.context import Context
 
 from services.worker.context import WorkerContext, loop_deadline
-from services.worker.requests import RequestState, WorkerRequest
+from services.worker.requests import RECEIVES, RequestState, WorkerRequest
 from shared.engine.errors import UnknownRequest
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer.transfer import Awaiting, TransferState
@@ -29,7 +29,6 @@ from shared.protocol import DecodeTask, Outcome, Reservation, Reserve, TaskAck
 from shared.telemetry.tracing import extract
 
 S = RequestState
-RECEIVES = (S.RESERVED, S.RECEIVING)
 
 
 class DecodeSide:
@@ -67,7 +66,7 @@ class DecodeSide:
         async def take(entry: WorkerRequest) -> None:
             await self.ctx.engine.submit(task.request, hold_kv=False)
 
-        _, outcome, error = await self.ctx.admit(task.request, S.QUEUED, parent, take, decodes=True)
+        _, outcome, error = await self.ctx.admit(task.request, S.ENGINE, parent, take, decodes=True)
         return TaskAck(task.request.request_id, outcome, error)
 
     # -- ReceiveEvents: the transfer's receiver ------------------------------------------------
@@ -96,7 +95,7 @@ class DecodeSide:
             ctx.table.end(entry, received.error, time.time())
             return
         entry.deadline = loop_deadline(entry.request.deadline)
-        ctx.table.move(entry, S.RUNNING, time.time())
+        ctx.table.move(entry, S.ENGINE, time.time())
         ctx.engine.kv.start_decode(
             entry.request_id, received.first_token_id, received.engine_params
         )

@@ -1,9 +1,9 @@
 """The prefill side of a worker. A request passes through, in order (requests.py):
 
-QUEUED (the `PrefillTask` is acked at once: validity is checked without waiting for a step)
-→ COMPUTING (its first chunk is scheduled) → HELD (first token sampled, streamed to the
-gateway; KV pinned) → TRANSFERRING (its transfer's sender moves the blocks the decode
-worker lacks, by the transport both ends take: shared/kvtransfer picks it) → released.
+ENGINE (the `PrefillTask` is acked at once: validity is checked without waiting for a step;
+queued and computed as the engine reports) → TRANSFERRING (its first token sampled, streamed
+to the gateway, KV pinned: the hand-off's sender moves the blocks the decode worker lacks,
+by the transport both ends take: shared/kvtransfer picks it) → released.
 A request that finishes at its first token skips the transfer and tells the decode worker
 to drop its reservation. A cancel while the KV is in flight stops the transfer; the blocks
 are freed once no copy or READ of them is running.
@@ -59,7 +59,7 @@ class PrefillSide:
             await self.ctx.engine.submit(task.request, hold_kv=True)
 
         _, outcome, error = await self.ctx.admit(
-            task.request, S.QUEUED, parent, take, decodes=False
+            task.request, S.ENGINE, parent, take, decodes=False
         )
         return TaskAck(task.request.request_id, outcome, error)
 
@@ -68,14 +68,15 @@ class PrefillSide:
     ) -> None:
         """The first token (on the loop), the one place it is handled: stream it, then move
         the KV (`held`: its blocks; None when that token ended the request)."""
-        entry.trace.cached_tokens = output.num_cached_tokens
-        self.ctx.table.move(entry, S.HELD, time.time())
+        now = time.time()
+        self.ctx.telemetry.on_first_token(entry, output, now)
+        self.ctx.table.move(entry, S.TRANSFERRING, now)
         self.ctx.stream(entry, output)
         first_token = output.new_token_ids[0]
         entry.hand_off = asyncio.create_task(self._hand_off(entry, first_token, held))
 
     def stop(self, entry: WorkerRequest, reason: str, *, tell_gateway: bool) -> None:
-        """Abort the request; HELD or TRANSFERRING, its hand-off is cancelled and cleans up."""
+        """Abort the request; TRANSFERRING, its hand-off is cancelled and cleans up."""
         if entry.hand_off is not None:
             entry.failure = entry.failure or (reason if tell_gateway else "")
             entry.hand_off.cancel()
@@ -101,7 +102,6 @@ class PrefillSide:
                 await sender.abort("finished")
                 ctx.table.end(entry, "finished", time.time())
                 return
-            ctx.table.move(entry, S.TRANSFERRING, time.time())
             await self._transfer(entry, sender, held)
         except asyncio.CancelledError:  # stopped: a Cancel, or a failure to report
             ctx.engine.abort(request_id)

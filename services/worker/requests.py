@@ -1,20 +1,28 @@
 """One `WorkerRequest` per request a worker holds, in one `RequestTable`.
 
-The states, in the order a request passes through them. QUEUED, COMPUTING, HELD and
-RUNNING follow the engine's own reports (its step outputs: started, held, tokens); RESERVED,
-RECEIVING and TRANSFERRING are the mesh's, each moved by the one side that owns it (the
-KV receiver's or sender's state, transfer.py):
+The worker keeps only the states it owns, each with one owner (the side that moves a
+request on from it); the order a request passes through them is below the list:
 
-prefill side: QUEUED (accepted, in the engine's waiting queue) → COMPUTING (its first
-    prefill chunk is scheduled) → HELD (first token sampled and streamed; its KV blocks
-    pinned) → TRANSFERRING (KV chunks on their way to the decode worker) → gone (released).
-decode side:  RESERVED (blocks held for the prompt) → RECEIVING (KV chunks being written) →
-    RUNNING (in the continuous batch, tokens streamed) → gone (finished).
-    A `DecodeTask` (the decode worker prefills itself) goes QUEUED → RUNNING.
+ENGINE        the engine holds it (owner: the engine). Queued, computing, running or held
+              are the engine's business, reported in its `StepOutput` (started, outputs,
+              held with its blocks); the worker follows those reports and keeps no copy.
+RESERVED      decode: blocks reserved for the prompt, no KV yet (owner: the reservation,
+              `DecodeSide.on_reserve`; its transfer deadline frees them).
+RECEIVING     decode: KV bytes moving in (owner: the transfer's receiver, transfer.py).
+TRANSFERRING  prefill: the first token is out and its hand-off owns the request (owner: the
+              hand-off task): it picks the sender, moves the blocks the decode worker lacks,
+              or tells it to drop its reservation when that token ended the request. The
+              engine's HELD is no state here: the hand-off takes a request the moment the
+              engine reports it held.
+
+prefill side: ENGINE → TRANSFERRING → gone (released).
+decode side:  RESERVED → RECEIVING → ENGINE → gone (finished); a `DecodeTask` (the decode
+    worker prefills itself) is ENGINE from the start.
 
 Leaving the table is the one way a request ends here, whatever the cause (finished,
 cancelled, failed, past its deadline), so an empty table means nothing is left behind.
-Every change of state goes through `RequestTable.move`, which calls the telemetry hooks.
+Every change of state goes through `RequestTable.move`, which calls the telemetry hooks;
+the engine's own transitions reach telemetry from `Worker.on_step`, never as a state here.
 """
 
 from __future__ import annotations
@@ -32,16 +40,13 @@ from shared.protocol import SubmitRequest
 
 
 class RequestState(IntEnum):
-    QUEUED = 0
-    COMPUTING = 1
-    HELD = 2
+    ENGINE = 0
+    RESERVED = 1
+    RECEIVING = 2
     TRANSFERRING = 3
-    RESERVED = 4
-    RECEIVING = 5
-    RUNNING = 6
 
 
-DECODE_STAGES = frozenset({RequestState.RESERVED, RequestState.RECEIVING, RequestState.RUNNING})
+RECEIVES = (RequestState.RESERVED, RequestState.RECEIVING)  # decode: its KV is not all in
 
 
 @dataclass(slots=True)
@@ -50,8 +55,7 @@ class Trace:
 
     parent: Context  # the span the worker's spans hang under
     entered: float  # when the request entered its current state
-    first_step: float = 0.0  # start of the engine step that first computed it
-    cached_tokens: int = 0  # prompt tokens the prefix cache served
+    first_step: float = 0.0  # start of the engine step that first computed it (0: none yet)
     tokens: int = 0  # tokens generated here
     steps: int = 0  # engine steps that produced them
     kv_blocks: int = 0  # KV blocks received (each counted once however many layer groups)
@@ -66,7 +70,7 @@ class WorkerRequest:
     subject: str  # the gateway's token subject
     next_index: int  # output position of the next token streamed from here
     trace: Trace
-    decodes: bool  # the decode side owns it (a DecodeTask starts QUEUED on that side)
+    decodes: bool  # the decode side owns it (a DecodeTask starts in ENGINE on that side)
     decode_worker: str = ""  # prefill: where the KV goes
     skip_blocks: int = 0  # leading blocks the decode worker already holds (both sides)
     num_blocks: int = 0  # decode: blocks reserved for the prompt
@@ -121,6 +125,3 @@ class RequestTable:
         if self._requests.get(request.request_id) is request:
             del self._requests[request.request_id]
             self.hooks.on_end(request, reason, now)
-
-    def count(self, *states: RequestState) -> int:
-        return sum(1 for r in self._requests.values() if r.state in states)

@@ -24,7 +24,7 @@ from services.worker.decode import DecodeSide
 from services.worker.engine_client import EngineClient
 from services.worker.engines import make_engine
 from services.worker.prefill import PrefillSide
-from services.worker.requests import RequestState, RequestTable, WorkerRequest
+from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus, Headers
 from shared.engine.outputs import StepOutput
@@ -172,13 +172,13 @@ class Worker:
 
     # -- EngineEvents (called on the loop) ------------------------------------------------
     def on_step(self, step: StepOutput, step_started: float) -> None:
-        """The engine's transitions move the table: started (QUEUED → COMPUTING, or RUNNING
-        for a DecodeTask), the first token of a prefill (→ HELD, with its blocks), tokens."""
+        """The engine's transitions, each handled once: started (its queue span ends), a
+        prefill's first token (its hand-off starts, with the blocks held), a decode's tokens
+        (streamed; its finish ends it). The table moves only where the worker takes over."""
         for request_id in step.started:
             entry = self.table.get(request_id)
-            if entry is None or entry.state != S.QUEUED:
-                continue
-            self.table.move(entry, S.RUNNING if entry.decodes else S.COMPUTING, step_started)
+            if entry is not None and entry.state == S.ENGINE:
+                self.telemetry.on_started(entry, step_started)
         for output in step.outputs:
             entry = self.table.get(output.request_id)
             if entry is None:  # cancelled while the step ran
@@ -187,7 +187,7 @@ class Worker:
             if entry.decodes:
                 assert self.decode is not None
                 self.decode.on_output(entry, output)
-            elif entry.state == S.COMPUTING:
+            elif entry.hand_off is None:  # a prefill's first token
                 assert self.prefill is not None
                 self.prefill.on_output(entry, output, step.held.get(output.request_id))
 
@@ -213,7 +213,7 @@ class Worker:
             entry = self.table.get(request_id)
             if entry is None:
                 continue
-            awaits_lost_prefill = entry.state in (S.RESERVED, S.RECEIVING)
+            awaits_lost_prefill = entry.state in RECEIVES
             serves_lost_decode = not entry.decodes and entry.decode_worker == event.worker_id
             if awaits_lost_prefill or serves_lost_decode:
                 self._stop(entry, "cancelled", tell_gateway=False)
@@ -232,7 +232,7 @@ class Worker:
         """Fail every request held here; a gateway whose stream this worker carries (not a
         reservation: its prefill worker carries it) migrates it at once."""
         for entry in self.table:
-            carries_stream = entry.state not in (S.RESERVED, S.RECEIVING)
+            carries_stream = entry.state not in RECEIVES
             self._stop(entry, reason, tell_gateway=carries_stream)
 
     # -- background tasks ---------------------------------------------------------------------
@@ -263,9 +263,9 @@ class Worker:
         assert self.ctx is not None
         now = asyncio.get_running_loop().time()
         for entry in self.table:
-            if entry.deadline > now or entry.state in (S.HELD, S.TRANSFERRING):
+            if entry.deadline > now or entry.state == S.TRANSFERRING:
                 continue
-            self._stop(entry, "deadline", tell_gateway=entry.state not in (S.RESERVED, S.RECEIVING))
+            self._stop(entry, "deadline", tell_gateway=entry.state not in RECEIVES)
 
     async def _beat(self) -> None:
         """Publish a Heartbeat, and KVEvents when the prefix cache changed."""

@@ -1,15 +1,16 @@
-"""A worker's spans and metrics: hooks on its requests' changes of state (requests.py), and
-the engine's counters at every heartbeat (`on_stats`).
+"""A worker's spans and metrics: calls at the engine's reported transitions (`on_started`,
+`on_first_token`, `on_output`), hooks on the request table's own moves and ends
+(requests.py), and the engine's counters at every heartbeat (`on_stats`).
 
-Spans of work the engine thread did are recorded with explicit times, each from the
-request's entry into a state to its entry into the next:
-  prefill: QUEUED → COMPUTING `prefill.queue`; COMPUTING → HELD `prefill.compute` (from
-    the step of its first chunk to its first token); TRANSFERRING: the sending `kv.transfer`
+Spans of work the engine thread did are recorded with explicit times:
+  prefill: from its acceptance to the step that started it (`started`) `prefill.queue`; from
+    that step to its first token `prefill.compute`; TRANSFERRING: the sending `kv.transfer`
     (made by the hand-off itself, which needs its context for the chunks' headers).
-  decode: RECEIVING (its receiver's first bytes) → RUNNING (every block in) the receiving
-    `kv.transfer`, parent of the rest; RUNNING (or QUEUED, for a DecodeTask) until its
-    first step `decode.queue`; from that step to the end `decode.generate`.
-Everything per request lives in its `Trace`; this object keeps no per-request state.
+  decode: RECEIVING (its receiver's first bytes) → ENGINE (every block in) the receiving
+    `kv.transfer`, parent of the rest; from entering ENGINE to its first step
+    `decode.queue`; from that step to the end `decode.generate`.
+Everything per request lives in its `Trace` (`first_step` is the one phase the spans keep:
+0 until the engine's first step of it); this object keeps no per-request state.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from opentelemetry.trace import Span, SpanKind
 from prometheus_client import Counter
 
 from services.worker.config import WorkerConfig
-from services.worker.requests import RequestState, WorkerRequest
+from services.worker.requests import RECEIVES, RequestState, WorkerRequest
 from shared.engine.outputs import RequestOutput
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.stats import EngineStats
@@ -72,36 +73,41 @@ class WorkerTelemetry:
         metrics.spec_acceptance.labels(role).set(spec.acceptance_rate)
         self._spec_counted = replace(spec)
 
-    # -- hooks of the request table -------------------------------------------------------
-    def on_move(self, request: WorkerRequest, old: RequestState, now: float) -> None:
-        new, record = request.state, request.trace
-        if (old, new) == (S.QUEUED, S.COMPUTING):
-            self._queue_span("prefill.queue", request, now)
-        elif (old, new) == (S.COMPUTING, S.HELD):
-            span = self._span("prefill.compute", request, record.entered)
-            span.set_attributes(
-                {
-                    "splitserve.prompt_tokens": len(request.request.prompt_token_ids),
-                    "splitserve.cached_tokens": record.cached_tokens,
-                }
-            )
-            span.end(ns(now))
-        elif (old, new) == (S.QUEUED, S.RUNNING):  # a DecodeTask's first step
-            self._queue_span("decode.queue", request, now)
-            record.first_step = now
-        elif new == S.RUNNING:  # the transfer's receiver has every block
-            self._receive_span(request, record.entered if old == S.RECEIVING else now, now, "")
+    # -- the engine's transitions (Worker.on_step) ------------------------------------------
+    def on_started(self, request: WorkerRequest, step_started: float) -> None:
+        """The engine's first step of the request (reported started, or a decode's first
+        tokens once its KV is in) ends its queue span; later reports change nothing."""
+        record = request.trace
+        if record.first_step:
+            return
+        record.first_step = max(record.entered, step_started)
+        name = "decode.queue" if request.decodes else "prefill.queue"
+        self._queue_span(name, request, record.first_step)
+
+    def on_first_token(self, request: WorkerRequest, output: RequestOutput, now: float) -> None:
+        """A prefill's first token: its compute span, from the step that started it."""
+        span = self._span("prefill.compute", request, request.trace.first_step)
+        span.set_attributes(
+            {
+                "splitserve.prompt_tokens": len(request.request.prompt_token_ids),
+                "splitserve.cached_tokens": output.num_cached_tokens,
+            }
+        )
+        span.end(ns(now))
 
     def on_output(self, request: WorkerRequest, output: RequestOutput, step_started: float) -> None:
-        record = request.trace
         self._sampled.inc(len(output.new_token_ids))
         if not request.decodes:
             return
-        if not record.first_step:  # the first step after KVDone
-            self._queue_span("decode.queue", request, max(record.entered, step_started))
-            record.first_step = max(record.entered, step_started)
-        record.tokens += len(output.new_token_ids)
-        record.steps += 1
+        self.on_started(request, step_started)  # the first step after KVDone
+        request.trace.tokens += len(output.new_token_ids)
+        request.trace.steps += 1
+
+    # -- hooks of the request table -------------------------------------------------------
+    def on_move(self, request: WorkerRequest, old: RequestState, now: float) -> None:
+        if old in RECEIVES and request.state == S.ENGINE:  # the receiver has every block
+            started = request.trace.entered if old == S.RECEIVING else now
+            self._receive_span(request, started, now, "")
 
     def on_end(self, request: WorkerRequest, reason: str, now: float) -> None:
         if request.state == S.RECEIVING and reason != "cancelled":
