@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loadtest.peers.deadline_run import run_to_log
+from shared.errors import ConfigError
 
 VLLM_OFFLINE_SCRIPT = Path(__file__).with_name("vllm_offline.py")
 UNSTABLE_SPREAD = 1.25  # a side's best run over its worst above this: flagged
@@ -39,7 +40,7 @@ class OfflineConfig:
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
-            raise ValueError("offline repeats must be at least 1")
+            raise ConfigError("offline repeats must be at least 1")
 
 
 # the prompt sets of the runs: [run][prompt] -> token ids
