@@ -17,7 +17,7 @@ from loadtest.peers.offline import OfflineConfig
 from shared.errors import ConfigError
 from shared.models.registry import DEFAULT_MODEL
 
-SERVER_START_TIMEOUT_S = 600.0  # vLLM's first start compiles its kernels (~2.5 min here)
+SERVER_START_TIMEOUT_S = 600.0  # vLLM's first start compiles its kernels (minutes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ class EngineConfig:
     num_kv_blocks: int | None = flag(None, help="KV blocks; overrides --kv-cache-gib")
     # Unset: the engine's own budget (token_budget). The native engine takes 256 on a CPU:
     # prompts that arrive together are computed a few at a time, so first tokens (and
-    # decode workers) do not wait for the whole group (same offline tok/s); 2048 on a GPU.
+    # decode workers) do not wait for the whole group; 2048 on a GPU.
     # vLLM takes its own default (2048 for its server on a CPU).
     max_num_batched_tokens: int | None = flag(
         None,
