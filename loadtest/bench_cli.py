@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from shared.engine.engine_config import CPU_TOKEN_BUDGET
+from shared.errors import ConfigError
 from shared.models.registry import DEFAULT_MODEL
 
 
@@ -148,7 +149,7 @@ def _bench_peers(args: argparse.Namespace) -> None:
             model_dir=args.model_dir,
             servers=tuple(args.servers.split(",")),
             rounds=args.rounds,
-            concurrencies=tuple(int(c) for c in args.concurrency.split(",")),
+            concurrencies=_concurrencies(args.concurrency),
             num_prompts=args.num_prompts,
             up_args=tuple(args.up_args),
             peers_venv=args.peers_venv,
@@ -159,8 +160,16 @@ def _bench_peers(args: argparse.Namespace) -> None:
             out=args.out,
         )
         run_peers_bench(config)
-    except (ValueError, PeerSetupError, TimeoutError) as exc:
+    except (ConfigError, PeerSetupError, TimeoutError) as exc:
         sys.exit(f"splitserve bench peers: {exc}")
+
+
+def _concurrencies(text: str) -> tuple[int, ...]:
+    """`--concurrency 1,16` → (1, 16); ConfigError for what is not a list of integers."""
+    try:
+        return tuple(int(c) for c in text.split(","))
+    except ValueError as exc:
+        raise ConfigError(f"--concurrency {text!r}: {exc}") from None
 
 
 def _bench_quant(args: argparse.Namespace) -> None:

@@ -8,9 +8,10 @@ the gateway or scheduler read (`--max-model-len`, `--block-size`) is one flag, g
 both. With `--nats URL`, the `--nats-*` flags go to every child; without, `up`'s own
 nats-server hands each child its role's fresh credentials (services/launcher.py).
 
-The subtle rule: everything that can be refused is refused before anything starts: a
-gateway port that is taken, a bad mesh config (with the line that is wrong), pool flags
-beside a mesh config, an architecture the engine does not serve.
+The subtle rule: everything that can be refused is refused before anything starts: pool
+counts that cannot run (`ConfigError`), a gateway port that is taken, a bad mesh config
+(with the line that is wrong), pool flags beside a mesh config, an architecture the engine
+does not serve.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from services.supervisor import MeshDown
 from services.worker.cli import add_engine_arguments, engine_argv
 from services.worker.config import WorkerConfig
 from shared.engine.engine_config import EngineConfig
+from shared.errors import ConfigError
 from shared.flags import add_flags, build, changed_argv, flag_names
 from shared.models.registry import DEFAULT_MODEL
 from shared.nats_options import NatsAuth
@@ -94,7 +96,10 @@ def main(args: argparse.Namespace) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s up: %(message)s"
     )
-    config = config_from_args(args, default_home())
+    try:
+        config = config_from_args(args, default_home())
+    except ConfigError as exc:  # pool counts: refused like the rest, before anything starts
+        sys.exit(f"splitserve up: {exc}")
     if problem := gateway_port_problem(config.host, config.port):
         sys.exit(
             f"splitserve up: the gateway cannot listen on {config.host}:{config.port} "

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from services.mesh_config import MeshConfig, model_dir_of
 from services.supervisor import ChildSpec
+from shared.errors import ConfigError
 from shared.flags import flag
 from shared.models.registry import DEFAULT_MODEL
 from shared.subjects import DEFAULT_NAMESPACE
@@ -75,9 +76,9 @@ class LauncherConfig:
 
     def __post_init__(self) -> None:
         if self.prefill < (1 if self.aggregated else 0) or self.decode < 0:
-            raise ValueError("worker counts must be >= 0 (and >= 1 with --aggregated)")
+            raise ConfigError("worker counts must be >= 0 (and >= 1 with --aggregated)")
         if not self.aggregated and self.decode < 1:
-            raise ValueError("a disaggregated mesh needs at least one decode worker")
+            raise ConfigError("a disaggregated mesh needs at least one decode worker")
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from services.mesh_routes import Route, parse_fallbacks, parse_route
 from services.mesh_yaml import MeshConfigError, Reader
 from services.worker.cli import NOT_ENGINE_FLAGS
 from shared.engine.engine_config import EngineConfig
+from shared.errors import ConfigError
 from shared.flags import Setting, settings
 from shared.models.registry import KNOWN_MODELS
 
@@ -210,7 +211,7 @@ def _flag(reader: Reader, setting: Setting, node: Node) -> list[str]:
     raw = ",".join(map(str, value)) if isinstance(value, list) else str(value)
     try:
         setting.parse(raw)
-    except ValueError as exc:
+    except ConfigError as exc:
         raise reader.error(node, f"engine {setting.name}: {raw!r} is not valid: {exc}") from None
     return [setting.option, raw]
 

@@ -24,6 +24,8 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shared.errors import ConfigError
+
 T = TypeVar("T")
 _KEY = "splitserve.flag"
 _TRUE = ("1", "true", "yes", "on")
@@ -87,16 +89,19 @@ class Setting:
         return env(self.variable, self.default, self.parse)
 
     def parse(self, raw: str) -> object:
-        """A variable's text as a value of the field; ValueError saying why not."""
+        """A variable's text as a value of the field; ConfigError saying why not."""
         if self.kind is bool:
             if raw.lower() not in _TRUE + _FALSE:
-                raise ValueError(f"expected one of {_TRUE + _FALSE}")
+                raise ConfigError(f"expected one of {_TRUE + _FALSE}")
             return raw.lower() in _TRUE
         if self.kind is tuple:
             return _items(raw)
-        value = self.kind(raw)
+        try:
+            value = self.kind(raw)
+        except ValueError as exc:  # int("many"): the text, not a bug
+            raise ConfigError(str(exc)) from None
         if self.spec.choices and value not in self.spec.choices:
-            raise ValueError(f"expected one of {self.spec.choices}")
+            raise ConfigError(f"expected one of {self.spec.choices}")
         return value
 
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.errors import ConfigError
 from shared.flags import flag
 
 INBOX_ROOT = "_INBOX"  # a user's replies come back under _INBOX.<user>.>
 
 
-class NatsAuthError(ValueError):
+class NatsAuthError(ConfigError):
     """Credentials or TLS settings that cannot work (a key without its certificate, ...)."""
 
 

@@ -5,11 +5,8 @@ A decode step of B sequences with C tokens of context each, on SmolLM2-135M's sh
 per layer, times the layers. Each sequence's blocks are scattered over the cache at random,
 and each layer reads a cache of its own (cycled once all would pass 1 GiB), as in a real step:
 from memory, not from the last-level cache. The caches are one allocation on 2 MiB pages where
-the kernel gives them, as the engine's KV cache is (kv_cache.py). Against caches on 4 KiB pages
-(2026-12-05, the 2-core AMD EPYC host, bf16, 2 threads, 4 rounds alternated): 64 rows x 192
-tokens 11.2-11.4 ms against 11.1-13.3, 16 x 1024 14.4-14.9 against 15.1-17.1, 1 x 1024 the
-same: 25 GB/s, the pace of the engine's own decode steps (64 rows at 132-200 tokens, 8.8-9.8
-ms, 25-28 GB/s).
+the kernel gives them, as the engine's KV cache is (kv_cache.py): the engine's own decode
+steps read at the same pace (docs/engine-speed.md).
 """
 
 from __future__ import annotations

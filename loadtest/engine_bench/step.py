@@ -28,6 +28,7 @@ from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner, Span
 from shared.engine.sampler import SamplingRow
 from shared.engine.sampling_params import SamplingParams
+from shared.errors import ConfigError
 
 BLOCK = 16
 
@@ -118,7 +119,7 @@ def spans_of(shape: str, context: int) -> list[Span]:
         ]
     if kind == "p":
         return [Span(list(range(100, 100 + n)), 0, list(range(-(-n // BLOCK))), 1)]
-    raise ValueError(f"shape {shape!r}: dN (N decodes) or pN (a prefill of N tokens)")
+    raise ConfigError(f"shape {shape!r}: dN (N decodes) or pN (a prefill of N tokens)")
 
 
 def blocks_needed(shapes: tuple[str, ...], context: int) -> int:

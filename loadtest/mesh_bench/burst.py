@@ -26,6 +26,7 @@ from loadtest.mesh import MeshProcess
 from loadtest.outputs import discover_model
 from loadtest.request import BenchRequest, RequestRecord
 from shared.engine.model_config import ModelConfig
+from shared.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ class MeshBurstConfig:
 
     def __post_init__(self) -> None:
         if min(self.prompts, self.prompt_len, self.pairs) < 1 or self.output_len < 2:
-            raise ValueError("prompts, prompt_len and pairs must be positive, output_len > 1")
+            raise ConfigError("prompts, prompt_len and pairs must be positive, output_len > 1")
 
 
 @dataclass(frozen=True, slots=True)

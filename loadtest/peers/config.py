@@ -14,9 +14,10 @@ from typing import Protocol
 
 from loadtest.peers.figures import SERVERS, plan_turns
 from loadtest.peers.offline import OfflineConfig
+from shared.errors import ConfigError
 from shared.models.registry import DEFAULT_MODEL
 
-SERVER_START_TIMEOUT_S = 600.0  # vLLM's first start compiles its kernels (~2.5 min here)
+SERVER_START_TIMEOUT_S = 600.0  # vLLM's first start compiles its kernels (minutes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +41,9 @@ class PeersConfig:
     def __post_init__(self) -> None:
         plan_turns(self.servers, self.rounds)  # checks the names and the count
         if not self.concurrencies or min(self.concurrencies) < 1:
-            raise ValueError("concurrencies must be positive")
+            raise ConfigError("concurrencies must be positive")
         if self.num_prompts is not None and self.num_prompts < 1:
-            raise ValueError("num_prompts must be positive")
+            raise ConfigError("num_prompts must be positive")
 
     def prompts_at(self, concurrency: int) -> int:
         return self.num_prompts or max(8, 4 * concurrency)

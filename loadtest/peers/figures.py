@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass
 
 from loadtest.metrics import Summary
+from shared.errors import ConfigError
 
 OURS = "splitserve"
 OURS_VLLM = "splitserve-vllm"  # our mesh, its workers running vLLM (`up --engine vllm`)
@@ -31,14 +32,14 @@ class Turn:
 def plan_turns(servers: tuple[str, ...], rounds: int) -> list[Turn]:
     """Every server once per round, in the order given, for `rounds` rounds."""
     if rounds < 1:
-        raise ValueError("rounds must be at least 1")
+        raise ConfigError("rounds must be at least 1")
     if not servers:
-        raise ValueError("no server to run")
+        raise ConfigError("no server to run")
     unknown = [s for s in servers if s not in SERVERS]
     if unknown:
-        raise ValueError(f"unknown server {unknown[0]!r}; choose from {', '.join(SERVERS)}")
+        raise ConfigError(f"unknown server {unknown[0]!r}; choose from {', '.join(SERVERS)}")
     if len(set(servers)) != len(servers):
-        raise ValueError("a server is named twice")
+        raise ConfigError("a server is named twice")
     return [Turn(r, server) for r in range(1, rounds + 1) for server in servers]
 
 

@@ -6,10 +6,9 @@ peers' venv as a subprocess (loadtest/peers/vllm_offline.py), with a deadline.
 
 Each side runs `repeats` times, on a fresh set of prompts each time (a repeat of the same
 prompts would be served from the prefix caches), and counts its best run: a run is only ever
-slowed by what else the machine does (one vLLM run of 2026-12-05 took 46 s against 16 s for
-the same work an hour later, nothing in its log to say why), so the best is the figure the
-other runs approach. Every run is printed, and a side whose runs differ by more than
-`UNSTABLE_SPREAD` is flagged.
+slowed by what else the machine does (a run can take several times another's for the same
+work, nothing in its log to say why), so the best is the figure the other runs approach.
+Every run is printed, and a side whose runs differ by more than `UNSTABLE_SPREAD` is flagged.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loadtest.peers.deadline_run import run_to_log
+from shared.errors import ConfigError
 
 VLLM_OFFLINE_SCRIPT = Path(__file__).with_name("vllm_offline.py")
 UNSTABLE_SPREAD = 1.25  # a side's best run over its worst above this: flagged
@@ -39,7 +39,7 @@ class OfflineConfig:
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
-            raise ValueError("offline repeats must be at least 1")
+            raise ConfigError("offline repeats must be at least 1")
 
 
 # the prompt sets of the runs: [run][prompt] -> token ids

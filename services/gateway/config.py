@@ -13,6 +13,7 @@ from pathlib import Path
 
 from services.gateway.tool_parsers import PARSERS
 from shared.config import CommonConfig
+from shared.errors import ConfigError
 from shared.flags import build, flag
 
 
@@ -70,19 +71,19 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
-            raise ValueError("max_model_len must be >= 2")
+            raise ConfigError("max_model_len must be >= 2")
         if min(self.request_timeout, self.stall_timeout, self.submit_timeout) <= 0:
-            raise ValueError("timeouts must be positive")
+            raise ConfigError("timeouts must be positive")
         if self.scheduler_grace < 0:
-            raise ValueError("scheduler_grace must be >= 0")
+            raise ConfigError("scheduler_grace must be >= 0")
         if self.sse_heartbeat <= 0:
-            raise ValueError("sse_heartbeat must be positive")
+            raise ConfigError("sse_heartbeat must be positive")
         if self.max_pending < 1:
-            raise ValueError("max_pending must be >= 1")
+            raise ConfigError("max_pending must be >= 1")
         if self.migration_limit < 0:
-            raise ValueError("migration_limit must be >= 0")
+            raise ConfigError("migration_limit must be >= 0")
         if self.max_body_bytes < 1 or min(self.key_concurrency, self.key_rate, self.key_burst) < 0:
-            raise ValueError("max_body_bytes must be >= 1, key limits >= 0")
+            raise ConfigError("max_body_bytes must be >= 1, key limits >= 0")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GatewayConfig:

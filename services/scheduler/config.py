@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
 from shared.engine.engine_config import block_size_flag, check_block_size
+from shared.errors import ConfigError
 from shared.flags import add_flags, build, flag
 
 
@@ -53,14 +54,14 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
+            raise ConfigError(f"max_queue must be >= 1, got {self.max_queue}")
         check_block_size(self.block_size)
         if self.local_prefill_tokens < 0:
-            raise ValueError(f"local_prefill_tokens must be >= 0, got {self.local_prefill_tokens}")
+            raise ConfigError(f"local_prefill_tokens must be >= 0, got {self.local_prefill_tokens}")
         timeouts = ("reserve_timeout", "heartbeat_timeout", "queue_timeout", "sweep_interval")
         for name in (*timeouts, "retry_after"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
+                raise ConfigError(f"{name} must be > 0")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SchedulerConfig:

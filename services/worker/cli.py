@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from services.worker.config import WorkerConfig
 from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
 from shared.engine.engine_config import EngineConfig
+from shared.errors import ConfigError
 from shared.flags import add_flags, build, changed_argv
 from shared.service_loop import run, run_until_signal
 
@@ -74,7 +75,7 @@ def main(args: argparse.Namespace) -> None:
     )
     try:
         config = config_from_args(args)
-    except ValueError as exc:
+    except ConfigError as exc:
         sys.exit(f"splitserve worker: {exc}")
     failed = run(serve(config))
     from services.worker.engine_thread import still_loading  # imported by serve already

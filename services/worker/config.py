@@ -13,6 +13,7 @@ from pathlib import Path
 
 from shared.config import CommonConfig
 from shared.engine.engine_config import EngineConfig
+from shared.errors import ConfigError
 from shared.flags import flag
 from shared.protocol import ROLES
 
@@ -66,15 +67,15 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, not {self.role!r}")
+            raise ConfigError(f"role must be one of {ROLES}, not {self.role!r}")
         if self.engine_kind not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, not {self.engine_kind!r}")
+            raise ConfigError(f"engine must be one of {ENGINES}, not {self.engine_kind!r}")
         if self.engine_kind == "vllm":
             _check_vllm(self)
         if self.kv_window < 1:
-            raise ValueError("kv_window must be positive")
+            raise ConfigError("kv_window must be positive")
         if min(self.heartbeat_interval, self.transfer_timeout, self.reservation_timeout) <= 0:
-            raise ValueError(
+            raise ConfigError(
                 "heartbeat_interval, transfer_timeout and reservation_timeout must be positive"
             )
 
@@ -103,9 +104,11 @@ class WorkerConfig:
 
 
 def _check_vllm(config: WorkerConfig) -> None:
-    """What a vLLM worker cannot take (ValueError naming the flag)."""
+    """What a vLLM worker cannot take (ConfigError naming the flag)."""
     if config.kv_transport == "nats":
-        raise ValueError("--engine vllm moves KV by vLLM's NIXL connector, not --kv-transport nats")
+        raise ConfigError(
+            "--engine vllm moves KV by vLLM's NIXL connector, not --kv-transport nats"
+        )
     engine = config.engine
     unsupported = {
         "--quantization": engine.quantization is not None,
@@ -115,9 +118,9 @@ def _check_vllm(config: WorkerConfig) -> None:
     }
     for name, given in unsupported.items():
         if given:
-            raise ValueError(f"{name} is a native engine option: not with --engine vllm")
+            raise ConfigError(f"{name} is a native engine option: not with --engine vllm")
     if engine.device.startswith("cuda:"):
-        raise ValueError(
+        raise ConfigError(
             f"--device {engine.device}: a vLLM worker runs on the GPUs CUDA_VISIBLE_DEVICES "
             "shows it; pass --device cuda (or auto) and set CUDA_VISIBLE_DEVICES"
         )

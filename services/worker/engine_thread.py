@@ -43,8 +43,8 @@ from shared.engine.stats import EngineStats, KVCacheEvents, KVEventLog
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "engine"
-# Through `splitserve up` on the 2-core AMD EPYC host (2026-12-05, c=16, alternated meshes):
-# TTFT p99 949-1039 ms against 1004-1156 at the default 5 ms; 0.1 ms no better (940-1097).
+# A tenth of Python's default: a step waits less for the GIL behind a busy loop, which
+# shortens a burst's tail TTFT; shorter did no better (docs/engine-speed.md).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 

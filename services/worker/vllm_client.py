@@ -44,6 +44,7 @@ from shared.engine.outputs import RequestOutput, StepOutput
 from shared.engine.sequence import FinishReason
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.stats import EngineStats, KVCacheEvents
+from shared.errors import ConfigError
 from shared.kvtransfer import KVLayout
 from shared.protocol import SubmitRequest
 
@@ -78,7 +79,7 @@ class VllmEngineClient:
         vllm_config = llm.vllm_config
         model = vllm_config.model_config
         if vllm_config.cache_config.block_size != self.block_size:  # the scheduler hashes ours
-            raise ValueError(
+            raise ConfigError(
                 f"vLLM runs blocks of {vllm_config.cache_config.block_size} tokens, not the "
                 f"--block-size {self.block_size} this worker and the scheduler hash with"
             )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shared.errors import ConfigError
 from shared.flags import flag
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def block_size_flag() -> Any:
 
 def check_block_size(block_size: int) -> None:
     if block_size <= 0 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two, not {block_size}")
+        raise ConfigError(f"block_size must be a power of two, not {block_size}")
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,7 +66,7 @@ class EngineConfig:
     num_kv_blocks: int | None = flag(None, help="KV blocks; overrides --kv-cache-gib")
     # Unset: the engine's own budget (token_budget). The native engine takes 256 on a CPU:
     # prompts that arrive together are computed a few at a time, so first tokens (and
-    # decode workers) do not wait for the whole group (same offline tok/s); 2048 on a GPU.
+    # decode workers) do not wait for the whole group; 2048 on a GPU.
     # vLLM takes its own default (2048 for its server on a CPU).
     max_num_batched_tokens: int | None = flag(
         None,
@@ -109,43 +110,43 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *DTYPE_NAMES):
-            raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, not {self.dtype!r}")
+            raise ConfigError(f"dtype must be one of {sorted(DTYPE_NAMES)}, not {self.dtype!r}")
         if not _DEVICE.fullmatch(self.device):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         cuda = self.device.startswith("cuda")
         if cuda and self.attention_backend == "cpu":
-            raise ValueError("the cpu attention backend reads CPU memory: not with device cuda")
+            raise ConfigError("the cpu attention backend reads CPU memory: not with device cuda")
         if cuda and (self.quantization or self.batch_invariant):
-            raise ValueError(
+            raise ConfigError(
                 "quantization and batch_invariant run CPU kernels: not with device cuda"
             )
         check_block_size(self.block_size)
         budget = self.max_num_batched_tokens
         if self.max_num_seqs < 1 or (budget is not None and budget < 1):
-            raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
+            raise ConfigError("max_num_batched_tokens and max_num_seqs must be positive")
         known_budget = budget is not None or self.device != "auto"
         if known_budget and self.token_budget < self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+            raise ConfigError("max_num_batched_tokens must be >= max_num_seqs")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError("num_kv_blocks must be positive")
+            raise ConfigError("num_kv_blocks must be positive")
         if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError("num_threads must be positive")
+            raise ConfigError("num_threads must be positive")
         if self.quantization not in (None, *QUANTIZATIONS):
-            raise ValueError(
+            raise ConfigError(
                 f"quantization must be int8, int4, w8a8 or None, not {self.quantization!r}"
             )
         if self.batch_invariant and self.quantization in ("int8", "int4"):
-            raise ValueError(
+            raise ConfigError(
                 "batch_invariant needs float or w8a8 weights (int8/int4 weight-only are not)"
             )
         if self.batch_invariant and self.attention_backend not in ("auto", "cpu"):
-            raise ValueError("batch_invariant needs the cpu attention backend (or auto)")
+            raise ConfigError("batch_invariant needs the cpu attention backend (or auto)")
         if self.speculative not in (None, *SPECULATIVE_METHODS):
-            raise ValueError(f"speculative must be ngram, draft or None, not {self.speculative!r}")
+            raise ConfigError(f"speculative must be ngram, draft or None, not {self.speculative!r}")
         if (self.speculative == "draft") != (self.draft_model_dir is not None):
-            raise ValueError('speculative="draft" needs a draft_model_dir, and only it takes one')
+            raise ConfigError('speculative="draft" needs a draft_model_dir, and only it takes one')
         if self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be positive")
+            raise ConfigError("num_speculative_tokens must be positive")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -173,7 +174,7 @@ def torch_dtypes() -> dict[str, torch.dtype]:
 
 
 def resolve_device(name: str) -> torch.device:
-    """auto | cpu | cuda | cuda:N -> a device that exists here, or ValueError saying why not."""
+    """auto | cpu | cuda | cuda:N -> a device that exists here, or ConfigError saying why not."""
     import torch
 
     if name == "auto":
@@ -183,12 +184,12 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {name!r}")
+        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {name!r}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+            raise ConfigError(f"device {name!r} asked for, but torch sees no CUDA device")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
+            raise ConfigError(
                 f"device {name!r} asked for, but torch sees {torch.cuda.device_count()} "
                 "CUDA device(s)"
             )

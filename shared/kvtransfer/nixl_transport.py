@@ -5,22 +5,22 @@ Progress: NIXL's own progress thread busy-spins a core (the Python agent sets no
 it is off. A READ moves when either side's UCX worker is progressed: the reader progresses
 its side in `ReadHandle.poll`; the side being read never asks, yet TCP (and UCX's peer
 failure handling) need it to answer. So each transport runs one `nixl-progress` thread that
-polls its agent every `progress_interval` seconds (1 ms: ~1 GB/s over TCP) while a peer may
-be reading (`serving()`: a prefill worker's offers in flight), and once a second otherwise,
-so an idle worker costs nothing; every agent call holds the transport's lock (the agent is
-created without NIXL's locking).
+polls its agent every `progress_interval` seconds (often enough for TCP's pace) while a peer
+may be reading (`serving()`: a prefill worker's offers in flight), and once a second
+otherwise, so an idle worker costs nothing; every agent call holds the transport's lock (the
+agent is created without NIXL's locking).
 
 Environment (read by UCX when the agent starts; whatever the user set is left alone):
 - `UCX_TLS` unset: UCX's default, all transports. On one host it READs by CMA
-  (process_vm_readv, zero-copy, ~4-8 GB/s here), across hosts over TCP or RDMA, and
+  (process_vm_readv, zero-copy, the fastest), across hosts over TCP or RDMA, and
   between GPUs by CUDA IPC. The UCX backend is made with `ucx_error_handling_mode: peer`,
   so a READ from a peer that died ends FAILED (NIXL_ERR_REMOTE_DISCONNECT).
 - `UCX_TLS` naming shared memory only (`shm,self`, `sm`, `posix`, `cma`, ...): UCX refuses
   peer error handling there, so the backend is made with mode `none`.
 - Containers that forbid process_vm_readv (Docker's default seccomp profile without
   CAP_SYS_PTRACE): CMA is dropped and the bytes go through UCX's TCP/shared-memory copies
-  (~1 GB/s). Grant `--cap-add SYS_PTRACE` for zero-copy, or set `UCX_TLS=tcp,self` to make
-  the choice explicit.
+  (several times slower). Grant `--cap-add SYS_PTRACE` for zero-copy, or set
+  `UCX_TLS=tcp,self` to make the choice explicit.
 
 Metadata: `metadata()` is a msgpack envelope of the agent's NIXL metadata, the base address
 of every layer tensor, the memory type and device, and the layout, so a peer can place its

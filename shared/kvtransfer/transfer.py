@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 KVMessage = KVChunk | KVDone | KVReady  # what a decode worker's KV subject carries
 
 log = logging.getLogger(__name__)
-POLL_S = 0.0005  # between polls of a READ in flight (64 blocks take ~10 ms at 4 GB/s)
+POLL_S = 0.0005  # between polls of a READ in flight: a small share of a many-block READ
 
 
 class TransferState(IntEnum):
