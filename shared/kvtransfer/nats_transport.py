@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Protocol
 
 from nats.aio.msg import Msg
@@ -112,22 +113,17 @@ class ChunkSender:
 NO_COPIES = "this engine copies no KV blocks: no KV transport in common with the peer"
 
 
-class NatsSender:
-    name = "nats"
+class ControlledSender:
+    """What every `KVSender` shares: the request, its first token, the control channel to the
+    decode worker (a `ChunkSender`, which carries the trace headers), and the poll state a
+    send moves through."""
 
-    def __init__(
-        self,
-        control: ChunkSender,
-        request_id: str,
-        first_token_id: int,
-        copier: KVCopier | None,
-        max_bytes: int,  # per chunk's data: the bus's max_payload less headroom
-    ) -> None:
+    name: str
+
+    def __init__(self, control: ChunkSender, request_id: str, first_token_id: int) -> None:
         self.control = control
         self.request_id = request_id
         self.first_token_id = first_token_id
-        self.copier = copier
-        self.max_bytes = max_bytes
         self.state = TransferState.WAITING_FOR_INPUT
 
     @property
@@ -141,29 +137,53 @@ class NatsSender:
     def poll(self) -> TransferState:
         return self.state
 
-    async def send(self, first_block: int, blocks: HeldBlocks, engine_params: bytes) -> None:
-        """One export of every layer, cut into chunks under `max_bytes`, then KVDone."""
-        if self.copier is None:
-            self.state = TransferState.FAILED
-            raise TransferError(NO_COPIES)
-        self.state = TransferState.TRANSFERRING
-        try:
-            if first_block < len(blocks.block_ids):
-                exported = await self.copier.export(self.request_id, first_block)
-                for chunk in to_chunks(exported, self.max_bytes):
-                    await self.control.send(chunk)
-            done = KVDone(self.request_id, self.control.num_chunks, self.first_token_id)
-            await self.control.finish(done)
-        except BaseException:
-            self.state = TransferState.FAILED
-            raise
-        self.state = TransferState.SUCCESS
-
     async def abort(self, reason: str) -> None:
         self.state = TransferState.FAILED
         chunks = self.control.num_chunks
         done = KVDone(self.request_id, chunks, self.first_token_id, Outcome.FAILED, reason)
         await self.control.abort(done)
+
+    async def _transferring(self, body: Awaitable[None]) -> None:
+        """Run the send's `body` as TRANSFERRING, then SUCCESS, or FAILED when it raises."""
+        self.state = TransferState.TRANSFERRING
+        try:
+            await body
+        except BaseException:
+            self.state = TransferState.FAILED
+            raise
+        self.state = TransferState.SUCCESS
+
+
+class NatsSender(ControlledSender):
+    name = "nats"
+
+    def __init__(
+        self,
+        control: ChunkSender,
+        request_id: str,
+        first_token_id: int,
+        copier: KVCopier | None,
+        max_bytes: int,  # per chunk's data: the bus's max_payload less headroom
+    ) -> None:
+        super().__init__(control, request_id, first_token_id)
+        self.copier = copier
+        self.max_bytes = max_bytes
+
+    async def send(self, first_block: int, blocks: HeldBlocks, engine_params: bytes) -> None:
+        """One export of every layer, cut into chunks under `max_bytes`, then KVDone."""
+        if self.copier is None:
+            self.state = TransferState.FAILED
+            raise TransferError(NO_COPIES)
+        await self._transferring(self._push(self.copier, first_block, len(blocks.block_ids)))
+
+    async def _push(self, copier: KVCopier, first_block: int, num_blocks: int) -> None:
+        if first_block < num_blocks:
+            exported = await copier.export(self.request_id, first_block)
+            for chunk in to_chunks(exported, self.max_bytes):
+                await self.control.send(chunk)
+        await self.control.finish(
+            KVDone(self.request_id, self.control.num_chunks, self.first_token_id)
+        )
 
 
 class NatsReceiver:

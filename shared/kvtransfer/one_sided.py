@@ -14,7 +14,7 @@ from shared.bus import Headers
 from shared.engine.errors import InvalidRequest
 from shared.engine.kv_handoff import HeldBlocks
 from shared.kvtransfer.chunks import KVLayout
-from shared.kvtransfer.nats_transport import ChunkSender
+from shared.kvtransfer.nats_transport import ChunkSender, ControlledSender
 from shared.kvtransfer.transfer import (
     Awaiting,
     KVMessage,
@@ -25,10 +25,10 @@ from shared.kvtransfer.transfer import (
     TransferState,
     read_blocks,
 )
-from shared.protocol import KVDone, KVReady, Outcome
+from shared.protocol import KVDone, KVReady
 
 
-class OneSidedSender:
+class OneSidedSender(ControlledSender):
     def __init__(
         self,
         control: ChunkSender,
@@ -37,24 +37,10 @@ class OneSidedSender:
         transport: KVTransport,
         agent: str,  # this worker's agent name
     ) -> None:
+        super().__init__(control, request_id, first_token_id)
         self.name = transport.name
-        self.control = control
-        self.request_id = request_id
-        self.first_token_id = first_token_id
         self.transport = transport
         self.agent = agent
-        self.state = TransferState.WAITING_FOR_INPUT
-
-    @property
-    def headers(self) -> Headers | None:
-        return self.control.headers
-
-    @headers.setter
-    def headers(self, headers: Headers | None) -> None:
-        self.control.headers = headers
-
-    def poll(self) -> TransferState:
-        return self.state
 
     async def send(self, first_block: int, blocks: HeldBlocks, engine_params: bytes) -> None:
         """Tell the decode worker where the blocks are; it READs them and answers."""
@@ -75,19 +61,8 @@ class OneSidedSender:
             read_by=time.time() + read_for,
             engine_params=engine_params,
         )
-        self.state = TransferState.TRANSFERRING
-        try:
-            with self.transport.serving():
-                await self.control.finish(ready)
-        except BaseException:
-            self.state = TransferState.FAILED
-            raise
-        self.state = TransferState.SUCCESS
-
-    async def abort(self, reason: str) -> None:
-        self.state = TransferState.FAILED
-        done = KVDone(self.request_id, 0, self.first_token_id, Outcome.FAILED, reason)
-        await self.control.abort(done)
+        with self.transport.serving():
+            await self._transferring(self.control.finish(ready))
 
 
 class OneSidedReceiver:
