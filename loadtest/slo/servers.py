@@ -10,7 +10,7 @@ its nats-server, scheduler and gateway are not, and run where the machine puts t
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -43,7 +43,7 @@ class LocalServers:
     start_timeout_s: float = 600.0
     vllm_python: Path | None = None  # the peers' venv python, for a vLLM row
     vllm_kv_cache_gib: int = 1
-    _running: _Process | None = None
+    _running: _Process | None = field(default=None, init=False)  # the row started last
 
     async def start(self, config: Configuration) -> str:
         log = self.logs / f"{config.name}.log"
