@@ -33,10 +33,10 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     slo.add_argument(
         "--configs", default=DEFAULT_CONFIGS, help="NAME=ROLE:CPUS,...; separated by ';'"
     )
-    slo.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
+    slo.add_argument("--workloads", default=",".join(WORKLOADS), help="of those by default")
     slo.add_argument("--rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
     slo.add_argument("--num-prompts", type=int, default=40, help="per rate (not shift's)")
-    slo.add_argument("--slo", default="ttft=1s,tpot=40ms", help="both, with units")
+    slo.add_argument("--slo", default="ttft=1s,tpot=40ms", help="both, each with s or ms")
     slo.add_argument("--attainment", type=float, default=0.9, help="target share of requests")
     slo.add_argument("--phase-seconds", type=float, default=120.0, help="shift: each phase")
     slo.add_argument("--phases", type=int, default=2, help="shift: chat, long, chat, ...")
