@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 from loadtest.slo.attainment import Slo
-from loadtest.slo.config import PEERS, SloBenchConfig, parse_configs, parse_rates
-from loadtest.slo.workloads import WORKLOADS
+from loadtest.slo.config import PEERS, WORKLOADS, SloBenchConfig, parse_configs, parse_rates
 from services.worker.pinning import check_cpus
 from shared.errors import ConfigError
 from shared.models.registry import DEFAULT_MODEL

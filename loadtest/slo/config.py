@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.slo.attainment import Slo
-from loadtest.slo.workloads import WORKLOADS
 from services.launch_plan import PinnedPool, parse_pools
 from services.worker.pinning import cpu_list
 from shared.errors import ConfigError
 from shared.models.registry import DEFAULT_MODEL
 
-SERVERS = ("splitserve", "vllm")
 PEERS = ("vllm",)
+WORKLOADS = ("chat", "long", "agent", "mooncake", "shift")  # made by workloads.py
 
 
 @dataclass(frozen=True, slots=True)

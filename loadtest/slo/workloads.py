@@ -36,8 +36,7 @@ from loadtest.datasets import (
     shared_prefix_requests,
 )
 from loadtest.request import BenchRequest
-
-WORKLOADS = ("chat", "long", "agent", "mooncake", "shift")
+from loadtest.slo.config import WORKLOADS
 
 
 @dataclass(frozen=True, slots=True)
