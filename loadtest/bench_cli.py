@@ -1,6 +1,4 @@
-"""`splitserve bench`: the benchmark targets' flags, each a thin wrapper calling into
-loadtest/engine_bench, loadtest/mesh_bench and loadtest/peers (and loadtest's serve, users,
-plot and matrix)."""
+"""`splitserve bench`: each target's flags, a thin wrapper calling into a loadtest package."""
 
 from __future__ import annotations
 
@@ -222,6 +220,7 @@ def _add_model_args(parser: argparse.ArgumentParser, when: str = "") -> None:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     from loadtest import cli as loadtest_cli
+    from loadtest.slo import cli as slo_cli
 
     bench = commands.add_parser("bench", help="benchmarks")
     targets = bench.add_subparsers(dest="target", required=True)
@@ -348,3 +347,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     spec.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     spec.set_defaults(func=_bench_spec)
     loadtest_cli.add_subcommands(targets)  # serve | users | plot | matrix
+    slo_cli.add_parser(targets)  # slo: its flags are its own (loadtest/slo/cli.py)

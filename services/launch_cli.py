@@ -9,9 +9,9 @@ both. With `--nats URL`, the `--nats-*` flags go to every child; without, `up`'s
 nats-server hands each child its role's fresh credentials (services/launcher.py).
 
 The subtle rule: everything that can be refused is refused before anything starts: pool
-counts that cannot run (`ConfigError`), a gateway port that is taken, a bad mesh config
-(with the line that is wrong), pool flags beside a mesh config, an architecture the engine
-does not serve.
+counts that cannot run (`ConfigError`), a `--pool` beside the count flags or on a core this
+machine does not let it use, a gateway port that is taken, a bad mesh config (with the line
+that is wrong), pool flags beside a mesh config, an architecture the engine does not serve.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from services.scheduler.config import SchedulerConfig
 from services.supervisor import MeshDown
 from services.worker.cli import add_engine_arguments, engine_argv
 from services.worker.config import WorkerConfig
+from services.worker.pinning import check_cpus
 from shared.engine.engine_config import EngineConfig
 from shared.errors import ConfigError
 from shared.flags import add_flags, build, changed_argv, flag_names
@@ -40,7 +41,7 @@ from shared.nats_options import NatsAuth
 
 # `up`'s own flags of these names set them: not forwarded as the gateway's.
 GATEWAY_SET_BY_UP = ("host", "port", "model_dir", "mesh_config")
-WORKER_SET_BY_UP = ("worker_id", "role", "model_name")
+WORKER_SET_BY_UP = ("worker_id", "role", "model_name", "cpus")  # cpus: from --pool
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -75,10 +76,10 @@ def with_mesh_config(config: LauncherConfig, mesh_file: Path) -> LauncherConfig:
     from shared.models.pull import pull_model
 
     pool_flags = (config.model_dir, config.model != DEFAULT_MODEL, config.aggregated,
-                  config.prefill != 1, config.decode != 1)  # fmt: skip
+                  config.prefill != 1, config.decode != 1, config.pools)  # fmt: skip
     if any(pool_flags):
         sys.exit("up: --config names the models and their pools; drop --model, --model-dir, "
-                 "--prefill, --decode and --aggregated")  # fmt: skip
+                 "--prefill, --decode, --aggregated and --pool")  # fmt: skip
     try:
         mesh = load_mesh_config(mesh_file.resolve())
     except MeshConfigError as exc:
@@ -98,7 +99,9 @@ def main(args: argparse.Namespace) -> None:
     )
     try:
         config = config_from_args(args, default_home())
-    except ConfigError as exc:  # pool counts: refused like the rest, before anything starts
+        for pool in config.pinned_pools():
+            check_cpus(pool.cpus)
+    except ConfigError as exc:  # pools: refused like the rest, before anything starts
         sys.exit(f"splitserve up: {exc}")
     if problem := gateway_port_problem(config.host, config.port):
         sys.exit(

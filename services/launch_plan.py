@@ -2,11 +2,12 @@
 
 `child_specs` is a pure function: no process, socket or file is touched; the run
 (services/launcher.py) starts what it returns. The children: the scheduler, the workers
-(N prefill + M decode, or N of role "both" with `aggregated`; with a mesh config each mesh
-model's own pools, worker ids `<model>-<role>-<i>`, each with `--model-name <model>` and its
-`engine:` flags after the command line's) and the gateway, each `python -m services.cli
-<service> ...`. `up` sets some of their flags itself: the gateway's `--host`, `--port` and
-`--model-dir`, each worker's `--role`, `--worker-id` and `--model-dir`, and every service's
+(N prefill + M decode, or N of role "both" with `aggregated`; with `--pool ROLE:CPUS` one
+worker per pool, pinned to its cores by `--cpus`; with a mesh config each mesh model's own
+pools, worker ids `<model>-<role>-<i>`, each with `--model-name <model>` and its `engine:`
+flags after the command line's) and the gateway, each `python -m services.cli <service> ...`.
+`up` sets some of their flags itself: the gateway's `--host`, `--port` and `--model-dir`,
+each worker's `--role`, `--worker-id`, `--model-dir` and `--cpus`, and every service's
 `--nats`, `--namespace` and `--otlp-endpoint`; the scheduler and each worker get the next
 of `metrics_ports`. The rest are the `*_args` the CLI forwards (flags that differ from their
 defaults: services/launch_cli.py).
@@ -18,16 +19,58 @@ The subtle rule: `up`'s own flags have no `SPLITSERVE_*` variable (`variable=Non
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.mesh_config import MeshConfig, model_dir_of
 from services.supervisor import ChildSpec
+from services.worker.pinning import cpu_list, parse_cpus
 from shared.errors import ConfigError
 from shared.flags import flag
 from shared.models.registry import DEFAULT_MODEL
+from shared.protocol import ROLES
 from shared.subjects import DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedPool:
+    """One worker of `role` pinned to `cpus` (`--pool both:0-1`)."""
+
+    role: str
+    cpus: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.role}:{cpu_list(self.cpus)}"
+
+
+def parse_pools(items: Sequence[str]) -> tuple[PinnedPool, ...]:
+    """`("prefill:0", "decode:1")` → pools. A comma splits a core list too (`both:0,2` comes
+    as `both:0` and `2`): an item without a role continues the one before. ConfigError for
+    what is not ROLE:CPUS, a core in two pools, or pools without a decoding worker."""
+    entries: list[list[str]] = []
+    for item in items:
+        role, colon, cpus = item.partition(":")
+        if colon:
+            entries.append([role.strip(), cpus])
+        elif entries:
+            entries[-1][1] += "," + item
+        else:
+            raise ConfigError(f"pool {item!r}: expected ROLE:CPUS, e.g. prefill:0 or both:0-1")
+    pools = []
+    for role, cpus in entries:
+        if role not in ROLES:
+            raise ConfigError(f"pool {role}:{cpus}: the role must be one of {ROLES}")
+        if not (cores := parse_cpus(cpus)):
+            raise ConfigError(f"pool {role}:{cpus}: no core given")
+        pools.append(PinnedPool(role, cores))
+    cores = [c for pool in pools for c in pool.cpus]
+    if twice := sorted({c for c in cores if cores.count(c) > 1}):
+        raise ConfigError(f"pools {', '.join(map(str, pools))}: core {twice[0]} is in two pools")
+    if pools and not any(pool.role in ("decode", "both") for pool in pools):
+        raise ConfigError(f"pools {', '.join(map(str, pools))}: no decode or both worker")
+    return tuple(pools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +97,13 @@ class LauncherConfig:
     aggregated: bool = flag(
         False, variable=None, help="--prefill N workers of role both, no decode pool"
     )
+    pools: tuple[str, ...] = flag(
+        (),
+        name="--pool",
+        variable=None,
+        help="ROLE:CPUS, repeatable (--pool prefill:0 --pool decode:1, --pool both:0-1): one "
+        "worker of that role pinned to those cores; replaces --prefill/--decode/--aggregated",
+    )
     ready_timeout: float = flag(
         300.0, variable=None, help="seconds for the gateway's /ready to answer"
     )
@@ -75,10 +125,18 @@ class LauncherConfig:
     mesh: MeshConfig | None = None  # `mesh_file` loaded: several models (replaces the pools)
 
     def __post_init__(self) -> None:
+        if self.pools and (self.aggregated or (self.prefill, self.decode) != (1, 1)):
+            raise ConfigError(
+                "--pool names every worker and its cores: drop --prefill, --decode and --aggregated"
+            )
+        self.pinned_pools()  # checks them
         if self.prefill < (1 if self.aggregated else 0) or self.decode < 0:
             raise ConfigError("worker counts must be >= 0 (and >= 1 with --aggregated)")
         if not self.aggregated and self.decode < 1:
             raise ConfigError("a disaggregated mesh needs at least one decode worker")
+
+    def pinned_pools(self) -> tuple[PinnedPool, ...]:
+        return parse_pools(self.pools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +146,16 @@ class WorkerPool:
     model_dir: Path | None
     prefix: str = ""  # of its worker ids: "<model>-" with a mesh config
     argv: tuple[str, ...] = ()  # its model's own flags, after the shared ones
+    cpus: tuple[int, ...] = ()  # each of its workers pinned to these cores; (): unpinned
 
 
 def worker_pools(config: LauncherConfig) -> list[WorkerPool]:
     """The one model's pools from the flags, or each mesh model's from the config file."""
     if config.mesh is None:
+        if config.pools:
+            return [
+                WorkerPool(p.role, 1, config.model_dir, cpus=p.cpus) for p in config.pinned_pools()
+            ]
         if config.aggregated:
             return [WorkerPool("both", config.prefill, config.model_dir)]
         return [
@@ -124,11 +187,16 @@ def child_specs(
 
     scheduler = (*service, "scheduler", *common)
     specs = [metered("scheduler", "scheduler", scheduler, config.scheduler_args)]
+    numbered: Counter[str] = Counter()  # workers of each model and role, over every pool
     for pool in worker_pools(config):
-        for i in range(pool.count):
-            worker_id = f"{pool.prefix}{pool.role}-{i}"
+        for _ in range(pool.count):
+            name = pool.prefix + pool.role
+            worker_id = f"{name}-{numbered[name]}"
+            numbered[name] += 1
             argv = (*service, "worker", "--role", pool.role, "--model-dir", str(pool.model_dir))
-            argv += ("--worker-id", worker_id, *common)
+            argv += ("--worker-id", worker_id)
+            argv += ("--cpus", cpu_list(pool.cpus)) if pool.cpus else ()
+            argv += common
             after = (*config.worker_args, *pool.argv)
             specs.append(metered(f"worker {worker_id}", "worker", argv, after))
     gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))

@@ -2,7 +2,8 @@
 
 Also runnable alone: `python -m services.worker.cli --role decode --model-dir DIR`.
 Flags come from the dataclasses (`shared/flags.py`): the worker's own from WorkerConfig,
-the engine's from EngineConfig; `up` forwards the engine's with `engine_argv`.
+the engine's from EngineConfig; `up` forwards the engine's with `engine_argv`. A worker given
+`--cpus` is pinned to them here, before its engine or any of its threads starts.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from services.worker.config import WorkerConfig
+from services.worker.pinning import pin
 from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
 from shared.engine.engine_config import EngineConfig
 from shared.errors import ConfigError
@@ -75,6 +77,7 @@ def main(args: argparse.Namespace) -> None:
     )
     try:
         config = config_from_args(args)
+        pin(config.pinned_cpus)  # a core this machine lacks: refused like a bad flag
     except ConfigError as exc:
         sys.exit(f"splitserve worker: {exc}")
     failed = run(serve(config))

@@ -3,7 +3,9 @@
 The engine's settings are one nested `EngineConfig` (`engine`); `engine_config()` is what
 this worker's role runs. The settings every service shares are another (`common`). The
 fields declared with `flag(...)` are the worker's own flags (`shared/flags.py`); the
-engine's are declared in `EngineConfig`, the shared ones in `CommonConfig`.
+engine's are declared in `EngineConfig`, the shared ones in `CommonConfig`. `cpus` pins the
+worker to its own cores (services/worker/pinning.py): its engine then runs one torch thread
+per core unless `--num-threads` says otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from services.worker.pinning import parse_cpus
 from shared.config import CommonConfig
 from shared.engine.engine_config import EngineConfig
 from shared.errors import ConfigError
@@ -52,6 +55,11 @@ class WorkerConfig:
         help="--engine vllm: torch.compile the model (minutes at the first start, cached in "
         "~/.cache/vllm); --no-vllm-compile runs it eagerly and starts in seconds",
     )
+    cpus: str = flag(
+        "",
+        help="pin this worker to these cores (0, 0-1, 0,2) with one torch thread each and "
+        "no core lease ('': unpinned, the cores shared with the machine's other workers)",
+    )
     engine: EngineConfig  # the model and every engine setting
     # NATS URL, credentials (the worker role's), namespace, log level, trace export
     common: CommonConfig = field(default_factory=CommonConfig)
@@ -66,6 +74,7 @@ class WorkerConfig:
     metrics_port: int | None = None  # Prometheus /metrics; 0: a free port; None: not served
 
     def __post_init__(self) -> None:
+        parse_cpus(self.cpus)  # its syntax; the machine's cores are checked when it pins
         if self.role not in ROLES:
             raise ConfigError(f"role must be one of {ROLES}, not {self.role!r}")
         if self.engine_kind not in ENGINES:
@@ -84,6 +93,10 @@ class WorkerConfig:
         return self.engine.model_dir
 
     @property
+    def pinned_cpus(self) -> tuple[int, ...]:
+        return parse_cpus(self.cpus)
+
+    @property
     def prefills(self) -> bool:
         return self.role in ("prefill", "both")
 
@@ -92,12 +105,17 @@ class WorkerConfig:
         return self.role in ("decode", "both")
 
     def engine_config(self) -> EngineConfig:
-        """The engine this role runs: block hashes name the model, and only a decoding role
-        speculates (a prefill worker never loads a draft model)."""
+        """The engine this role runs: block hashes name the model, only a decoding role
+        speculates (a prefill worker never loads a draft model), and a pinned worker runs a
+        thread per core (a thread count turns the core lease off)."""
         speculates = self.decodes and self.engine.speculative is not None
+        threads = self.engine.num_threads
+        if threads is None and self.cpus:
+            threads = len(self.pinned_cpus)
         return replace(
             self.engine,
             model_id=self.model_name,
+            num_threads=threads,
             speculative=self.engine.speculative if speculates else None,
             draft_model_dir=self.engine.draft_model_dir if speculates else None,
         )

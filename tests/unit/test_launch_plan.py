@@ -1,16 +1,21 @@
 """The plan of `splitserve up` (services/launch_plan.py), a pure function: its children in
 start order with their roles and /metrics ports, the flags `up` sets on each, the flags it
-forwards to each service and to none other, and `up`'s own flags (declared with `flag()`,
-without variables but `--namespace` and `--log-level`)."""
+forwards to each service and to none other, `up`'s own flags (declared with `flag()`,
+without variables but `--namespace` and `--log-level`), and `--pool`: one worker pinned to
+its cores per pool, refused beside the count flags."""
 
 from __future__ import annotations
 
 from itertools import count
 from pathlib import Path
 
+import pytest
+
 from services.cli import build_parser
 from services.launch_cli import config_from_args
 from services.launch_plan import LauncherConfig, child_specs
+from services.worker.cli import config_from_args as worker_config
+from shared.errors import ConfigError
 from shared.flags import settings
 
 HOME, MODEL = Path("/h"), Path("/m")
@@ -117,3 +122,49 @@ def test_ups_own_flags_read_no_variable_but_namespace_and_log_level(monkeypatch)
     monkeypatch.setenv("SPLITSERVE_NAMESPACE", "green")
     config = config_from_args(build_parser().parse_args(["up"]), HOME)
     assert (config.port, config.namespace) == (8000, "green")
+
+
+def test_pools_start_one_pinned_worker_each_in_place_of_the_counts():
+    argv = ["up", "--model-dir", "/m", "--pool", "prefill:0", "--pool", "decode:1"]
+    config = config_from_args(build_parser().parse_args(argv), HOME)
+    workers = [s for s in child_specs(config, "u", count(1)) if s.role == "worker"]
+    assert [(s.name, option(s.argv, "--role"), option(s.argv, "--cpus")) for s in workers] == [
+        ("worker prefill-0", "prefill", "0"),
+        ("worker decode-0", "decode", "1"),
+    ]
+    both = LauncherConfig(home=HOME, model_dir=MODEL, pools=("both:0", "2", "both:1"))
+    workers = [s for s in child_specs(both, "u", count(1)) if s.role == "worker"]
+    assert [(option(s.argv, "--worker-id"), option(s.argv, "--cpus")) for s in workers] == [
+        ("both-0", "0,2"),  # a core list split at its comma by the flag is joined again
+        ("both-1", "1"),
+    ]
+    plain = child_specs(LauncherConfig(home=HOME, model_dir=MODEL), "u", count(1))
+    assert not any("--cpus" in s.argv for s in plain)  # no pool: unpinned, as before
+
+
+def test_each_pinned_worker_parses_its_cpus_and_runs_a_thread_per_core():
+    argv = ["up", "--model-dir", "/m", "--pool", "both:0-1", "--max-num-seqs", "8"]
+    config = config_from_args(build_parser().parse_args(argv), HOME)
+    (worker,) = [s for s in child_specs(config, "u", count(1)) if s.role == "worker"]
+    parsed = worker_config(build_parser().parse_args(worker.argv[3:]))
+    assert (parsed.role, parsed.pinned_cpus, parsed.engine.max_num_seqs) == ("both", (0, 1), 8)
+    assert parsed.engine_config().num_threads == 2
+
+
+def test_pools_beside_the_count_flags_are_refused():
+    for flags in (["--aggregated"], ["--prefill", "2"], ["--decode", "3"]):
+        argv = ["up", "--model-dir", "/m", "--pool", "both:0", *flags]
+        args = build_parser().parse_args(argv)
+        with pytest.raises(ConfigError, match="--pool names every worker and its cores: drop"):
+            config_from_args(args, HOME)
+    for pools, message in [
+        (("prefill:0",), "no decode or both worker"),
+        (("both:0", "both:0-1"), "core 0 is in two pools"),
+        (("gpu:0",), "the role must be one of"),
+        (("both:",), "no core given"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            LauncherConfig(home=HOME, model_dir=MODEL, pools=pools)
+    up = build_parser().parse_args(["up", "--model-dir", "/none", "--pool", "both:100000"])
+    with pytest.raises(SystemExit, match="splitserve up: cpus 100000: not among"):
+        up.func(up)
