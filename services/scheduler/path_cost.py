@@ -27,6 +27,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 from services.scheduler.measures import Link, WorkerCosts
 from services.scheduler.routing import blocks_for, prefills_locally
@@ -92,6 +93,12 @@ class Choice:
     prefills: tuple[tuple[str, float], ...] = ()
 
 
+class SplitOffer(NamedTuple):
+    worker_id: str
+    ttft: float  # predicted; 0: its rate is unknown
+    cost: float | None  # TTFT + transfer; None: not predictable (no rate or no link)
+
+
 def uncached_tokens(num_tokens: int, overlap: int, block_size: int) -> int:
     """Tokens a worker holding `overlap` leading blocks computes (at least the last one)."""
     return max(1, num_tokens - overlap * block_size)
@@ -136,36 +143,36 @@ def choose(
     if not prefills:
         return Choice(Path.LOCAL, Rule.NO_PREFILL, local)
     splits = [_split(num_tokens, decode, p, typical, params) for p in prefills]
-    measured = sorted((s for s in splits if s[2] is not None), key=lambda s: s[2])
-    if local_rate and measured and not params.fixed:
+    priced = sorted((s for s in splits if s.cost is not None), key=lambda s: s.cost or 0.0)
+    if local_rate and priced and not params.fixed:
         local_cost = local + stall_cost(num_tokens, decode, local_rate, params)
-        _, best_ttft, best_cost = measured[0]
-        if local_cost <= best_cost:
+        best = priced[0]
+        if best.cost is None or local_cost <= best.cost:
             return Choice(Path.LOCAL, Rule.COST, local)
-        order = measured + [s for s in splits if s[2] is None]
-        return Choice(Path.SPLIT, Rule.COST, best_ttft, tuple((s[0], s[1]) for s in order))
+        order = priced + [s for s in splits if s.cost is None]
+        return Choice(Path.SPLIT, Rule.COST, best.ttft, tuple((s.worker_id, s.ttft) for s in order))
     if prefills_locally(
-        num_tokens, decode.overlap, params.block_size, params.local_prefill_tokens, True
+        num_tokens,
+        decode.overlap,
+        params.block_size,
+        params.local_prefill_tokens,
+        have_prefill_workers=True,
     ):
         return Choice(Path.LOCAL, Rule.COLD, local)
-    in_rank = tuple((s[0], s[1]) for s in splits)
-    return Choice(Path.SPLIT, Rule.COLD, in_rank[0][1], in_rank)
+    in_rank = tuple((s.worker_id, s.ttft) for s in splits)
+    return Choice(Path.SPLIT, Rule.COLD, splits[0].ttft, in_rank)
 
 
 def _split(
     num_tokens: int, decode: Offer, prefill: Offer, typical: Typical, params: CostParams
-) -> tuple[str, float, float | None]:
-    """(worker id, predicted TTFT or 0, cost or None when not predictable)."""
+) -> SplitOffer:
     rate = prefill.costs.prefill_rate or typical.rate
     if not rate:
-        return prefill.worker_id, 0.0, None
+        return SplitOffer(prefill.worker_id, 0.0, None)
     ttft = split_ttft(num_tokens, prefill, rate, params)
     link = prefill.costs.links.get(decode.worker_id) or typical.link
     block_bytes = prefill.costs.block_bytes or decode.costs.block_bytes
     if link is None or not block_bytes:
-        return prefill.worker_id, ttft, None
-    return (
-        prefill.worker_id,
-        ttft,
-        ttft + transfer_s(num_tokens, decode, link, block_bytes, params.block_size),
-    )
+        return SplitOffer(prefill.worker_id, ttft, None)
+    transfer = transfer_s(num_tokens, decode, link, block_bytes, params.block_size)
+    return SplitOffer(prefill.worker_id, ttft, ttft + transfer)
