@@ -81,12 +81,11 @@ async def scheduler(url: str, namespace: str, workers: list[FakeWorker], exporte
             await each.close()
 
 
-def error_samples(service: SchedulerService, path: str) -> tuple[float, float]:
-    """(count, sum) of the prediction error histogram for `path`."""
-    registry = service.metrics.registry
-    name = "splitserve_scheduler_ttft_prediction_error_seconds"
-    count = registry.get_sample_value(f"{name}_count", {"path": path}) or 0.0
-    return count, registry.get_sample_value(f"{name}_sum", {"path": path}) or 0.0
+def error_samples(service: SchedulerService, path: str, le: str = "+Inf") -> float:
+    """The prediction errors for `path` at most `le` seconds (the histogram's bucket)."""
+    name = "splitserve_scheduler_ttft_prediction_error_seconds_bucket"
+    labels = {"path": path, "le": le}
+    return service.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def timed(request_id: str) -> SubmitRequest:
@@ -124,8 +123,11 @@ def test_prediction_and_its_error_when_the_first_token_is_reported(nats_server, 
             observed = ack.predicted_ttft + 0.25
             streamer = p1 if path == "disaggregated" else d1
             streamer.first_tokens = [FirstToken("r1", observed), FirstToken("elsewhere", 1.0)]
-            await until(lambda: error_samples(service, path)[0] == 1)
-            assert error_samples(service, path)[1] == pytest.approx(0.25)
+            await until(lambda: error_samples(service, path) == 1)
+            assert (error_samples(service, path, "0.2"), error_samples(service, path, "0.3")) == (
+                0,
+                1,
+            )
             await until(lambda: bool(spans(exporter, "scheduler.first_token")))
             (first,) = spans(exporter, "scheduler.first_token")
             assert first.parent is not None
@@ -137,7 +139,7 @@ def test_prediction_and_its_error_when_the_first_token_is_reported(nats_server, 
             # reported again (a duplicate heartbeat): counted once
             streamer.first_tokens = [FirstToken("r1", observed)]
             await asyncio.sleep(0.5)
-            assert error_samples(service, path)[0] == 1
+            assert error_samples(service, path) == 1
 
     asyncio.run(scenario())
 
