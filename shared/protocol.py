@@ -44,6 +44,9 @@ class SubmitRequest:
     # The gateway has a fallback for this model: with no worker of the model registered,
     # refuse at once (UNAVAILABLE) rather than wait for one to join.
     has_fallback: bool = False
+    # When the gateway sent this attempt (Unix seconds; 0: unknown): the worker that streams
+    # its first token reports the observed TTFT from it (path choice, issue 57).
+    submitted_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -54,6 +57,7 @@ class SubmitAck:
     retry_after: float = 0.0  # seconds, when refused for load
     prefill_worker: str = ""  # "" when the decode worker prefills itself
     decode_worker: str = ""
+    predicted_ttft: float = 0.0  # seconds, the scheduler's prediction for the path it chose
 
     @property
     def accepted(self) -> bool:
@@ -69,6 +73,19 @@ class KVPeer:
     transport: str  # the one used last: "nixl" | "nats"
     blocks: int
     transfers: int
+    # Measured link (path choice): EWMAs per transfer of its bytes and seconds (their ratio
+    # is the bandwidth), and of the seconds of small transfers (the fixed cost; 0: none yet).
+    mean_bytes: float = 0.0
+    mean_seconds: float = 0.0
+    latency: float = 0.0
+
+
+@dataclass(slots=True)
+class FirstToken:
+    """A request's first token streamed by a worker: TTFT observed from its `submitted_at`."""
+
+    request_id: str
+    ttft: float  # seconds
 
 
 @dataclass(slots=True)
@@ -94,6 +111,15 @@ class Heartbeat:
     kv_transports: list[str] = field(default_factory=list)  # it can move KV by, best first
     kv_peers: list[KVPeer] = field(default_factory=list)  # prefill side: where KV went
     engine: str = "native"  # the engine it runs: "native" | "vllm" (never mixed per model)
+    # Measured costs (the scheduler's path choice, services/scheduler/path_cost.py); 0 is
+    # "not measured yet". EWMAs over the engine's steps (services/worker/step_costs.py).
+    prefill_rate: float = 0.0  # prompt tokens computed per second of step time
+    decode_step_s: float = 0.0  # seconds per step with no prompt in it
+    decode_batch: float = 0.0  # running rows those steps had
+    queued_prompt_tokens: int = 0  # prompt tokens admitted, not computed yet
+    busy: float = 0.0  # share of the time since the last beat spent in steps, 0..1
+    block_bytes: int = 0  # one KV block, every layer: what a transfer moves per block
+    first_tokens: list[FirstToken] = field(default_factory=list)  # streamed since last beat
 
 
 @dataclass(slots=True)

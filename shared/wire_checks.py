@@ -83,6 +83,10 @@ def _subject_token(value: str, where: str) -> None:
     _require(bool(_SUBJECT_TOKEN.match(value)), f"{where}: {value[:40]!r} is no subject token")
 
 
+def _measure(value: float, where: str) -> None:
+    _require(math.isfinite(value) and value >= 0, f"{where}: {value} is no finite value >= 0")
+
+
 def _all_below(values: Iterable[int], limit: int, where: str) -> None:
     _require(all(0 <= v < limit for v in values), f"{where}: a value out of [0, {limit})")
 
@@ -98,20 +102,30 @@ def _submit(m: SubmitRequest, where: str = "SubmitRequest") -> None:
     _all_below(m.prompt_token_ids, TOKEN_ID_LIMIT, f"{where}.prompt_token_ids")
     _all_below(m.delivered_token_ids, TOKEN_ID_LIMIT, f"{where}.delivered_token_ids")
     _require(math.isfinite(m.deadline), f"{where}.deadline: not a finite time")
+    _measure(m.submitted_at, f"{where}.submitted_at")
     _count(m.attempt, f"{where}.attempt", 1 << 16)
 
 
 def _heartbeat(m: Heartbeat) -> None:
     _subject_token(m.worker_id, "Heartbeat.worker_id")
     _require(m.role in ROLES, f"Heartbeat.role: {m.role[:20]!r} is none of {ROLES}")
-    for field in dataclasses.fields(m):  # every number in a heartbeat is a count
+    for field in dataclasses.fields(m):  # every int is a count, every float a measure
         value = getattr(m, field.name)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, float):
+            _measure(value, f"Heartbeat.{field.name}")
+        elif isinstance(value, int) and not isinstance(value, bool):
             _count(value, f"Heartbeat.{field.name}")
     _require(m.free_blocks <= m.total_blocks, "Heartbeat.free_blocks: more than total_blocks")
     _require(0 < m.block_size <= 4096, "Heartbeat.block_size: out of (0, 4096]")
     _count(m.metrics_port, "Heartbeat.metrics_port", 1 << 16)
     _items(m.kv_peers, "Heartbeat.kv_peers", 4096)
+    for peer in m.kv_peers:
+        for value in (peer.mean_bytes, peer.mean_seconds, peer.latency):
+            _measure(value, "Heartbeat.kv_peers: a measure")
+    _items(m.first_tokens, "Heartbeat.first_tokens", MAX_ITEMS)
+    for first in m.first_tokens:
+        _request_id(first.request_id, "Heartbeat.first_tokens.request_id")
+        _measure(first.ttft, "Heartbeat.first_tokens.ttft")
 
 
 def _kv_events(m: KVEvents) -> None:

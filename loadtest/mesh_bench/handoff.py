@@ -47,7 +47,11 @@ class HandOffGap:
 
 def measure(cfg: KVMeshBenchConfig, transport: str) -> HandOffGap:
     mesh = MeshProcess(
-        cfg.model_dir, ["--kv-transport", transport], cfg.out / f"kv-mesh-{transport}.log"
+        cfg.model_dir,
+        # the fixed rule: every long prompt splits (measured costs would keep an idle
+        # mesh's prompts where they decode, and there would be no hand-off to time)
+        ["--kv-transport", transport, "--path-choice", "fixed"],
+        cfg.out / f"kv-mesh-{transport}.log",
     )
     try:
         mesh.wait_ready()

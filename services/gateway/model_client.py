@@ -131,6 +131,7 @@ class ModelClient:
             delivered_token_ids=list(job.delivered),
             model=self.model,
             has_fallback=job.spec.has_fallback,
+            submitted_at=time.time(),
         )
 
     async def _ask_scheduler(self, message: SubmitRequest) -> SubmitAck:

@@ -15,6 +15,8 @@ from shared.engine.engine_config import block_size_flag, check_block_size
 from shared.errors import ConfigError
 from shared.flags import add_flags, build, flag
 
+PATH_CHOICES = ("cost", "fixed")
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -25,9 +27,23 @@ class SchedulerConfig:
         help="requests being placed or waiting for room; beyond this, submits are refused "
         "at once (429 with retry_after)",
     )
+    # The cold-start rule: until the workers have measured their costs (path_cost.py), or
+    # always with --path-choice fixed, a prompt this short skips the prefill workers.
     local_prefill_tokens: int = flag(
         16,
-        help="a prompt with at most this many tokens uncached on its decode worker skips prefill",
+        help="before costs are measured (or with --path-choice fixed): a prompt with at most "
+        "this many tokens uncached on its decode worker skips prefill",
+    )
+    path_choice: str = flag(
+        "cost",
+        help="cost: each request split or prefilled where it decodes, by measured cost; "
+        "fixed: only the --local-prefill-tokens rule",
+        choices=PATH_CHOICES,
+    )
+    stall_weight: float = flag(
+        0.1,
+        help="seconds of a new request's TTFT that one second of a running stream's stall is "
+        "worth, when a decode worker would prefill it itself",
     )
     block_size: int = block_size_flag()
     model_id: str = ""  # block-hash model id until a worker's heartbeat names its model
@@ -58,6 +74,10 @@ class SchedulerConfig:
         check_block_size(self.block_size)
         if self.local_prefill_tokens < 0:
             raise ConfigError(f"local_prefill_tokens must be >= 0, got {self.local_prefill_tokens}")
+        if self.path_choice not in PATH_CHOICES:
+            raise ConfigError(f"path_choice must be one of {PATH_CHOICES}, got {self.path_choice}")
+        if self.stall_weight < 0:
+            raise ConfigError(f"stall_weight must be >= 0, got {self.stall_weight}")
         timeouts = ("reserve_timeout", "heartbeat_timeout", "queue_timeout", "sweep_interval")
         for name in (*timeouts, "retry_after"):
             if getattr(self, name) <= 0:

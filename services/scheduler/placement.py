@@ -3,10 +3,10 @@
 Only the workers of the request's model are candidates (all workers when it names none).
 Every NATS request is bounded by `reserve_timeout` and the placement's give-up time, and
 given up at once when the sweeper finds the worker it waits on lost (`worker_lost`):
-  decode candidates (room in the registry), best first →
-    few uncached tokens or no prefill pool: DecodeTask → OK: placed (decode only)
-    else Reserve → not OK: next decode candidate
-         PrefillTask to each prefill candidate in turn → OK: placed (prefill, decode)
+  decode candidates (room in the registry), best first → the path, by cost (path_cost.py)
+    local (cheaper, cold rule, or no prefill pool): DecodeTask → OK: placed (decode only)
+    split: Reserve → not OK: next decode candidate
+         PrefillTask to each prefill candidate in turn, cheapest first → OK: placed
          none took it: Cancel (reason RELEASED: frees the reservation) → no room
   no candidate left (none in the registry, or all BUSY, UNAVAILABLE, FAILED or lost) → no room
 A worker that does not answer, or is lost, counts as FAILED. An INVALID answer from any
@@ -25,13 +25,18 @@ from nats.errors import Error as NatsError
 from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.registry import Registry
-from services.scheduler.routing import (
-    Candidate,
-    prefills_locally,
-    rank_decode,
-    rank_prefill,
+from services.scheduler.measures import WorkerCosts
+from services.scheduler.path_cost import (
+    Choice,
+    CostParams,
+    Offer,
+    Path,
+    Typical,
+    choose,
+    uncached_tokens,
 )
+from services.scheduler.registry import Registry
+from services.scheduler.routing import Candidate, rank_decode, rank_prefill
 from shared.bus import Bus, Headers
 from shared.engine.block_hash import hash_full_blocks
 from shared.protocol import (
@@ -54,6 +59,7 @@ Reply = TypeVar("Reply", TaskAck, Reservation)
 # The reason of the Cancel a try publishes to free its own reservation before the request
 # waits: workers free the blocks; schedulers do not take it for the gateway's Cancel.
 RELEASED = "released by the scheduler: the request waits for room"
+RTT_ALPHA = 0.2  # weight of the newest Reserve round trip in its average
 
 
 class WorkerGone(Exception):
@@ -95,6 +101,7 @@ class Placer:
         # Requests to workers in flight (worker id -> their tasks): cancelled when the worker
         # is lost, so a placement moves on without waiting out `reserve_timeout`.
         self.asking: dict[str, set[asyncio.Task[object]]] = {}
+        self.reserve_rtt = 0.0  # seconds, an average of the Reserve round trips (0: none yet)
 
     def worker_lost(self, worker_id: str) -> None:
         for call in self.asking.pop(worker_id, set()):
@@ -114,30 +121,34 @@ class Placer:
             why = "no decode worker with enough free KV blocks" if has_decode else ""
             of_model = f" of model {request.model}" if request.model else ""
             return NoRoom(why or f"no worker{of_model} for role decode", asked=False)
-        prefills = rank_prefill(views, hashes, cfg.load_penalty)
+        prefills = {c.worker_id: c for c in rank_prefill(views, hashes, cfg.load_penalty)}
+        costs = {view.worker_id: view.costs for view in views}
         refusal = ""
         for decode in decodes:
-            local = prefills_locally(
-                len(tokens),
-                decode.overlap,
-                cfg.block_size,
-                cfg.local_prefill_tokens,
-                bool(prefills),
-            )
-            trace.get_current_span().set_attribute("splitserve.prefix_hit_blocks", decode.overlap)
-            if local:
+            choice = self._choose(len(tokens), decode, list(prefills.values()), costs)
+            span = trace.get_current_span()
+            span.set_attribute("splitserve.prefix_hit_blocks", decode.overlap)
+            span.set_attribute("splitserve.path_rule", choice.rule.name.lower())
+            if choice.path is Path.LOCAL:
                 ack = await self._decode_only(request, decode, headers, give_up)
                 if ack.ok:
-                    self._assign(request, decode.worker_id, len(tokens))
+                    computed = uncached_tokens(len(tokens), decode.overlap, cfg.block_size)
+                    self._assign(request, decode.worker_id, len(tokens), computed)
                     self.registry.expect_cached(decode.worker_id, hashes)
-                    return SubmitAck(request.request_id, Outcome.OK, decode_worker=decode.worker_id)
+                    return SubmitAck(
+                        request.request_id,
+                        Outcome.OK,
+                        decode_worker=decode.worker_id,
+                        predicted_ttft=choice.predicted_ttft,
+                    )
                 refusal = _refusal(decode.worker_id, ack.outcome, ack.error)
                 continue
             reservation = await self._reserve(request, decode, headers, give_up)
             if not reservation.ok:
                 refusal = _refusal(decode.worker_id, reservation.outcome, reservation.error)
                 continue
-            for prefill in prefills:
+            for prefill_id, predicted_ttft in choice.prefills:
+                prefill = prefills[prefill_id]
                 if self.is_cancelled(request.request_id):  # Cancel frees the reservation too
                     return SubmitAck(
                         request.request_id, Outcome.UNAVAILABLE, "cancelled while being placed"
@@ -145,7 +156,8 @@ class Placer:
                 ack = await self._prefill(request, prefill, decode, reservation, headers, give_up)
                 if ack.ok:
                     self._assign(request, decode.worker_id, len(tokens))
-                    self._assign(request, prefill.worker_id, 0)
+                    computed = uncached_tokens(len(tokens), prefill.overlap, cfg.block_size)
+                    self._assign(request, prefill.worker_id, 0, computed)
                     # The decode worker holds the blocks only once the transfer is done.
                     self.registry.expect_cached(prefill.worker_id, hashes)
                     return SubmitAck(
@@ -153,6 +165,7 @@ class Placer:
                         Outcome.OK,
                         prefill_worker=prefill.worker_id,
                         decode_worker=decode.worker_id,
+                        predicted_ttft=predicted_ttft,
                     )
                 refusal = _refusal(prefill.worker_id, ack.outcome, ack.error)
             await self.bus.publish(
@@ -161,8 +174,32 @@ class Placer:
             return NoRoom(f"no prefill worker took the request (last: {refusal})", asked=True)
         return NoRoom(f"no decode worker took the request (last: {refusal})", asked=True)
 
-    def _assign(self, request: SubmitRequest, worker_id: str, num_tokens: int) -> None:
-        self.registry.assign(worker_id, request.request_id, request.deadline, num_tokens)
+    def _choose(
+        self,
+        num_tokens: int,
+        decode: Candidate,
+        prefills: list[Candidate],
+        costs: dict[str, WorkerCosts],
+    ) -> Choice:
+        cfg = self.config
+        params = CostParams(
+            cfg.block_size,
+            cfg.local_prefill_tokens,
+            cfg.stall_weight,
+            self.reserve_rtt,
+            fixed=cfg.path_choice == "fixed",
+        )
+        offers = [Offer(c.worker_id, c.overlap, costs[c.worker_id]) for c in prefills]
+        here = Offer(decode.worker_id, decode.overlap, costs[decode.worker_id])
+        return choose(num_tokens, here, offers, Typical.of(list(costs.values())), params)
+
+    def _assign(
+        self, request: SubmitRequest, worker_id: str, num_tokens: int, computed: int = 0
+    ) -> None:
+        """`num_tokens` take blocks on the worker; it computes `computed` prompt tokens."""
+        self.registry.assign(
+            worker_id, request.request_id, request.deadline, num_tokens, prompt_tokens=computed
+        )
 
     def _timeout(self, give_up: float) -> float:
         return max(0.001, min(self.config.reserve_timeout, give_up - self.clock()))
@@ -238,6 +275,7 @@ class Placer:
         self, request: SubmitRequest, decode: Candidate, headers: Headers, give_up: float
     ) -> Reservation:
         subject = self.subjects.reserve(decode.worker_id)
+        began = self.clock()
         try:
             reservation = await self._ask(
                 decode.worker_id, subject, Reserve(request), Reservation, headers, give_up
@@ -245,6 +283,8 @@ class Placer:
         except _REQUEST_ERRORS as exc:
             log.warning("%s: reserve on %s failed: %r", request.request_id, decode.worker_id, exc)
             return Reservation(request.request_id, Outcome.FAILED, error=f"no answer: {exc!r}")
+        rtt = max(0.0, self.clock() - began)
+        self.reserve_rtt += RTT_ALPHA * (rtt - self.reserve_rtt) if self.reserve_rtt else rtt
         _check_valid(request, subject, reservation.outcome, reservation.error)
         return reservation
 

@@ -11,7 +11,10 @@ refills within one heartbeat interval).
   names a model is placed only on that model's workers, and its blocks hash with that name,
   so prefix hashes never match across models.
 - Placements are remembered per worker (request id → deadline) until a Cancel or the
-  deadline, and counted as load until the worker's next heartbeat reports them.
+  deadline, and counted as load (and their prompt tokens as queued work) until the worker's
+  next heartbeat reports them.
+- Measured costs (rates, step times, each pair's link: measures.py) are the latest
+  heartbeat's; a view carries them for the path choice (path_cost.py).
 - A placed prompt's full blocks count as cached at once on the worker that computes them
   (`expect_cached`), before its KV event says so: a request with the same prefix right
   behind it (the sibling choices of an `n` > 1 request) goes where the blocks will be.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from services.scheduler.measures import Link, links_of, worker_costs
 from services.scheduler.routing import WorkerView, blocks_for
 from shared.protocol import Heartbeat, KVEvents, WorkerStatus
 
@@ -40,6 +44,8 @@ class WorkerState:
     assigned: dict[str, float] = field(default_factory=dict)  # request id → deadline
     placed_since_heartbeat: int = 0
     blocks_since_heartbeat: int = 0
+    tokens_since_heartbeat: int = 0  # prompt tokens placed on it to compute
+    links: dict[str, Link] = field(default_factory=dict)  # decode id → measured link
 
 
 class Registry:
@@ -66,7 +72,9 @@ class Registry:
                     log.error("worker %s refused: %s", heartbeat.worker_id, why)
                     self.refused[heartbeat.worker_id] = why
                 return False
-            self._workers[heartbeat.worker_id] = WorkerState(heartbeat, now)
+            self._workers[heartbeat.worker_id] = WorkerState(
+                heartbeat, now, links=links_of(heartbeat)
+            )
             return not heartbeat.draining
         old = state.heartbeat
         more_room = not heartbeat.draining and (
@@ -78,6 +86,8 @@ class Registry:
         state.last_seen = now
         state.placed_since_heartbeat = 0
         state.blocks_since_heartbeat = 0
+        state.tokens_since_heartbeat = 0
+        state.links = links_of(heartbeat)
         return more_room
 
     def _same_model(self, heartbeat: Heartbeat) -> list[WorkerState]:
@@ -106,13 +116,22 @@ class Registry:
             del self._workers[state.heartbeat.worker_id]
         return lost
 
-    def assign(self, worker_id: str, request_id: str, deadline: float, num_tokens: int = 0) -> None:
+    def assign(
+        self,
+        worker_id: str,
+        request_id: str,
+        deadline: float,
+        num_tokens: int = 0,
+        prompt_tokens: int = 0,
+    ) -> None:
+        """`num_tokens` take its blocks; it computes `prompt_tokens` of them."""
         state = self._workers.get(worker_id)
         if state is None:
             return
         state.assigned[request_id] = deadline
         state.placed_since_heartbeat += 1
         state.blocks_since_heartbeat += blocks_for(num_tokens, state.heartbeat.block_size or 1)
+        state.tokens_since_heartbeat += prompt_tokens
 
     def expect_cached(self, worker_id: str, block_hashes: list[int]) -> None:
         """`worker_id` is computing (or receiving) these blocks; the next gap in its KV
@@ -154,6 +173,9 @@ class Registry:
                 free_blocks=max(0, s.heartbeat.free_blocks - s.blocks_since_heartbeat),
                 load=s.heartbeat.num_running + s.heartbeat.num_waiting + s.placed_since_heartbeat,
                 cached=s.cached,
+                costs=worker_costs(
+                    s.heartbeat, s.links, s.placed_since_heartbeat, s.tokens_since_heartbeat
+                ),
             )
             for worker_id, s in self._workers.items()
             if model in ("", s.heartbeat.model)

@@ -5,15 +5,17 @@
 - Decode: among workers of role decode|both, not draining, with enough free blocks for the
   prompt's uncached part plus one block of output: the same score, then more free blocks
   left after placement, so an idle pool fills its emptiest worker first.
-- Conditional disaggregation: the decode worker prefills itself when few prompt tokens are
-  uncached on it (`local_prefill_tokens`), or when no pure prefill worker exists.
+- Conditional disaggregation: which path a request takes on its decode worker is chosen
+  by cost (path_cost.py); `prefills_locally` is the fixed rule that choice started from.
 Ties break on the worker id, so a placement is reproducible.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from services.scheduler.measures import WorkerCosts
 
 DECODE_ROLES = ("decode", "both")
 
@@ -28,6 +30,7 @@ class WorkerView:
     free_blocks: int
     load: int  # running + waiting requests, plus those placed since its last heartbeat
     cached: Set[int]  # block hashes in its prefix cache
+    costs: WorkerCosts = field(default_factory=WorkerCosts)  # measured (path choice)
 
 
 @dataclass(frozen=True, slots=True)

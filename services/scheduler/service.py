@@ -20,6 +20,9 @@ An INVALID answer from any worker ends placement at once: the request is refused
 in its model's line (services/scheduler/waiting.py) and tries again when its turn comes, oldest
 first, until it is placed, cancelled, or its give-up time passes (UNAVAILABLE, 503, with
 retry_after and the last reason). A submit that arrives while others wait queues behind them.
+
+Each placement's path and predicted TTFT go on its `scheduler.route` span and in its ack;
+the observed TTFT comes back in a worker's heartbeat and is compared (predictions.py).
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from opentelemetry.trace import SpanKind
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.path_cost import Path
 from services.scheduler.placement import RELEASED, BadSubmit, Placer
+from services.scheduler.predictions import Prediction, PredictionBook
 from services.scheduler.registry import Registry
 from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
@@ -77,6 +83,7 @@ class SchedulerService:
         # stops instead of starting work nobody will read (the gateway migrated it).
         self.cancelled: dict[str, float] = {}
         self.placer = Placer(config, bus, self.registry, clock, self._is_cancelled)
+        self.predictions = PredictionBook(self.tracing.tracer, self.metrics.ttft_error)
 
     async def start(self) -> None:
         s = self.subjects
@@ -117,6 +124,8 @@ class SchedulerService:
             log.info("worker %s joined (role %s)", heartbeat.worker_id, heartbeat.role)
         if self.registry.on_heartbeat(heartbeat, self.clock()):
             self.lines.wake()
+        for first in heartbeat.first_tokens:
+            self.predictions.observe(first, heartbeat.worker_id)
 
     async def _on_kv_events(self, events: KVEvents, headers: Headers) -> None:
         self.registry.on_kv_events(events)
@@ -142,6 +151,7 @@ class SchedulerService:
             self.placer.worker_lost(worker_id)
             await self.bus.publish(self.subjects.events, WorkerLost(worker_id, lost))
         self.registry.forget_past_deadline(now)
+        self.predictions.forget_older(now)
         horizon = now - CANCEL_MEMORY_S
         self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
         self.lines.wake()  # the backoff: waiters try again at least once a sweep
@@ -178,11 +188,26 @@ class SchedulerService:
                     "splitserve.disaggregated": bool(ack.prefill_worker),
                 }
             )
-            if not ack.accepted:
+            if ack.accepted:
+                self._predicted(request, ack, span)
+            else:
                 fail(span, ack.error)
         path = "disaggregated" if ack.prefill_worker else "decode_only" if ack.accepted else ""
         self.metrics.placements.labels(request.model, _outcome_label(ack), path).inc()
         return ack
+
+    def _predicted(self, request: SubmitRequest, ack: SubmitAck, span: Span) -> None:
+        """The path and its predicted TTFT on the route span; kept to compare with the
+        observed one when the gateway timed the submit and there is a prediction."""
+        path = Path.SPLIT if ack.prefill_worker else Path.LOCAL
+        span.set_attribute("splitserve.path", path.label)
+        span.set_attribute("splitserve.predicted_ttft_s", ack.predicted_ttft)
+        if ack.predicted_ttft > 0 and request.submitted_at > 0:
+            route = trace.set_span_in_context(span)
+            prediction = Prediction(
+                path, ack.predicted_ttft, request.submitted_at, self.clock(), route
+            )
+            self.predictions.remember(request.request_id, prediction)
 
     async def _admit(self, request: SubmitRequest, headers: Headers) -> SubmitAck:
         model = request.model

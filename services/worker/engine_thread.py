@@ -12,7 +12,8 @@ prompts that arrived meanwhile count as waiting (a prefill worker's backlog) fro
 end, as does a prompt that one step prefilled only in part.
 
 With a `CoreLease` (core_lease.py), each step runs with one torch thread per core it holds:
-its own, and those of the machine's idle workers.
+its own, and those of the machine's idle workers. Each step is timed (the engine's own call,
+not the wait for cores) into a `StepTimer` (step_costs.py): `timer.current` is its costs.
 
 The thread shares the GIL with the event loop. A step takes it back after each native call
 (a layer, the LM head), and a thread that wants the GIL waits for the holder to let it go at
@@ -37,6 +38,7 @@ from typing import Any, TypeVar
 import torch
 
 from services.worker.core_lease import CoreLease
+from services.worker.step_costs import StepTimer
 from shared.engine.engine import LLMEngine
 from shared.engine.outputs import StepOutput
 from shared.engine.stats import EngineStats, KVCacheEvents, KVEventLog
@@ -78,6 +80,7 @@ class EngineThread:
         self.on_step = on_step
         self.on_fatal = on_fatal
         self.stats: EngineStats | None = None  # None until the engine is built
+        self.timer = StepTimer()  # each step's seconds and shape (the engine thread's)
         self.error: BaseException | None = None  # why the thread stopped, if it failed
         self._commands: queue.Queue[_Command | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
@@ -196,16 +199,23 @@ class EngineThread:
         while the lease waited on another worker (a reservation must not wait out a backlog:
         the prompt it is for is what the prefill worker needs next)."""
         if self.lease is None:
-            return engine.run_step()
+            return self._timed_step(engine)
         cores = self.lease.acquire(interrupted=lambda: not self._commands.empty())
         if cores is None:
             return None
         try:
             if cores != torch.get_num_threads():
                 torch.set_num_threads(cores)
-            return engine.run_step()
+            return self._timed_step(engine)
         finally:
             self.lease.release()
+
+    def _timed_step(self, engine: LLMEngine) -> StepOutput:
+        began = time.perf_counter()
+        step = engine.run_step()
+        seconds = time.perf_counter() - began
+        self.timer.observe(seconds, step.num_prompt_tokens, step.num_decode_rows)
+        return step
 
     def _apply_commands(self, engine: LLMEngine, wait: bool) -> bool:
         """Apply every queued command, first sleeping until one comes when `wait`.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 
 from services.worker.core_lease import CoreLease
 from services.worker.engine_client import EngineEvents
@@ -72,7 +73,7 @@ class NativeEngineClient:
     def stats(self) -> EngineStats:
         stats = self._thread.stats
         assert stats is not None, "start() first"
-        return stats
+        return replace(stats, costs=self._thread.timer.current)
 
     def take_kv_events(self) -> KVCacheEvents:
         return self._thread.take_kv_events()

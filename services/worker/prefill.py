@@ -12,6 +12,7 @@ are freed once no copy or READ of them is running.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -19,6 +20,7 @@ from opentelemetry.context import Context
 
 from services.worker.context import WorkerContext, loop_deadline
 from services.worker.requests import RequestState, WorkerRequest
+from services.worker.step_costs import ALPHA
 from shared.engine.kv_handoff import HeldBlocks
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer.transfer import KVSender, TransferError
@@ -30,21 +32,35 @@ S = RequestState
 
 
 class PeerStats:
-    """What this prefill worker has sent each decode worker (heartbeats carry it)."""
+    """What this prefill worker has sent each decode worker (heartbeats carry it), and how
+    long it took: EWMAs of each transfer's bytes and seconds (the link's bandwidth is their
+    ratio), and of the seconds of transfers of at most `SMALL_BLOCKS` (the link's fixed cost:
+    offer, READ set-up, answer)."""
 
-    def __init__(self) -> None:
+    SMALL_BLOCKS = 1
+
+    def __init__(self, alpha: float = ALPHA) -> None:
+        self.alpha = alpha
         self._peers: dict[str, KVPeer] = {}
 
-    def sent(self, decode_worker: str, transport: str, blocks: int) -> None:
+    def sent(
+        self, decode_worker: str, transport: str, blocks: int, num_bytes: int, seconds: float
+    ) -> None:
         peer = self._peers.setdefault(decode_worker, KVPeer(decode_worker, transport, 0, 0))
+        first = not peer.transfers
         peer.transport = transport
         peer.blocks += blocks
         peer.transfers += 1
+        peer.mean_bytes = num_bytes if first else self._ewma(peer.mean_bytes, num_bytes)
+        peer.mean_seconds = seconds if first else self._ewma(peer.mean_seconds, seconds)
+        if blocks <= self.SMALL_BLOCKS:
+            peer.latency = self._ewma(peer.latency, seconds) if peer.latency else seconds
+
+    def _ewma(self, value: float, sample: float) -> float:
+        return value + self.alpha * (sample - value)
 
     def snapshot(self) -> list[KVPeer]:
-        return [
-            KVPeer(p.worker_id, p.transport, p.blocks, p.transfers) for p in self._peers.values()
-        ]
+        return [dataclasses.replace(p) for p in self._peers.values()]
 
 
 class PrefillSide:
@@ -137,7 +153,7 @@ class PrefillSide:
             raise
         seconds = time.perf_counter() - started
         ctx.kv_blocks_sent += num_blocks
-        self.peers.sent(entry.decode_worker, entry.transport, num_blocks)
+        self.peers.sent(entry.decode_worker, entry.transport, num_blocks, num_bytes, seconds)
         ctx.telemetry.end_send(entry, span, seconds, num_bytes)
         log.info(
             "%s: KV transfer (%s) of %d blocks, %.1f MB in %.1f ms (%.0f MB/s)",

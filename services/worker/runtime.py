@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -272,6 +273,7 @@ class Worker:
         assert self.ctx is not None
         stats = self.engine.stats()  # counters the engine thread keeps: never waits
         config, bus, subjects = self.config, self.ctx.bus, self.ctx.subjects
+        layout, costs, now = self.ctx.layout, stats.costs, time.time()
         beat = Heartbeat(
             worker_id=config.worker_id,
             role=config.role,
@@ -294,6 +296,13 @@ class Worker:
             metrics_port=self.metrics_port,
             kv_transports=self.ctx.link.names,
             kv_peers=self.prefill.peers.snapshot() if self.prefill is not None else [],
+            prefill_rate=costs.prefill_rate,
+            decode_step_s=costs.decode_step_s,
+            decode_batch=costs.decode_batch,
+            queued_prompt_tokens=stats.queued_prompt_tokens,
+            busy=self.telemetry.busy_share(stats, now),
+            block_bytes=layout.block_bytes * layout.num_layers,
+            first_tokens=self.telemetry.take_first_tokens(),
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)

@@ -11,10 +11,16 @@ Spans of work the engine thread did are recorded with explicit times:
     `decode.queue`; from that step to the end `decode.generate`.
 Everything per request lives in its `Trace` (`first_step` is the one phase the spans keep:
 0 until the engine's first step of it); this object keeps no per-request state.
+
+For the scheduler's path choice it also keeps what the next heartbeat carries: the TTFT of
+each first token this worker streamed (a prefill's, or a `DecodeTask`'s own), measured from
+the gateway's `submitted_at` (clocks of one mesh are assumed in step; negative is clamped to
+0), and the share of each interval spent in steps.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
@@ -23,13 +29,16 @@ from prometheus_client import Counter
 
 from services.worker.config import WorkerConfig
 from services.worker.requests import RECEIVES, RequestState, WorkerRequest
+from services.worker.step_costs import BusyShare
 from shared.engine.outputs import RequestOutput
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.stats import EngineStats
+from shared.protocol import FirstToken
 from shared.telemetry.metrics import WorkerMetrics
 from shared.telemetry.tracing import Tracing, fail, ns, setup_tracing
 
 S = RequestState
+MAX_FIRST_TOKENS = 4096  # kept for the next heartbeat; beyond, the newest are not reported
 
 
 @dataclass(slots=True)
@@ -42,6 +51,8 @@ class WorkerTelemetry:
     # this role's child of the sampled-token counter, looked up once: `on_output` runs for
     # every request of every step, on the loop the engine thread waits on for the GIL
     _sampled: Counter = field(init=False)
+    _first_tokens: list[FirstToken] = field(default_factory=list)  # since the last heartbeat
+    _busy: BusyShare = field(default_factory=BusyShare)
 
     def __post_init__(self) -> None:
         role = self.config.role
@@ -73,6 +84,15 @@ class WorkerTelemetry:
         metrics.spec_acceptance.labels(role).set(spec.acceptance_rate)
         self._spec_counted = replace(spec)
 
+    def busy_share(self, stats: EngineStats, now: float) -> float:
+        """The share of the time since the last call the engine spent in steps."""
+        return self._busy.share(stats.costs.busy_seconds, now)
+
+    def take_first_tokens(self) -> list[FirstToken]:
+        """The first tokens streamed since the last call (the heartbeat carries them)."""
+        taken, self._first_tokens = self._first_tokens, []
+        return taken
+
     # -- the engine's transitions (Worker.on_step) ------------------------------------------
     def on_started(self, request: WorkerRequest, step_started: float) -> None:
         """The engine's first step of the request (reported started, or a decode's first
@@ -94,12 +114,15 @@ class WorkerTelemetry:
             }
         )
         span.end(ns(now))
+        self._first_token(request, now)
 
     def on_output(self, request: WorkerRequest, output: RequestOutput, step_started: float) -> None:
         self._sampled.inc(len(output.new_token_ids))
         if not request.decodes:
             return
         self.on_started(request, step_started)  # the first step after KVDone
+        if not (request.trace.tokens or request.num_blocks):  # a DecodeTask's first token
+            self._first_token(request, time.time())
         request.trace.tokens += len(output.new_token_ids)
         request.trace.steps += 1
 
@@ -141,6 +164,12 @@ class WorkerTelemetry:
         span.end()
 
     # -- internals --------------------------------------------------------------------------
+    def _first_token(self, request: WorkerRequest, now: float) -> None:
+        submitted = request.request.submitted_at
+        if submitted > 0 and len(self._first_tokens) < MAX_FIRST_TOKENS:
+            ttft = max(0.0, now - submitted)
+            self._first_tokens.append(FirstToken(request.request_id, ttft))
+
     def _span(self, name: str, request: WorkerRequest, start: float) -> Span:
         span = self.tracer.start_span(name, request.trace.parent, start_time=ns(start))
         span.set_attribute("splitserve.request_id", request.request_id)

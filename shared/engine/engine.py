@@ -39,7 +39,7 @@ from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
 from shared.engine.spec_decode.ngram import NgramProposer
 from shared.engine.spec_decode.proposer import Proposer
-from shared.engine.stats import EngineStats, KVCacheEvents
+from shared.engine.stats import EngineStats, KVCacheEvents, queued_prompt_tokens, step_shape
 from shared.engine.stopping import StopRules
 from shared.engine.structured_output import GrammarCompilers
 
@@ -142,6 +142,7 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         self.last_step_num_tokens = scheduled.num_tokens
         report = StepOutput(self._ended)
+        report.num_prompt_tokens, report.num_decode_rows = step_shape(scheduled.chunks)
         self._ended = []
         for chunk in scheduled.chunks:
             if chunk.seq.request_id in self._unstarted:
@@ -172,6 +173,7 @@ class LLMEngine:
             prefix_hits=blocks.prefix_hits,
             num_preemptions=scheduler.num_preemptions,
             spec_decode=replace(scheduler.spec_stats),
+            queued_prompt_tokens=queued_prompt_tokens(scheduler.waiting, scheduler.running),
         )
 
     @property

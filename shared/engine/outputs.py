@@ -32,3 +32,5 @@ class StepOutput:
     started: list[str] = field(default_factory=list)  # ids whose first chunk this step ran
     # prefill side: ids held after this step's first token, with the blocks kept for export
     held: dict[str, HeldBlocks] = field(default_factory=dict)
+    num_prompt_tokens: int = 0  # prompt tokens this step computed (stats.step_shape)
+    num_decode_rows: int = 0  # sequences it decoded one token (and drafts) for

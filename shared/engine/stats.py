@@ -1,15 +1,31 @@
-"""What the engine reports about itself: counters (`EngineStats`) and prefix-cache changes.
+"""What the engine reports about itself: counters (`EngineStats`), prefix-cache changes, and
+the shape of each step (`step_shape`: prompt tokens and decode rows, what a step's time
+is spent on; the worker turns them into rates, services/worker/step_costs.py).
 
-Both are cheap to take: `EngineStats` reads counters kept as things happen, and
-`KVEventLog` keeps only the net change of each block hash since the last `take`, so a
+`EngineStats` reads counters kept as things happen (and sums the queued prompts' tokens),
+and `KVEventLog` keeps only the net change of each block hash since the last `take`, so a
 subscriber that applies `removed` then `stored` to its own set of hashes stays exact.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from shared.engine.scheduler_output import ScheduledChunk
+from shared.engine.sequence import Sequence
 from shared.engine.spec_decode import SpecDecodeStats
+
+
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """What the engine's steps cost, measured by whoever times them (the worker's engine
+    thread, services/worker/step_costs.py); 0 is "not measured yet"."""
+
+    prefill_rate: float = 0.0  # prompt tokens computed per second of step time (EWMA)
+    decode_step_s: float = 0.0  # seconds per step without prompt tokens (EWMA)
+    decode_batch: float = 0.0  # decode rows of those steps (EWMA)
+    busy_seconds: float = 0.0  # since start: time spent in steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +42,32 @@ class EngineStats:
     prefix_hits: int  # since start: of those, tokens served from it
     num_preemptions: int  # since start: running sequences sent back to recompute
     spec_decode: SpecDecodeStats  # since start: a copy, so later steps do not change it
+    queued_prompt_tokens: int = 0  # prompt tokens of waiting and prefilling sequences not computed
+    costs: StepCosts = StepCosts()  # the engine thread's timings (the engine has no clock)
+
+
+def queued_prompt_tokens(waiting: Iterable[Sequence], running: Iterable[Sequence]) -> int:
+    """Tokens still to prefill: all of a waiting sequence's uncomputed tokens (a preempted
+    one recomputes its outputs too), and a running one's until its prompt is computed."""
+    queued = sum(seq.num_uncomputed_tokens for seq in waiting)
+    return queued + sum(
+        seq.num_uncomputed_tokens
+        for seq in running
+        if seq.num_computed_tokens < seq.num_prompt_tokens
+    )
+
+
+def step_shape(chunks: Iterable[ScheduledChunk]) -> tuple[int, int]:
+    """(prompt tokens, decode rows) of a step, counted before it runs. A decode row computes
+    one new token (plus its drafts) past the prompt; every other chunk is prefill work."""
+    prompt_tokens = decode_rows = 0
+    for chunk in chunks:
+        new = chunk.num_tokens - len(chunk.draft_token_ids)
+        if new == 1 and chunk.seq.num_computed_tokens >= chunk.seq.num_prompt_tokens:
+            decode_rows += 1
+        else:
+            prompt_tokens += chunk.num_tokens
+    return prompt_tokens, decode_rows
 
 
 @dataclass(slots=True)

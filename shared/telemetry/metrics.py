@@ -24,6 +24,10 @@ LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
     0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+# A prediction's error (observed − predicted) is signed: the same spans either side of 0.
+ERROR_BUCKETS = (
+    *(-b for b in reversed(LATENCY_BUCKETS[:-3])), 0.0, *LATENCY_BUCKETS[:-3],
+)  # fmt: skip
 P = "splitserve_"
 
 
@@ -99,6 +103,7 @@ class SchedulerMetrics:
     waiting: Gauge = field(init=False)
     placements: Counter = field(init=False)
     queue_wait: Histogram = field(init=False)
+    ttft_error: Histogram = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -115,6 +120,12 @@ class SchedulerMetrics:
             P + "scheduler_queue_wait_seconds",
             "Arrival to answer of submits that waited for a worker with room, by outcome",
             ["outcome"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttft_error = Histogram(
+            P + "scheduler_ttft_prediction_error_seconds",
+            "Observed minus predicted TTFT of placed requests, by the path chosen "
+            "(disaggregated, decode_only)",
+            ["path"], buckets=ERROR_BUCKETS, registry=r,
         )  # fmt: skip
 
 

@@ -166,7 +166,11 @@ def start_mesh(
 
 @pytest.fixture(scope="module")
 def mesh(mesh_model_dir, tmp_path_factory) -> Iterator[Mesh]:
-    yield from start_mesh(mesh_model_dir, tmp_path_factory.mktemp("home"), [])
+    # The fixed path rule (prompts of over 16 uncached tokens split), which these tests
+    # exercise: measured costs would keep an idle mesh's prompts on the decode worker
+    # (tests/integration/test_scheduler_paths.py tests that choice).
+    flags = ["--path-choice", "fixed"]
+    yield from start_mesh(mesh_model_dir, tmp_path_factory.mktemp("home"), flags)
 
 
 def engine_text(model_dir: Path, message: str, max_tokens: int) -> tuple[str, int, int]:

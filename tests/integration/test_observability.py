@@ -135,8 +135,10 @@ def mesh(mesh_model_dir, receiver, tmp_path_factory) -> Iterator[Mesh]:  # noqa:
         patch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export spans within 0.1 s
         home = tmp_path_factory.mktemp("home")
         # Every request disaggregated, even once the decode worker holds the prompt's blocks
-        # (else whether it is depends on its KV events reaching the scheduler in time).
+        # (else whether it is depends on its KV events reaching the scheduler in time), and
+        # by the fixed rule (measured costs would send an idle mesh's requests decode-only).
         flags = ["--otlp-endpoint", receiver.endpoint, "--local-prefill-tokens", "0"]
+        flags += ["--path-choice", "fixed"]
         yield from start_mesh(mesh_model_dir, home, flags)
 
 
@@ -267,3 +269,35 @@ def test_metrics_move_by_what_the_clients_saw(mesh):
         assert metric(after[worker], "splitserve_kv_transfer_failures_total") == 0
         assert 0 <= metric(after[worker], "splitserve_kv_cache_usage_ratio") < 1
     assert moved("prefill-0", "splitserve_prefix_cache_hits_total") > 0  # the same prompt
+
+
+def test_the_observed_ttft_is_compared_with_the_prediction(mesh, receiver):
+    """Once the workers have measured their costs (the requests above), a placement carries
+    a predicted TTFT; the prefill worker reports the observed one in its next heartbeat,
+    and the scheduler records the error and a span under the request's route span."""
+    model = mesh.client.models.list().data[0].id
+    mesh.client.chat.completions.create(model=model, messages=MESSAGE, max_tokens=2)
+    time.sleep(1.5)  # the workers' next heartbeats carry what that request measured
+    port = metrics_ports(mesh.log_path)["scheduler"]
+    name = "splitserve_scheduler_ttft_prediction_error_seconds_count"
+    before = metric(scrape(port), name, path="disaggregated")
+    trace_id = "5b8aa5a2d2c872e8321cf37308d69df2"
+    mesh.client.chat.completions.create(
+        model=model,
+        messages=MESSAGE,
+        max_tokens=3,
+        extra_headers={"traceparent": f"00-{trace_id}-a2fb4a1d1a96d312-01"},
+    )
+    names = {"scheduler.route", "scheduler.first_token"}
+    spans = receiver.trace(trace_id, names)
+    assert names <= spans.keys(), sorted(spans)
+    (route,), (first,) = spans["scheduler.route"], spans["scheduler.first_token"]
+    assert first.parent_id == route.span_id
+    assert route.attributes["splitserve.path"] == "disaggregated"
+    predicted = route.attributes["splitserve.predicted_ttft_s"]
+    assert predicted > 0
+    assert first.attributes["splitserve.predicted_ttft_s"] == predicted
+    observed = first.attributes["splitserve.observed_ttft_s"]
+    assert first.attributes["splitserve.ttft_error_s"] == pytest.approx(observed - predicted)
+    assert first.attributes["splitserve.worker"] == "prefill-0"
+    assert metric(scrape(port), name, path="disaggregated") == before + 1

@@ -86,6 +86,7 @@ REQUEST_BOUNDS = {
     "delivered_token_ids": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
     "attempt": NEGATIVE,
     "deadline": st.sampled_from([float("nan"), float("inf")]),
+    "submitted_at": st.sampled_from([float("nan"), float("-inf"), -1.0]),
     "sampling.temperature": st.floats(max_value=-0.01),
     "sampling.top_p": st.floats(min_value=1.01, max_value=1e9),
 }
@@ -99,6 +100,8 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "block_size": st.integers(-(2**63), 0) | st.integers(4097, 2**62),
         "metrics_port": st.integers(65536, 2**62) | NEGATIVE,
         "kv_blocks_sent": NEGATIVE,
+        "prefill_rate": st.sampled_from([float("nan"), float("inf"), -1.0]),
+        "busy": st.floats(max_value=-1e-9),
     },
     KVEvents: {
         "worker_id": BAD_ID,

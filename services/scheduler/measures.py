@@ -1,0 +1,67 @@
+"""What the scheduler knows of a worker's costs (`WorkerCosts`, each pair's `Link`) and how
+its heartbeat gives them; the cost model that uses them is path_cost.py.
+
+The one subtle rule: a link's bandwidth is measured on whole transfers, which include the
+link's fixed cost; once small transfers have measured that cost (`KVPeer.latency`) it is
+taken out of the mean transfer before its bytes are divided, so it is not counted twice.
+A pair with no transfer yet has no link (path_cost borrows the mesh's typical one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shared.protocol import Heartbeat, KVPeer
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A (prefill, decode) pair's measured KV transfer: seconds = latency + bytes × per_byte."""
+
+    per_byte: float  # seconds
+    latency: float  # seconds: the fixed cost of a transfer
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCosts:
+    """One worker's measurements as the registry last heard them (0: not measured)."""
+
+    prefill_rate: float = 0.0  # prompt tokens per second of step time
+    decode_step_s: float = 0.0  # seconds per decode step
+    queued_tokens: int = 0  # prompt tokens it has yet to compute (placed ones included)
+    streams: int = 0  # requests decoding on it
+    block_bytes: int = 0  # one KV block, every layer
+    links: Mapping[str, Link] = field(default_factory=dict)  # prefill side: decode id → link
+
+
+def link_of(peer: KVPeer) -> Link | None:
+    if not peer.transfers or peer.mean_seconds <= 0:
+        return None
+    latency = min(peer.latency, peer.mean_seconds)
+    if peer.mean_bytes <= 0:  # only empty transfers so far: all fixed cost
+        return Link(0.0, peer.mean_seconds)
+    return Link((peer.mean_seconds - latency) / peer.mean_bytes, latency)
+
+
+def links_of(beat: Heartbeat) -> dict[str, Link]:
+    links = {}
+    for peer in beat.kv_peers:
+        link = link_of(peer)
+        if link is not None:
+            links[peer.worker_id] = link
+    return links
+
+
+def worker_costs(
+    beat: Heartbeat, links: dict[str, Link], placed: int, placed_tokens: int
+) -> WorkerCosts:
+    """`placed` requests and `placed_tokens` prompt tokens were placed on it since `beat`."""
+    return WorkerCosts(
+        prefill_rate=beat.prefill_rate,
+        decode_step_s=beat.decode_step_s,
+        queued_tokens=beat.queued_prompt_tokens + placed_tokens,
+        streams=beat.num_running + placed,
+        block_bytes=beat.block_bytes,
+        links=links,
+    )

@@ -1,0 +1,81 @@
+"""A worker's step costs, measured where each step is timed (the engine thread) for the
+scheduler's path choice (services/scheduler/path_cost.py).
+
+- prefill rate = EWMA(prompt tokens of a step) / EWMA(seconds of the same steps), over the
+  steps that computed prompt tokens: a ratio of averages, so a step of many tokens weighs
+  more than one of a few, and a short step's fixed cost does not pass for a slow rate.
+- decode step = EWMA of the seconds of steps that computed no prompt token, with the EWMA of
+  their rows (a step time means little without the batch it was measured at).
+- busy = seconds spent in steps since start; `BusyShare` turns it into the share of each
+  heartbeat interval.
+
+The one subtle rule: the engine thread writes and the loop reads, without a lock: every
+step replaces `current` whole (one reference assignment) with a frozen `StepCosts`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.engine.stats import StepCosts
+
+ALPHA = 0.2  # weight of the newest step in each average: about the last ten steps count
+
+
+@dataclass(slots=True)
+class Ewma:
+    alpha: float = ALPHA
+    value: float = 0.0
+    seen: bool = False
+
+    def add(self, sample: float) -> None:
+        self.value = self.value + self.alpha * (sample - self.value) if self.seen else sample
+        self.seen = True
+
+
+class StepTimer:
+    """Fed one step at a time by the engine thread; `current` is what heartbeats read."""
+
+    def __init__(self, alpha: float = ALPHA) -> None:
+        self._prompt_tokens = Ewma(alpha)
+        self._prompt_seconds = Ewma(alpha)
+        self._decode_seconds = Ewma(alpha)
+        self._decode_rows = Ewma(alpha)
+        self._busy = 0.0
+        self.current = StepCosts()
+
+    def observe(self, seconds: float, prompt_tokens: int, decode_rows: int) -> None:
+        """One step that took `seconds` (a step that scheduled nothing is no measure)."""
+        if not (prompt_tokens or decode_rows):
+            return
+        self._busy += seconds
+        if prompt_tokens:
+            self._prompt_tokens.add(prompt_tokens)
+            self._prompt_seconds.add(seconds)
+        else:
+            self._decode_seconds.add(seconds)
+            self._decode_rows.add(decode_rows)
+        rate = (
+            self._prompt_tokens.value / self._prompt_seconds.value
+            if self._prompt_seconds.value > 0
+            else 0.0
+        )
+        self.current = StepCosts(
+            prefill_rate=rate,
+            decode_step_s=self._decode_seconds.value,
+            decode_batch=self._decode_rows.value,
+            busy_seconds=self._busy,
+        )
+
+
+class BusyShare:
+    """The share of wall time between two calls spent in steps (0 at the first call)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None  # (busy seconds, wall time)
+
+    def share(self, busy_seconds: float, now: float) -> float:
+        last, self._last = self._last, (busy_seconds, now)
+        if last is None or now <= last[1]:
+            return 0.0
+        return min(1.0, max(0.0, (busy_seconds - last[0]) / (now - last[1])))
