@@ -27,17 +27,18 @@ class SchedulerConfig:
         help="requests being placed or waiting for room; beyond this, submits are refused "
         "at once (429 with retry_after)",
     )
-    # The cold-start rule: until the workers have measured their costs (path_cost.py), or
-    # always with --path-choice fixed, a prompt this short skips the prefill workers.
+    # The fixed rule (the default, and --path-choice cost's cold start until the workers
+    # have measured their costs, path_cost.py): a prompt this short skips the prefill workers.
     local_prefill_tokens: int = flag(
         16,
         help="before costs are measured (or with --path-choice fixed): a prompt with at most "
         "this many tokens uncached on its decode worker skips prefill",
     )
     path_choice: str = flag(
-        "cost",
-        help="cost: each request split or prefilled where it decodes, by measured cost; "
-        "fixed: only the --local-prefill-tokens rule",
+        "fixed",
+        help="fixed: the --local-prefill-tokens rule; cost: each request split or prefilled "
+        "where it decodes, by measured cost (the prediction and its error are recorded "
+        "either way)",
         choices=PATH_CHOICES,
     )
     stall_weight: float = flag(

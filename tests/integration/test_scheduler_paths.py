@@ -54,7 +54,9 @@ class MeasuredWorker(FakeWorker):
 async def scheduler(url: str, namespace: str, workers: list[FakeWorker], exporter: object):
     """A scheduler whose spans go to `exporter`, and the workers; yields (service, client)."""
     common = CommonConfig(url, namespace)
-    config = SchedulerConfig(common=common, heartbeat_timeout=1.0, sweep_interval=0.1)
+    config = SchedulerConfig(
+        common=common, heartbeat_timeout=1.0, sweep_interval=0.1, path_choice="cost"
+    )
     bus = await Bus.connect(url, "scheduler")
     service = SchedulerService(config, bus)
     provider = TracerProvider()
