@@ -94,6 +94,9 @@ class Heartbeat:
     kv_transports: list[str] = field(default_factory=list)  # it can move KV by, best first
     kv_peers: list[KVPeer] = field(default_factory=list)  # prefill side: where KV went
     engine: str = "native"  # the engine it runs: "native" | "vllm" (never mixed per model)
+    # Mid-change (SetRole): the role it is changing to, "" when not changing; `role` is the
+    # one it serves until the change is over, and no new work is placed on it meanwhile.
+    next_role: str = ""
 
 
 @dataclass(slots=True)
@@ -145,6 +148,18 @@ class DecodeTask:
     """Decode-only path (conditional disaggregation): the decode worker prefills itself."""
 
     request: SubmitRequest
+
+
+@dataclass(slots=True)
+class SetRole:
+    """Serve `role` from now on (DESIGN.md section 9), to `<ns>.worker.<id>.role`; answered
+    with a `TaskAck`: OK once the change has started (its end shows in the heartbeats),
+    UNAVAILABLE while draining or changing already. The worker finishes what it holds for
+    the roles it drops; `hurry`: it fails their running streams at once, and their gateways
+    migrate them."""
+
+    role: str  # one of ROLES
+    hurry: bool = False
 
 
 @dataclass(slots=True)
