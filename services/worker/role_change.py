@@ -60,7 +60,7 @@ class Intake:
         self._open: dict[bool, list[Subscription]] = {}  # decodes → that side's subscriptions
 
     async def serve(self, role: str) -> None:
-        """Answer the subjects of `role`'s sides, and only those."""
+        """Answer the subjects of `role`'s sides, and only those (again after a failure)."""
         for decodes in (False, True):
             if role_takes(role, decodes) and decodes not in self._open:
                 self._open[decodes] = await (self._decode() if decodes else self._prefill())
@@ -114,6 +114,14 @@ class RoleChange:
         return TaskAck("", Outcome.OK)
 
     async def _change(self, role: str, hurry: bool) -> None:
+        try:
+            await self._finish_then_switch(role, hurry)
+        except Exception:  # a lost connection: it serves on as it is, and may be told again
+            log.exception("the change to role %s failed", role)
+            self.ctx.next_role = ""
+            await self._announce()
+
+    async def _finish_then_switch(self, role: str, hurry: bool) -> None:
         ctx, old = self.ctx, self.ctx.config.role
         log.info("changing role: %s → %s%s", old, role, " (hurry)" if hurry else "")
         loop = asyncio.get_running_loop()
