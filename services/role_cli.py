@@ -52,9 +52,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=main)
 
 
+def command_from_args(args: argparse.Namespace) -> RoleCommand:
+    return build(RoleCommand, args, common=CommonConfig.from_args(args))
+
+
 def main(args: argparse.Namespace) -> None:
     try:
-        command = build(RoleCommand, args, common=CommonConfig.from_args(args))
+        command = command_from_args(args)
     except ConfigError as exc:
         sys.exit(f"splitserve role: {exc}")
     ok, message = asyncio.run(change_role(command))

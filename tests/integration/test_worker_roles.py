@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from nats.errors import NoRespondersError
 
+from services import role_cli
+from services.cli import build_parser
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.protocol import (
@@ -140,8 +142,8 @@ def test_a_both_worker_drops_prefill_and_takes_it_back_while_streaming(
             await submit_all(mesh, range(3), max_tokens)
             await until(lambda: all(len(s.tokens) >= 2 for s in streams.values()))
             bad = PrefillTask(_solo([0, 10**6]), "b1", 0)  # the engine refuses it: INVALID
-            assert (await mesh.set_role("b1", "decode")).ok
-            await until(lambda: mesh.announced("b1", "decode"))
+            assert await change_role(mesh, "b1", "decode") == (True, "worker b1 serves decode")
+            assert mesh.announced("b1", "decode")
             with pytest.raises(NoRespondersError):
                 await mesh.bus.request(mesh.subjects.prefill("b1"), bad, TaskAck, 2)
             assert (await mesh.set_role("b1", "both")).ok
@@ -152,6 +154,8 @@ def test_a_both_worker_drops_prefill_and_takes_it_back_while_streaming(
             await submit_all(mesh, range(3, 5), max_tokens)
             await mesh.gateway.finished()
             assert not any(s.failures for s in streams.values())
+            ok, message = await change_role(mesh, "nobody", "prefill")
+            assert not ok and "worker nobody: no answer" in message
             return streams
 
     assert_exact(asyncio.run(main()), tiny_model_dir, max_tokens)
@@ -228,6 +232,13 @@ def test_set_role_refusals_and_a_change_waits_for_the_prefills_it_holds(
         assert bench.worker.config.role == "decode"
 
     run_bench(nats_server.url, tiny_model_dir, "both", scenario, transfer_timeout=60.0)
+
+
+async def change_role(mesh: RoleMesh, worker_id: str, role: str) -> tuple[bool, str]:
+    """What `splitserve role --worker ID --role ROLE` does, from its own command line."""
+    argv = ["role", "--worker", worker_id, "--role", role, "--wait", "20"]
+    args = build_parser().parse_args([*argv, "--nats", mesh.url, "--namespace", mesh.namespace])
+    return await role_cli.change_role(role_cli.command_from_args(args))
 
 
 def ended(streams: Iterable[Stream]) -> list[str]:
