@@ -34,7 +34,7 @@ from shared.protocol import (
 from tests.engine_harness import run_to_completion
 from tests.integration.roles_harness import RoleMesh, Stream, role_mesh
 from tests.integration.test_worker import until, worker_config
-from tests.integration.test_worker_states import LONG_PROMPT, Bench, run_bench
+from tests.integration.test_worker_states import LONG, LONG_PROMPT, Bench, run_bench
 
 STEP_S = 0.02  # each engine step slowed to this, so streams outlast a role change's start
 
@@ -243,6 +243,25 @@ async def change_role(mesh: RoleMesh, worker_id: str, role: str) -> tuple[bool, 
 
 def ended(streams: Iterable[Stream]) -> list[str]:
     return [s.request_id for s in streams if s.finish is not None]
+
+
+def test_past_its_timeout_a_change_hurries(nats_server, tiny_model_dir):
+    """Not told to hurry, a change waits for the running stream `--role-change-timeout`, then
+    fails it with an error chunk (its gateway migrates it) and switches."""
+
+    async def scenario(bench: Bench) -> None:
+        task = DecodeTask(bench.request("long", params=LONG))
+        assert (await bench.bus.request(bench.subjects.decode("decode"), task, TaskAck, 5)).ok
+        await until(lambda: "long" in bench.chunks)
+        subject = bench.subjects.role("decode")
+        started = time.monotonic()
+        assert (await bench.bus.request(subject, SetRole("prefill"), TaskAck, 5)).ok
+        await until(lambda: bench.errors("long") == ["changing role"])
+        assert time.monotonic() - started >= 0.5
+        await until(lambda: (bench.beats[-1].role, bench.beats[-1].next_role) == ("prefill", ""))
+        assert not len(bench.worker.table)
+
+    run_bench(nats_server.url, tiny_model_dir, "decode", scenario, role_change_timeout=0.5)
 
 
 def _solo(prompt_ids: list[int] | None = None) -> SubmitRequest:
