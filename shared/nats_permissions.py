@@ -7,14 +7,18 @@ with `*` in place of a worker's or gateway's id, so the table cannot drift from 
 
 role       publishes                                   subscribes to
 gateway    sched.submit, sched.status, cancel          gateway.*.tokens, events
-scheduler  worker.*.reserve|prefill|decode,            sched.submit, sched.status,
+scheduler  worker.*.reserve|prefill|decode|role,       sched.submit, sched.status,
            events, cancel                              workers.heartbeat, kv.events, cancel
-prefill    workers.heartbeat, kv.events,               worker.*.prefill, cancel, events
+prefill    workers.heartbeat, kv.events,               worker.*.prefill|role, cancel, events
            gateway.*.tokens, worker.*.kv
-decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv,
+decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role,
            gateway.*.tokens                            cancel, events
 both       prefill's and decode's                      prefill's and decode's
 observer   sched.status (the mesh view, tools, tests)  nothing
+
+`worker.*.role` (SetRole) is the scheduler's to send: the planner's, and `splitserve role`
+connects with the scheduler's credentials. A worker may serve only the roles its NATS user
+permits (`may_serve`): one that changes role while serving connects as `both`.
 """
 
 from __future__ import annotations
@@ -43,30 +47,44 @@ def role_permissions(role: str, subjects: Subjects) -> Permissions:
     """The subjects `role` may use under `subjects.namespace`, its reply inbox included."""
     if role not in ROLES:
         raise ValueError(f"unknown NATS role {role!r}; one of {ROLES}")
+    own = _table(subjects)[role]
+    return Permissions(own.publish, (*own.subscribe, f"{INBOX_ROOT}.{role}.>"))
+
+
+def may_serve(nats_user: str, role: str, subjects: Subjects) -> bool:
+    """Do the permissions of NATS user `nats_user` cover worker role `role`'s subjects? A user
+    outside ROLES (anonymous: "", or one this module did not write) is not second-guessed."""
+    if nats_user not in ROLES:
+        return True
+    table = _table(subjects)
+    have, need = table[nats_user], table[role]
+    return set(need.publish) <= set(have.publish) and set(need.subscribe) <= set(have.subscribe)
+
+
+def _table(subjects: Subjects) -> dict[str, Permissions]:
+    """Each role's subjects, without its reply inbox."""
     s = subjects
 
     def any_id(build) -> str:  # ss.worker.ID.kv -> ss.worker.*.kv
         return build(_ID).replace(f".{_ID}.", ".*.")
 
     workers_report = (s.heartbeat, s.kv_events, any_id(s.tokens))
+    workers_hear = (any_id(s.role), s.cancel, s.events)
+    to_workers = (any_id(s.reserve), any_id(s.prefill), any_id(s.decode), any_id(s.role))
     table = {
         "gateway": Permissions((s.submit, s.status, s.cancel), (any_id(s.tokens), s.events)),
         "scheduler": Permissions(
-            (any_id(s.reserve), any_id(s.prefill), any_id(s.decode), s.events, s.cancel),
+            (*to_workers, s.events, s.cancel),
             (s.submit, s.status, s.heartbeat, s.kv_events, s.cancel),
         ),
-        "prefill": Permissions(
-            (*workers_report, any_id(s.kv)), (any_id(s.prefill), s.cancel, s.events)
-        ),
+        "prefill": Permissions((*workers_report, any_id(s.kv)), (any_id(s.prefill), *workers_hear)),
         "decode": Permissions(
-            workers_report,
-            (any_id(s.reserve), any_id(s.decode), any_id(s.kv), s.cancel, s.events),
+            workers_report, (any_id(s.reserve), any_id(s.decode), any_id(s.kv), *workers_hear)
         ),
         "observer": Permissions((s.status,), ()),
     }
     table["both"] = table["prefill"] | table["decode"]
-    own = table[role]
-    return Permissions(own.publish, (*own.subscribe, f"{INBOX_ROOT}.{role}.>"))
+    return table
 
 
 def _unique(items: tuple[str, ...]) -> tuple[str, ...]:

@@ -120,6 +120,9 @@ class Heartbeat:
     busy: float = 0.0  # share of the time since the last beat spent in steps, 0..1
     block_bytes: int = 0  # one KV block, every layer: what a transfer moves per block
     first_tokens: list[FirstToken] = field(default_factory=list)  # streamed since last beat
+    # Mid-change (SetRole): the role it is changing to, "" when not changing; `role` is the
+    # one it serves until the change is over, and no new work is placed on it meanwhile.
+    next_role: str = ""
 
 
 @dataclass(slots=True)
@@ -171,6 +174,18 @@ class DecodeTask:
     """Decode-only path (conditional disaggregation): the decode worker prefills itself."""
 
     request: SubmitRequest
+
+
+@dataclass(slots=True)
+class SetRole:
+    """Serve `role` from now on (DESIGN.md section 9), to `<ns>.worker.<id>.role`; answered
+    with a `TaskAck`: OK once the change has started (its end shows in the heartbeats),
+    UNAVAILABLE while draining or changing already. The worker finishes what it holds for
+    the roles it drops; `hurry`: it fails their running streams at once, and their gateways
+    migrate them."""
+
+    role: str  # one of ROLES
+    hurry: bool = False
 
 
 @dataclass(slots=True)

@@ -55,6 +55,9 @@ class Subjects:
     def decode(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.decode"
 
+    def role(self, worker_id: str) -> str:  # scheduler (planner, admin) → worker: SetRole
+        return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.role"
+
     def kv(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.kv"
 

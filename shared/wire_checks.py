@@ -31,6 +31,7 @@ from shared.protocol import (
     PrefillTask,
     RequestFailed,
     Reserve,
+    SetRole,
     SubmitRequest,
     TokenChunk,
     WorkerLost,
@@ -87,6 +88,10 @@ def _measure(value: float, where: str) -> None:
     _require(math.isfinite(value) and value >= 0, f"{where}: {value} is no finite value >= 0")
 
 
+def _role(value: str, where: str, allowed: tuple[str, ...] = ROLES) -> None:
+    _require(value in allowed, f"{where}: {value[:20]!r} is none of {allowed}")
+
+
 def _all_below(values: Iterable[int], limit: int, where: str) -> None:
     _require(all(0 <= v < limit for v in values), f"{where}: a value out of [0, {limit})")
 
@@ -109,6 +114,7 @@ def _submit(m: SubmitRequest, where: str = "SubmitRequest") -> None:
 def _heartbeat(m: Heartbeat) -> None:
     _subject_token(m.worker_id, "Heartbeat.worker_id")
     _require(m.role in ROLES, f"Heartbeat.role: {m.role[:20]!r} is none of {ROLES}")
+    _role(m.next_role, "Heartbeat.next_role", ("", *ROLES))  # "": not changing
     for field in dataclasses.fields(m):  # every int is a count, every float a measure
         value = getattr(m, field.name)
         if isinstance(value, float):
@@ -201,6 +207,7 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     KVDone: _kv_done,
     KVReady: _kv_ready,
     TokenChunk: _token_chunk,
+    SetRole: lambda m: _role(m.role, "SetRole.role"),
     Cancel: lambda m: _request_id(m.request_id, "Cancel.request_id"),
     WorkerLost: _worker_lost,
     RequestFailed: lambda m: _request_id(m.request_id, "RequestFailed.request_id"),

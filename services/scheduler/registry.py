@@ -18,6 +18,8 @@ refills within one heartbeat interval).
 - A placed prompt's full blocks count as cached at once on the worker that computes them
   (`expect_cached`), before its KV event says so: a request with the same prefix right
   behind it (the sibling choices of an `n` > 1 request) goes where the blocks will be.
+- A worker changing its role (its heartbeat's `next_role`) is in the views as `changing`
+  (never placed on); its heartbeats name its new role once the change is over.
 - One engine per model: a worker whose heartbeat names another engine (native, vllm) than
   the registered workers of its model is refused (never placed on; logged once), since the
   two cannot hand KV to each other.
@@ -62,7 +64,8 @@ class Registry:
 
     def on_heartbeat(self, heartbeat: Heartbeat, now: float) -> bool:
         """Register or refresh a worker; True when it may have room it had not before (it
-        joined, stopped draining, or reports more free blocks or fewer requests)."""
+        joined, stopped draining, ended a role change, or reports more free blocks or fewer
+        requests)."""
         state = self._workers.get(heartbeat.worker_id)
         if state is None:
             engines = {s.heartbeat.engine for s in self._same_model(heartbeat)}
@@ -79,6 +82,7 @@ class Registry:
         old = state.heartbeat
         more_room = not heartbeat.draining and (
             old.draining
+            or (bool(old.next_role) and not heartbeat.next_role)
             or heartbeat.free_blocks > old.free_blocks
             or heartbeat.num_running + heartbeat.num_waiting < old.num_running + old.num_waiting
         )
@@ -176,6 +180,7 @@ class Registry:
                 costs=worker_costs(
                     s.heartbeat, s.links, s.placed_since_heartbeat, s.tokens_since_heartbeat
                 ),
+                changing=bool(s.heartbeat.next_role),
             )
             for worker_id, s in self._workers.items()
             if model in ("", s.heartbeat.model)

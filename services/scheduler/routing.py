@@ -2,7 +2,9 @@
 
 - Prefill: score = prefix overlap (how many of the prompt's leading block hashes the worker
   holds) − load_penalty × load. Highest first.
-- Decode: among workers of role decode|both, not draining, with enough free blocks for the
+- Neither places on a worker draining or changing its role (mid-change: its heartbeat names
+  the next role), whatever its role is now.
+- Decode: among workers of role decode|both, with enough free blocks for the
   prompt's uncached part plus one block of output: the same score, then more free blocks
   left after placement, so an idle pool fills its emptiest worker first.
 - Conditional disaggregation: which path a request takes on its decode worker is chosen
@@ -31,6 +33,11 @@ class WorkerView:
     load: int  # running + waiting requests, plus those placed since its last heartbeat
     cached: Set[int]  # block hashes in its prefix cache
     costs: WorkerCosts = field(default_factory=WorkerCosts)  # measured (path choice)
+    changing: bool = False  # mid-change of its role: nothing is placed on it
+
+    @property
+    def placeable(self) -> bool:
+        return not (self.draining or self.changing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +65,10 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 def rank_prefill(
     workers: Iterable[WorkerView], block_hashes: Sequence[int], load_penalty: float
 ) -> list[Candidate]:
-    """Prefill workers (role "prefill", not draining), best first."""
+    """Prefill workers (role "prefill", placeable), best first."""
     ranked = []
     for worker in workers:
-        if worker.role != "prefill" or worker.draining:
+        if worker.role != "prefill" or not worker.placeable:
             continue
         overlap = prefix_overlap(block_hashes, worker.cached)
         ranked.append(Candidate(worker.worker_id, overlap, overlap - load_penalty * worker.load))
@@ -79,7 +86,7 @@ def rank_decode(
     """Decode-capable workers with room for `num_tokens` (+1 output token), best first."""
     scored = []
     for worker in workers:
-        if worker.role not in DECODE_ROLES or worker.draining:
+        if worker.role not in DECODE_ROLES or not worker.placeable:
             continue
         overlap = prefix_overlap(block_hashes, worker.cached)
         free_after = worker.free_blocks - (blocks_for(num_tokens + 1, block_size) - overlap)

@@ -27,7 +27,16 @@ ENGINES = ("native", "vllm")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig:
     worker_id: str = flag(unset="", help="default: role + a short random id")
-    role: str = flag(unset="both", choices=ROLES, help="prefill, decode or both")
+    role: str = flag(
+        unset="both",
+        choices=ROLES,
+        help="prefill, decode or both: the initial role (`splitserve role` changes it)",
+    )
+    role_change_timeout: float = flag(
+        60.0,
+        help="seconds a role change lets the dropped role's requests finish; past them, "
+        "its running streams are failed so that their gateways migrate them",
+    )
     model_name: str = flag(unset="", help="reported in heartbeats; default: the dir's name")
     kv_transport: str = flag(
         "auto",
@@ -87,6 +96,8 @@ class WorkerConfig:
             raise ConfigError(
                 "heartbeat_interval, transfer_timeout and reservation_timeout must be positive"
             )
+        if self.role_change_timeout < 0:
+            raise ConfigError("--role-change-timeout must not be negative")
 
     @property
     def model_dir(self) -> Path:
@@ -98,11 +109,11 @@ class WorkerConfig:
 
     @property
     def prefills(self) -> bool:
-        return self.role in ("prefill", "both")
+        return role_takes(self.role, decodes=False)
 
     @property
     def decodes(self) -> bool:
-        return self.role in ("decode", "both")
+        return role_takes(self.role, decodes=True)
 
     def engine_config(self) -> EngineConfig:
         """The engine this role runs: block hashes name the model, only a decoding role
@@ -119,6 +130,11 @@ class WorkerConfig:
             speculative=self.engine.speculative if speculates else None,
             draft_model_dir=self.engine.draft_model_dir if speculates else None,
         )
+
+
+def role_takes(role: str, decodes: bool) -> bool:
+    """Does `role` take the decode side's work (`decodes`), or else the prefill side's?"""
+    return role in (("decode", "both") if decodes else ("prefill", "both"))
 
 
 def _check_vllm(config: WorkerConfig) -> None:

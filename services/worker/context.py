@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from opentelemetry.context import Context
 
-from services.worker.config import WorkerConfig
+from services.worker.config import WorkerConfig, role_takes
 from services.worker.engine_client import EngineClient
 from services.worker.refusals import refusal
 from services.worker.requests import RequestState, RequestTable, Trace, WorkerRequest
@@ -25,10 +25,12 @@ from shared.kvtransfer.link import KVLink
 from shared.protocol import Outcome, PromptTokenLogprob, SubmitRequest, TokenChunk, TokenLogprob
 from shared.subjects import Subjects
 
+CHANGING = "changing role"  # the refusal of a side that a role change drops
+
 
 @dataclass(slots=True)
 class WorkerContext:
-    config: WorkerConfig
+    config: WorkerConfig  # its `role` the current one: a role change replaces it
     bus: Bus
     subjects: Subjects
     engine: EngineClient
@@ -38,6 +40,7 @@ class WorkerContext:
     outbox: asyncio.Queue[tuple[str, TokenChunk]]  # to gateways, published in order
     link: KVLink  # the KV transports: each transfer's sender and receiver
     draining: bool = False  # set on SIGTERM: new tasks are refused
+    next_role: str = ""  # mid-change (role_change.py): the role it changes to; "": none
     kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
     kv_blocks_received: int = 0
 
@@ -51,13 +54,15 @@ class WorkerContext:
         decodes: bool,
         deadline_limit: float | None = None,
     ) -> tuple[WorkerRequest | None, Outcome, str]:
-        """Take `request` in `state` unless draining or its id is held here; `take(entry)` (the
-        engine's check and queueing, or a reservation) runs with it in the table already, so
-        neither a Cancel nor the same id again is lost meanwhile. (entry, OK, "") or
-        (None, the refusal)."""
+        """Take `request` in `state` unless draining, changing to a role without this side, or
+        its id is held here; `take(entry)` (the engine's check and queueing, or a reservation)
+        runs with it in the table already, so neither a Cancel nor the same id again is lost
+        meanwhile. (entry, OK, "") or (None, the refusal)."""
         request_id = request.request_id
         if self.draining:
             return None, Outcome.UNAVAILABLE, "draining"
+        if self.next_role and not role_takes(self.next_role, decodes):
+            return None, Outcome.UNAVAILABLE, CHANGING
         if request_id in self.table:
             return None, Outcome.UNAVAILABLE, "duplicate request id"
         entry = self.new_request(

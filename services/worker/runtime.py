@@ -1,5 +1,6 @@
-"""The NATS side of a worker: subscriptions per role, the engine's events routed to the
-request table (requests.py), heartbeats, KV events, deadlines and an ordered shutdown
+"""The NATS side of a worker: subscriptions per role (role_change.py, with the role's change
+while serving), the engine's events routed to the request table (requests.py), heartbeats,
+KV events, deadlines and an ordered shutdown
 (stop intake → finish in-flight work within the grace period → fail what is left, so its
 gateways migrate it → close the connection → stop the engine). prefill.py and decode.py
 hold what each side does with a request; the engine sits behind `EngineClient`.
@@ -14,10 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
-
-from opentelemetry.context import Context
 
 from services.worker.config import WorkerConfig
 from services.worker.context import WorkerContext
@@ -26,34 +23,19 @@ from services.worker.engine_client import EngineClient
 from services.worker.engines import make_engine
 from services.worker.prefill import PrefillSide
 from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
+from services.worker.role_change import Intake, RoleChange
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus, Headers
 from shared.engine.outputs import StepOutput
-from shared.kvtransfer.link import KVLink, KVReceivers
-from shared.kvtransfer.nats_transport import serve_kv
+from shared.kvtransfer.link import KVLink
 from shared.kvtransfer.select import make_transport
 from shared.kvtransfer.transfer import TransportFactory
-from shared.protocol import (
-    Cancel,
-    DecodeTask,
-    Heartbeat,
-    KVEvents,
-    Outcome,
-    PrefillTask,
-    RequestFailed,
-    Reservation,
-    Reserve,
-    TaskAck,
-    WorkerLost,
-)
+from shared.protocol import Cancel, Heartbeat, KVEvents, RequestFailed, WorkerLost
 from shared.subjects import Subjects
 from shared.telemetry.metrics import serve_metrics
-from shared.telemetry.tracing import extract
 
 log = logging.getLogger(__name__)
 S = RequestState
-M = TypeVar("M")
-R = TypeVar("R")
 OUTBOX_FLUSH_S = 1.0  # at shutdown, how long queued chunks (and engine aborts) may take
 
 
@@ -67,7 +49,7 @@ class Worker:
         """`transport_factory(name, cache layers, layout, wanted)` makes the one-sided KV
         transport (None: nats only); tests pass one of fake transports. Both default to
         those of the engine `config.engine_kind` names (engines.py)."""
-        self.config = config
+        self._config = config  # until start(): then the context's, which a role change replaces
         if engine is None:
             engine, default_factory = make_engine(config)
         else:
@@ -80,9 +62,15 @@ class Worker:
         self.ctx: WorkerContext | None = None
         self.prefill: PrefillSide | None = None
         self.decode: DecodeSide | None = None
+        self.role_change: RoleChange | None = None
         self.metrics_port = 0  # bound by start() when config.metrics_port is set
         self._seq_no = -1  # of the last KVEvents published
         self._background: list[asyncio.Task[None]] = []
+
+    @property
+    def config(self) -> WorkerConfig:
+        """This worker's settings, `role` its current one."""
+        return self._config if self.ctx is None else self.ctx.config
 
     async def start(self) -> None:
         """Load the model, connect, subscribe, start heartbeats."""
@@ -122,14 +110,11 @@ class Worker:
             asyncio.Queue(),
             link,
         )
-        if config.prefills:
-            self.prefill = prefill = PrefillSide(ctx)
-            await _serve(bus, subjects.prefill(wid), PrefillTask, prefill.on_task, _refuse)
-        if config.decodes:
-            self.decode = decode = DecodeSide(ctx)
-            await _serve(bus, subjects.reserve(wid), Reserve, decode.on_reserve, _refuse_reserve)
-            await _serve(bus, subjects.decode(wid), DecodeTask, decode.on_task, _refuse)
-            await serve_kv(bus, subjects.kv(wid), KVReceivers(link, decode))
+        self.prefill, self.decode = PrefillSide(ctx), DecodeSide(ctx)  # either may serve
+        intake = Intake(ctx, self.prefill, self.decode)
+        await intake.serve(config.role)
+        self.role_change = RoleChange(ctx, intake, self._beat)
+        await self.role_change.start()
         await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
@@ -303,6 +288,7 @@ class Worker:
             busy=self.telemetry.busy_share(stats, now),
             block_bytes=layout.block_bytes * layout.num_layers,
             first_tokens=self.telemetry.take_first_tokens(),
+            next_role=self.ctx.next_role,
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)
@@ -311,30 +297,3 @@ class Worker:
             self._seq_no += 1
             message = KVEvents(config.worker_id, self._seq_no, events.stored, events.removed)
             await bus.publish(subjects.kv_events, message)
-
-
-async def _serve(
-    bus: Bus,
-    subject: str,
-    message_type: type[M],
-    handler: Callable[[M, Context], Awaitable[R]],
-    refuse: Callable[[str], R],
-) -> None:
-    """Answer `subject` with `handler(message, trace context of its headers)`, each request
-    in its own task: a reservation waits for the engine thread (between steps), and the
-    reservations of a wave of prompts must not queue behind one another, one a step."""
-    await bus.serve(
-        subject,
-        message_type,
-        lambda msg, headers: handler(msg, extract(headers)),
-        refuse,
-        concurrent=True,
-    )
-
-
-def _refuse(reason: str) -> TaskAck:
-    return TaskAck("", Outcome.INVALID, reason)
-
-
-def _refuse_reserve(reason: str) -> Reservation:
-    return Reservation("", Outcome.INVALID, error=reason)

@@ -23,6 +23,7 @@ from services.launcher import metrics_ports, run_mesh
 from services.supervisor import ChildSpec
 from shared.nats_auth import MeshCredentials, service_role, start_mesh_nats
 from shared.nats_options import connect_options
+from shared.nats_permissions import may_serve
 from shared.subjects import Subjects
 
 WORKERS = {"prefill", "decode", "both"}
@@ -39,6 +40,7 @@ TABLE = {
     "ss.worker.w1.prefill": ({"scheduler"}, PREFILLERS),
     "ss.worker.w1.decode": ({"scheduler"}, DECODERS),
     "ss.worker.w1.kv": (PREFILLERS, DECODERS),
+    "ss.worker.w1.role": ({"scheduler"}, WORKERS),
     "ss.gateway.g1.tokens": (WORKERS, {"gateway"}),
     "ss.cancel": ({"gateway", "scheduler"}, WORKERS | {"scheduler"}),
     "ss.events": ({"scheduler"}, WORKERS | {"gateway"}),
@@ -182,6 +184,16 @@ def test_requests_get_their_replies_through_the_role_inboxes(secured):
             await client.nc.close()
 
     asyncio.run(main())
+
+
+def test_a_worker_may_change_to_the_roles_its_nats_user_covers():
+    """`both` covers every worker role; `prefill` and `decode` only their own; a user the
+    table does not know (anonymous) is not second-guessed."""
+    s = Subjects("ss")
+    for role in WORKERS:
+        assert may_serve("both", role, s) and may_serve("", role, s)
+        assert may_serve("prefill", role, s) == (role == "prefill")
+        assert may_serve("decode", role, s) == (role == "decode")
 
 
 def test_credentials_are_fresh_at_every_start_and_each_child_gets_its_role(tmp_path):

@@ -1,7 +1,7 @@
 """Wire compatibility of `Heartbeat`: fields added later decode as their defaults when an
 older worker leaves them out, and round-trip when present; the path choice's fields
 (measures, first tokens, `submitted_at`, `predicted_ttft`) too, and measures that are not
-finite and >= 0 are refused."""
+finite and >= 0 are refused; `SetRole` and a heartbeat's `next_role` name a role or nothing."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from shared.protocol import (
     Heartbeat,
     KVPeer,
     Outcome,
+    SetRole,
     SubmitAck,
     SubmitRequest,
     WireError,
@@ -85,3 +86,19 @@ def test_measures_out_of_range_are_refused(change: dict, field: str) -> None:
     request = SubmitRequest("r1", "g1", [1], SamplingParams(), 1e10, submitted_at=float("nan"))
     with pytest.raises(WireError, match="submitted_at"):
         decode_checked(encode(request), SubmitRequest)
+
+
+def test_set_role_and_next_role_round_trip_and_name_a_role() -> None:
+    hurried = SetRole("prefill", hurry=True)
+    assert decode_checked(encode(hurried), SetRole) == hurried
+    assert decode_checked(encode(SetRole("both")), SetRole).hurry is False
+    with pytest.raises(WireError, match=r"SetRole\.role"):
+        decode_checked(encode(SetRole("router")), SetRole)
+    beat = Heartbeat("d0", "decode", "tiny", 0, 0, 30, 64, 16, next_role="prefill")
+    assert decode_checked(encode(beat), Heartbeat) == beat
+    fields = dataclasses.asdict(beat)
+    del fields["next_role"]  # a worker from before role changes
+    old = msgpack.packb([SCHEMA_VERSION, "Heartbeat", fields], use_bin_type=True)
+    assert decode(old, Heartbeat).next_role == ""
+    with pytest.raises(WireError, match="next_role"):
+        decode_checked(encode(dataclasses.replace(beat, next_role="gateway")), Heartbeat)

@@ -81,6 +81,20 @@ def test_a_heartbeat_says_when_a_worker_may_have_new_room():
     assert registry.on_heartbeat(beat(free=50), now=6.0)  # back from draining
 
 
+def test_a_role_change_is_seen_in_the_views_and_its_end_is_new_room():
+    registry = Registry()
+    assert registry.on_heartbeat(beat("w1", "decode"), now=0.0)
+    (view,) = registry.views()
+    assert (view.role, view.changing, view.placeable) == ("decode", False, True)
+    changing = Heartbeat("w1", "decode", "m", 0, 0, 100, 200, 16, next_role="prefill")
+    assert not registry.on_heartbeat(changing, now=1.0)
+    (view,) = registry.views()
+    assert (view.role, view.changing, view.placeable) == ("decode", True, False)
+    assert registry.on_heartbeat(beat("w1", "prefill"), now=2.0)  # changed: room anew
+    (view,) = registry.views()
+    assert (view.role, view.changing, view.placeable) == ("prefill", False, True)
+
+
 def test_a_worker_of_another_engine_for_the_same_model_is_refused():
     registry = Registry()
     native = beat("n1")

@@ -1,5 +1,5 @@
 """Placement rules as pure functions: prefix overlap minus load, decode by free blocks and
-batch, conditional disaggregation, draining and full workers skipped."""
+batch, conditional disaggregation, draining, mid-change and full workers skipped."""
 
 from __future__ import annotations
 
@@ -75,6 +75,26 @@ def test_decode_skips_draining_and_workers_without_room():
     ranked = rank_decode(workers, HASHES, 64, block_size=16, load_penalty=1.0)
     assert [c.worker_id for c in ranked] == ["cached", "ok"]
     assert ranked[0].overlap == 4
+
+
+def test_a_worker_changing_its_role_is_skipped_for_both_roles():
+    """Mid-change (its heartbeat names a next role) nothing is placed on it, whatever the
+    role it still serves; once changed it is ranked for its new role."""
+    best = {11, 22, 33, 44}
+    changing = [
+        WorkerView("p-to-d", "prefill", False, 100, 0, best, changing=True),
+        WorkerView("d-to-p", "decode", False, 100, 0, best, changing=True),
+        WorkerView("both-to-d", "both", False, 100, 0, best, changing=True),
+    ]
+    steady = [worker("p"), worker("d", role="decode")]
+    workers = changing + steady
+    assert [c.worker_id for c in rank_prefill(workers, HASHES, 1.0)] == ["p"]
+    ranked = rank_decode(workers, HASHES, 64, block_size=16, load_penalty=1.0)
+    assert [c.worker_id for c in ranked] == ["d"]
+    changed = [WorkerView("d-to-p", "prefill", False, 100, 0, best), *steady]
+    assert [c.worker_id for c in rank_prefill(changed, HASHES, 1.0)] == ["d-to-p", "p"]
+    ranked = rank_decode(changed, HASHES, 64, block_size=16, load_penalty=1.0)
+    assert [c.worker_id for c in ranked] == ["d"]
 
 
 def test_conditional_disaggregation_threshold():

@@ -44,6 +44,7 @@ from shared.protocol import (
     RequestFailed,
     Reservation,
     Reserve,
+    SetRole,
     StatusQuery,
     SubmitAck,
     SubmitRequest,
@@ -65,6 +66,7 @@ SAMPLES: list[Any] = [
     Reserve(SUBMIT),
     PrefillTask(SUBMIT, "w2", 0),
     DecodeTask(SUBMIT),
+    SetRole("prefill"),
     KVChunk("r1", 0, 0, 1, 0, [None], "float32", [1, 1, 16, 2, 1, 4], bytes(512)),
     KVDone("r1", 1, 5),
     KVReady("r1", "nixl", "a", b"m", 10, [1, 16, 2, 1, 4], "float32", 0, [1], [None], 5, 1e10),
@@ -102,6 +104,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "kv_blocks_sent": NEGATIVE,
         "prefill_rate": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "busy": st.floats(max_value=-1e-9),
+        "next_role": st.sampled_from(["gateway", "prefil", "BOTH"]),
     },
     KVEvents: {
         "worker_id": BAD_ID,
@@ -116,6 +119,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "skip_blocks": NEGATIVE,
     },
     DecodeTask: {f"request.{k}": v for k, v in REQUEST_BOUNDS.items()},
+    SetRole: {"role": st.sampled_from(["", "gateway", "prefil", "Decode", "x" * 300])},
     KVChunk: {
         "request_id": st.just(""),
         "chunk_index": NEGATIVE,
@@ -304,11 +308,16 @@ def worker_harness(loop) -> tuple[Harness, Callable[[], Any]]:
     class KV:
         on_chunk = on_done = on_ready = staticmethod(harness.record("kv"))
 
+    async def set_role(message: SetRole, headers: Any) -> TaskAck:
+        harness.calls.append(("role", message))
+        return TaskAck("", Outcome.OK)
+
     async def subscribe() -> None:
         await bus.serve(s.reserve("w1"), Reserve, harness.record("reserve"), refuse_reserve)
         await bus.serve(s.prefill("w1"), PrefillTask, harness.record("prefill"), refuse)
         await bus.serve(s.decode("w1"), DecodeTask, harness.record("decode"), refuse)
         await serve_kv(bus, s.kv("w1"), KV())
+        await bus.serve(s.role("w1"), SetRole, set_role, refuse)
         await bus.subscribe(s.cancel, Cancel, harness.record("cancel"))
         await bus.subscribe(s.events, (RequestFailed, WorkerLost), harness.record("events"))
 
@@ -340,6 +349,7 @@ CASES = [
     Case("worker", "ss.worker.w1.prefill", (PrefillTask,), TaskAck),
     Case("worker", "ss.worker.w1.decode", (DecodeTask,), TaskAck),
     Case("worker", "ss.worker.w1.kv", (KVChunk, KVDone, KVReady), TaskAck),
+    Case("worker", "ss.worker.w1.role", (SetRole,), TaskAck),
     Case("worker", "ss.cancel", (Cancel,)),
     Case("worker", "ss.events", (RequestFailed, WorkerLost)),
 ]
