@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.mesh import stop_group, wait_http_ready
+from services.worker.pinning import cpu_list
 
 SLOT_TOKENS = 512  # llama-server context per slot: a 128-token prompt + 128 out, with room
 VLLM_BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32
@@ -32,13 +33,7 @@ def cpu_ranges(cpus: list[int]) -> str:
     """`[0, 1, 2, 5]` → `0-2,5`: the form VLLM_CPU_OMP_THREADS_BIND takes."""
     if not cpus:
         raise ValueError("no CPU to bind")
-    spans: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if spans and cpu == spans[-1][1] + 1:
-            spans[-1][1] = cpu
-        else:
-            spans.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return cpu_list(cpus)
 
 
 @dataclass(frozen=True, slots=True)
