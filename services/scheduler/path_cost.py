@@ -123,7 +123,9 @@ def split_ttft(num_tokens: int, prefill: Offer, rate: float, params: CostParams)
     return params.reserve_rtt + work / rate
 
 
-def transfer_s(num_tokens: int, decode: Offer, link: Link, block_bytes: int, block_size: int):
+def transfer_s(
+    num_tokens: int, decode: Offer, link: Link, block_bytes: int, block_size: int
+) -> float:
     """The blocks the decode worker lacks, over the pair's link."""
     blocks = max(0, blocks_for(num_tokens, block_size) - decode.overlap)
     return link.latency + blocks * block_bytes * link.per_byte
