@@ -8,17 +8,21 @@ with `*` in place of a worker's or gateway's id, so the table cannot drift from 
 role       publishes                                   subscribes to
 gateway    sched.submit, sched.status, cancel          gateway.*.tokens, events
 scheduler  worker.*.reserve|prefill|decode|role,       sched.submit, sched.status,
-           events, cancel                              workers.heartbeat, kv.events, cancel
+           events, cancel                              workers.heartbeat, kv.events, cancel,
+                                                       planner.report
 prefill    workers.heartbeat, kv.events,               worker.*.prefill|role, cancel, events
            gateway.*.tokens, worker.*.kv
 decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role,
            gateway.*.tokens                            cancel, events
 both       prefill's and decode's                      prefill's and decode's
+planner    worker.*.role, pool.target, planner.report  workers.heartbeat
+launcher   sched.status (which workers are registered)  pool.target
 observer   sched.status (the mesh view, tools, tests)  nothing
 
-`worker.*.role` (SetRole) is the scheduler's to send: the planner's, and `splitserve role`
-connects with the scheduler's credentials. A worker may serve only the roles its NATS user
-permits (`may_serve`): one that changes role while serving connects as `both`.
+`worker.*.role` (SetRole) is the scheduler's and the planner's to send (`splitserve role`
+connects with the scheduler's credentials, `splitserve scale` with the planner's). A worker
+may serve only the roles its NATS user permits (`may_serve`): one that changes role while
+serving connects as `both`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from shared.nats_options import INBOX_ROOT
 from shared.subjects import Subjects
 
-ROLES = ("gateway", "scheduler", "prefill", "decode", "both", "observer")
+ROLES = ("gateway", "scheduler", "prefill", "decode", "both", "planner", "launcher", "observer")
 _ID = "ID"  # stands for any worker or gateway id while the table is built
 
 
@@ -75,12 +79,14 @@ def _table(subjects: Subjects) -> dict[str, Permissions]:
         "gateway": Permissions((s.submit, s.status, s.cancel), (any_id(s.tokens), s.events)),
         "scheduler": Permissions(
             (*to_workers, s.events, s.cancel),
-            (s.submit, s.status, s.heartbeat, s.kv_events, s.cancel),
+            (s.submit, s.status, s.heartbeat, s.kv_events, s.cancel, s.planner_report),
         ),
         "prefill": Permissions((*workers_report, any_id(s.kv)), (any_id(s.prefill), *workers_hear)),
         "decode": Permissions(
             workers_report, (any_id(s.reserve), any_id(s.decode), any_id(s.kv), *workers_hear)
         ),
+        "planner": Permissions((any_id(s.role), s.pool_target, s.planner_report), (s.heartbeat,)),
+        "launcher": Permissions((s.status,), (s.pool_target,)),
         "observer": Permissions((s.status,), ()),
     }
     table["both"] = table["prefill"] | table["decode"]

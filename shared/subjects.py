@@ -46,6 +46,14 @@ class Subjects:
     def events(self) -> str:  # scheduler → gateways: WorkerLost, RequestFailed
         return f"{self.namespace}.events"
 
+    @property
+    def pool_target(self) -> str:  # planner, `splitserve scale` → launcher: PoolTarget
+        return f"{self.namespace}.pool.target"
+
+    @property
+    def planner_report(self) -> str:  # planner → scheduler (its status, /mesh)
+        return f"{self.namespace}.planner.report"
+
     def reserve(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.reserve"
 

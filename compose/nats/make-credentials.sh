@@ -7,7 +7,7 @@ set -eu
 dir="$(dirname "$0")/credentials"
 mkdir -p "$dir"
 chmod 700 "$dir"
-for role in gateway scheduler prefill decode both observer; do
+for role in gateway scheduler prefill decode both planner launcher observer; do
   python3 -c 'import secrets; print(secrets.token_urlsafe(24))' > "$dir/$role"
   chmod 644 "$dir/$role"
 done

@@ -3,7 +3,7 @@
 # (/run/secrets/nats-<role>, made by make-credentials.sh) into the variable nats.conf
 # reads, then nats-server with the arguments given.
 set -eu
-for role in gateway scheduler prefill decode both observer; do
+for role in gateway scheduler prefill decode both planner launcher observer; do
   upper=$(echo "$role" | tr '[:lower:]' '[:upper:]')
   export "NATS_${upper}_PASSWORD=$(cat "/run/secrets/nats-$role")"
 done
