@@ -15,7 +15,8 @@ prefill    workers.heartbeat, kv.events,               worker.*.prefill|role, ca
 decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role,
            gateway.*.tokens                            cancel, events
 both       prefill's and decode's                      prefill's and decode's
-planner    worker.*.role, pool.target, planner.report  workers.heartbeat
+planner    worker.*.role, pool.target, planner.report, workers.heartbeat
+           sched.status
 launcher   sched.status (which workers are registered)  pool.target
 observer   sched.status (the mesh view, tools, tests)  nothing
 
@@ -85,7 +86,9 @@ def _table(subjects: Subjects) -> dict[str, Permissions]:
         "decode": Permissions(
             workers_report, (any_id(s.reserve), any_id(s.decode), any_id(s.kv), *workers_hear)
         ),
-        "planner": Permissions((any_id(s.role), s.pool_target, s.planner_report), (s.heartbeat,)),
+        "planner": Permissions(
+            (any_id(s.role), s.pool_target, s.planner_report, s.status), (s.heartbeat,)
+        ),
         "launcher": Permissions((s.status,), (s.pool_target,)),
         "observer": Permissions((s.status,), ()),
     }
