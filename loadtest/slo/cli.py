@@ -39,6 +39,9 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     slo.add_argument("--attainment", type=float, default=0.9, help="target share of requests")
     slo.add_argument("--phase-seconds", type=float, default=120.0, help="shift: each phase")
     slo.add_argument("--phases", type=int, default=2, help="shift: chat, long, chat, ...")
+    slo.add_argument(
+        "--long-len", type=int, default=2048, help="prompt tokens of long (mixed, shift) prompts"
+    )
     slo.add_argument("--seed", type=int, default=0)
     slo.add_argument("--peer", choices=PEERS, help="also run it on each configuration's cores")
     slo.add_argument("--peers-venv", type=Path, default=Path(".venv-peers"))
@@ -60,6 +63,7 @@ def config_from_args(args: argparse.Namespace) -> SloBenchConfig:
         attainment=args.attainment,
         phase_seconds=args.phase_seconds,
         phases=args.phases,
+        long_len=args.long_len,
         seed=args.seed,
         peer=args.peer or "",
         model=args.model,

@@ -23,7 +23,7 @@ from shared.errors import ConfigError
 from shared.models.registry import DEFAULT_MODEL
 
 PEERS = ("vllm",)
-WORKLOADS = ("chat", "long", "agent", "mooncake", "shift")  # made by workloads.py
+WORKLOADS = ("chat", "long", "agent", "mixed", "mooncake", "shift")  # made by workloads.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +107,7 @@ class SloBenchConfig:
     attainment: float = 0.9  # the share of requests that must attain the SLO
     phase_seconds: float = 120.0  # shift: the length of each phase
     phases: int = 2  # shift: chat, long, chat, ...
+    long_len: int = 2048  # long (and mixed, shift): prompt tokens of a long prompt
     seed: int = 0
     peer: str = ""  # "vllm": a vLLM-CPU row per core set; "": none
     model: str = DEFAULT_MODEL
@@ -130,6 +131,8 @@ class SloBenchConfig:
             raise ConfigError("--attainment must be in (0, 1]")
         if self.num_prompts < 1 or self.phases < 1 or self.phase_seconds <= 0:
             raise ConfigError("--num-prompts, --phases and --phase-seconds must be positive")
+        if self.long_len < 1:
+            raise ConfigError("--long-len must be positive")
         if not self.rates or min(self.rates) <= 0:
             raise ConfigError("the rates must be positive")
 

@@ -124,7 +124,12 @@ async def run_sweep(
 ) -> list[Point]:
     """Every row of `cfg` (configurations, then peers) × workload × rate, in that order."""
     spec = WorkloadSpec(
-        cfg.num_prompts, vocab_size, cfg.phase_seconds, cfg.phases, cfg.out / "traces"
+        cfg.num_prompts,
+        vocab_size,
+        cfg.phase_seconds,
+        cfg.phases,
+        cfg.out / "traces",
+        cfg.long_len,
     )
     points: list[Point] = []
     for row in cfg.rows:

@@ -3,9 +3,11 @@
 - chat: ShareGPT-like lengths: prompt and reply drawn from log-normal distributions whose
   medians (128 and 120 tokens, σ = 1: means near the ~215 and ~200 of vLLM's ShareGPT set)
   are clipped to [4, 1024] and [4, 512] tokens.
-- long: 2048 prompt tokens → 128 (loadtest/datasets.py: random).
+- long: `long_len` (2048) prompt tokens → 128 (loadtest/datasets.py: random).
 - agent: one 1024-token system prompt shared by every request, then a 64-token turn → 64
   (datasets.py: shared-prefix).
+- mixed: agent turns and long prompts, alternating: the short, cached requests the decode
+  worker could prefill itself beside the long ones worth a prefill worker.
 - mooncake: a synthetic trace in Mooncake's format (`timestamp` ms, `input_length`,
   `output_length`, `hash_ids` of 128-token blocks; 4 documents whose leading blocks requests
   share, then blocks of their own), written as JSONL and replayed by datasets.py's loader.
@@ -72,6 +74,7 @@ class WorkloadSpec:
     phase_seconds: float = 120.0  # shift
     phases: int = 2  # shift
     trace_dir: Path | None = None  # mooncake: where its traces go (None: a temporary dir)
+    long_len: int = LONG_PROMPT  # long, mixed and shift: a long prompt's tokens
 
 
 def workload_requests(name: str, spec: WorkloadSpec, rate: float, seed: int) -> list[BenchRequest]:
@@ -83,17 +86,11 @@ def workload_requests(name: str, spec: WorkloadSpec, rate: float, seed: int) -> 
         rng = random.Random(seed)
         return [_chat(rng, spec.vocab_size) for _ in range(spec.num_prompts)]
     if name == "long":
-        requests = random_requests(replace(data, input_len=LONG_PROMPT, output_len=LONG_REPLY))
+        requests = random_requests(replace(data, input_len=spec.long_len, output_len=LONG_REPLY))
     elif name == "agent":
-        agent = replace(
-            data,
-            name="shared-prefix",
-            input_len=AGENT_TURN,
-            output_len=AGENT_REPLY,
-            prefix_len=AGENT_SYSTEM,
-            num_prefixes=1,
-        )
-        requests = shared_prefix_requests(agent)
+        requests = shared_prefix_requests(_agent(data))
+    elif name == "mixed":
+        return mixed_requests(spec, data)
     elif name == "mooncake":
         path = _trace_path(spec.trace_dir, f"mooncake-s{seed}-r{rate:g}.jsonl")
         rows = mooncake_trace(spec.num_prompts, rate, seed)
@@ -103,6 +100,28 @@ def workload_requests(name: str, spec: WorkloadSpec, rate: float, seed: int) -> 
     else:
         return shift_requests(spec, rate, seed)
     return [replace(r, label=name) for r in requests]
+
+
+def _agent(data: DatasetConfig) -> DatasetConfig:
+    return replace(
+        data,
+        name="shared-prefix",
+        input_len=AGENT_TURN,
+        output_len=AGENT_REPLY,
+        prefix_len=AGENT_SYSTEM,
+        num_prefixes=1,
+    )
+
+
+def mixed_requests(spec: WorkloadSpec, data: DatasetConfig) -> list[BenchRequest]:
+    """Agent turns (even positions) and long prompts (odd), `num_prompts` in all; the long
+    prompts are drawn from another seed, so none begins with the agent's system prompt."""
+    agent = shared_prefix_requests(replace(_agent(data), num_prompts=(spec.num_prompts + 1) // 2))
+    long_data = replace(data, num_prompts=spec.num_prompts // 2, seed=data.seed + 1)
+    long = random_requests(replace(long_data, input_len=spec.long_len, output_len=LONG_REPLY))
+    mixed = [replace(r, label="agent") for r in agent] + [replace(r, label="long") for r in long]
+    mixed[::2], mixed[1::2] = mixed[: len(agent)], mixed[len(agent) :]
+    return mixed
 
 
 def mooncake_trace(num: int, rate: float, seed: int) -> list[dict[str, object]]:
@@ -138,7 +157,7 @@ def shift_requests(spec: WorkloadSpec, rate: float, seed: int) -> list[BenchRequ
         if int(t // spec.phase_seconds) % 2 == 0:
             request = _chat(rng, spec.vocab_size)
         else:
-            request = _request(rng, spec.vocab_size, LONG_PROMPT, LONG_REPLY, "long")
+            request = _request(rng, spec.vocab_size, spec.long_len, LONG_REPLY, "long")
         requests.append(replace(request, timestamp=t))
         t += rng.expovariate(rate)
     return requests

@@ -61,6 +61,17 @@ def test_long_prompts_and_the_agents_shared_system_prompt(tmp_path):
     assert {r.label for r in long + agent} == {"long", "agent"}
 
 
+def test_mixed_alternates_cached_agent_turns_and_long_prompts_of_the_length_asked(tmp_path):
+    mixed = workload_requests("mixed", spec(tmp_path, 7, long_len=300), 1.0, seed=3)
+    assert [r.label for r in mixed] == ["agent", "long"] * 3 + ["agent"]
+    system = mixed[0].prompt[:AGENT_SYSTEM]
+    assert all(r.prompt[:AGENT_SYSTEM] == system for r in mixed[::2])
+    long = mixed[1::2]
+    assert {(r.prompt_len, r.output_len) for r in long} == {(300, 128)}
+    assert all(r.prompt[:16] != system[:16] for r in long)  # no hit on the agent's prefix
+    assert len({tuple(r.prompt) for r in long}) == 3
+
+
 def test_mooncake_writes_a_trace_that_the_loader_replays_with_its_shared_blocks(tmp_path):
     requests = workload_requests("mooncake", spec(tmp_path, 60), 2.0, seed=3)
     (trace,) = tmp_path.glob("mooncake-*.jsonl")
