@@ -57,6 +57,10 @@ class Point:
     tpot_p99_ms: float
     duration_s: float  # first send to last reply
     errors: dict[str, int] = field(default_factory=dict)  # failed requests by kind
+    # Each request in send order: [label, send offset s, TTFT s, TPOT s], TTFT and TPOT None
+    # when it failed (TPOT also for one token): another SLO can be judged from the JSON, and
+    # the simulator compared with the same requests.
+    latencies: list[list[object]] = field(default_factory=list)
 
     @classmethod
     def of(cls, config: str, workload: str, rate: float, run: RunResult, slo: Slo) -> Point:
@@ -77,6 +81,7 @@ class Point:
             tpot_p99_ms=tpot.p99,
             duration_s=run.duration,
             errors=dict(Counter(r.error for r in run.records if not r.ok)),
+            latencies=_latencies(run),
         )
 
     def line(self) -> str:
@@ -87,6 +92,14 @@ class Point:
             f"{self.ttft_p50_ms:.0f} ms, p99 {self.ttft_p99_ms:.0f}; TPOT p50 "
             f"{self.tpot_p50_ms:.1f} ms, p99 {self.tpot_p99_ms:.1f}"
         )
+
+
+def _latencies(run: RunResult) -> list[list[object]]:
+    start = min((r.send for r in run.records), default=0.0)
+    return [
+        [r.label, round(r.send - start, 4), r.ttft if r.ok else None, r.tpot if r.ok else None]
+        for r in sorted(run.records, key=lambda r: r.send)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

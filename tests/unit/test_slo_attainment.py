@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadtest.openloop import RunResult
 from loadtest.request import RequestRecord
 from loadtest.slo.attainment import Slo, attainment, goodput
 from loadtest.slo.config import SloBenchConfig, parse_configs, parse_rates, peer_rows
@@ -37,6 +38,18 @@ def test_attainment_counts_failed_requests_as_missing():
     assert attainment(records, SLO) == pytest.approx(2 / 5)
     assert attainment(records[:2], SLO) == 1.0
     assert attainment([], SLO) == 0.0
+
+
+def test_a_point_keeps_each_requests_latencies_in_send_order():
+    late = RequestRecord("long", 2.5, [3.0, 3.1, 3.2], output_tokens=3, end=3.2)
+    first = RequestRecord("agent", 1.0, [1.5, 1.52], output_tokens=2, end=1.52)
+    lost = RequestRecord("agent", 4.0, [], error="timeout")
+    point = Point.of("split", "mixed", 0.5, RunResult([late, first, lost], 1.0, 3.0), SLO)
+    assert [row[:2] for row in point.latencies] == [["agent", 0.0], ["long", 1.5], ["agent", 3.0]]
+    assert point.latencies[0][2:] == [pytest.approx(0.5), pytest.approx(0.02)]
+    assert point.latencies[1][2:] == [pytest.approx(0.5), pytest.approx(0.1)]
+    assert point.latencies[2][2:] == [None, None]
+    assert (point.met, point.completed, point.errors) == (1, 2, {"timeout": 1})  # TPOT 0.1 s
 
 
 def test_goodput_is_the_highest_rate_that_reaches_the_target():
