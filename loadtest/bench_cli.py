@@ -221,7 +221,7 @@ def _add_model_args(parser: argparse.ArgumentParser, when: str = "") -> None:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     from loadtest import cli as loadtest_cli
     from loadtest.slo import cli as slo_cli
-    from loadtest.slo import isolation_cli
+    from loadtest.slo import isolation_cli, judge
 
     bench = commands.add_parser("bench", help="benchmarks")
     targets = bench.add_subparsers(dest="target", required=True)
@@ -350,3 +350,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     loadtest_cli.add_subcommands(targets)  # serve | users | plot | matrix
     slo_cli.add_parser(targets)  # slo: its flags are its own (loadtest/slo/cli.py)
     isolation_cli.add_parser(targets)
+    judge.add_parser(targets)

@@ -25,7 +25,7 @@ from services.worker.requests import RECEIVES, RequestState, WorkerRequest
 from shared.engine.errors import UnknownRequest
 from shared.engine.outputs import RequestOutput
 from shared.kvtransfer.transfer import Awaiting, TransferState
-from shared.protocol import DecodeTask, Outcome, Reservation, Reserve, TaskAck
+from shared.protocol import DecodeTask, Outcome, Reservation, Reserve, SubmitRequest, TaskAck
 from shared.telemetry.tracing import extract
 
 S = RequestState
@@ -37,6 +37,8 @@ class DecodeSide:
 
     async def on_reserve(self, msg: Reserve, parent: Context) -> Reservation:
         ctx, request = self.ctx, msg.request
+        if (held := self.held_reservation(request)) is not None:
+            return held
 
         async def take(entry: WorkerRequest) -> None:
             reservation = await ctx.engine.kv.reserve(request)
@@ -54,12 +56,25 @@ class DecodeSide:
         )
         if entry is None:
             return Reservation(request.request_id, outcome, error=error)
+        return self.granted(entry)
+
+    def held_reservation(self, request: SubmitRequest) -> Reservation | None:
+        """The reservation this worker already holds for the same attempt of `request`:
+        a scheduler that lost the first answer (a timeout, the worker briefly taken for
+        lost) asks again and gets it back, rather than a refusal while it lives on."""
+        entry = self.ctx.table.get(request.request_id)
+        if entry is None or entry.state != S.RESERVED:
+            return None
+        same = (entry.request.attempt, entry.request.gateway_id)
+        return self.granted(entry) if same == (request.attempt, request.gateway_id) else None
+
+    def granted(self, entry: WorkerRequest) -> Reservation:
         return Reservation(
-            request.request_id,
+            entry.request_id,
             Outcome.OK,
             entry.num_blocks,
             entry.skip_blocks,
-            transports=ctx.link.names,
+            transports=self.ctx.link.names,
         )
 
     async def on_task(self, task: DecodeTask, parent: Context) -> TaskAck:

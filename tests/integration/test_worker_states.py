@@ -156,6 +156,35 @@ def test_internal_engine_errors_are_failures_and_bad_requests_are_invalid(
     run_bench(nats_server.url, tiny_model_dir, "both", scenario)
 
 
+def test_a_repeated_reserve_gets_the_reservation_it_holds_back(nats_server, tiny_model_dir):
+    """A scheduler that lost the first answer (timeout, the worker briefly taken for lost)
+    asks again: the same attempt gets the same reservation, not a refusal while it lives on;
+    another attempt of the same id is still refused, and one reservation is held, not two."""
+
+    async def scenario(bench: Bench) -> None:
+        subject = bench.subjects.reserve("both")
+        request = bench.request("again", LONG_PROMPT)
+        first = await bench.bus.request(subject, Reserve(request), Reservation, 5)
+        assert first.ok and first.num_blocks > 0
+        stats = bench.worker.ctx.engine.stats()
+        again = await bench.bus.request(subject, Reserve(request), Reservation, 5)
+        assert (again.outcome, again.num_blocks, again.num_cached_blocks) == (
+            Outcome.OK,
+            first.num_blocks,
+            first.num_cached_blocks,
+        )
+        assert again.transports == first.transports
+        assert len(bench.worker.table) == 1
+        after = bench.worker.ctx.engine.stats()
+        assert (after.num_reserved, after.free_blocks) == (stats.num_reserved, stats.free_blocks)
+        other = await bench.bus.request(
+            subject, Reserve(replace(request, attempt=1)), Reservation, 5
+        )
+        assert other.outcome == Outcome.UNAVAILABLE and "duplicate request id" in other.error
+
+    run_bench(nats_server.url, tiny_model_dir, "both", scenario)
+
+
 def test_an_engine_that_dies_fails_every_request_so_gateways_migrate(
     nats_server, tiny_model_dir, monkeypatch
 ):
