@@ -23,15 +23,23 @@ from shared.models.registry import DEFAULT_MODEL
 DEFAULT_CONFIGS = "split=prefill:0,decode:1;aggregated=both:0-1"
 
 
+def add_server_flags(parser: argparse.ArgumentParser, out: str) -> None:
+    """The flags of the benches that start configurations of pinned pools in turn."""
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a known model (pulled)")
+    parser.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    parser.add_argument(
+        "--configs", default=DEFAULT_CONFIGS, help="NAME=ROLE:CPUS,...; separated by ';'"
+    )
+    parser.add_argument("--start-timeout", type=float, default=600.0, help="per server, seconds")
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("up_args", nargs="*", help="more flags for every `splitserve up`, after --")
+
+
 def add_parser(targets: argparse._SubParsersAction) -> None:
     slo = targets.add_parser(
         "slo", help="goodput at SLO: pinned configurations of equal cores, a rate sweep"
     )
-    slo.add_argument("--model", default=DEFAULT_MODEL, help="a known model (pulled)")
-    slo.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
-    slo.add_argument(
-        "--configs", default=DEFAULT_CONFIGS, help="NAME=ROLE:CPUS,...; separated by ';'"
-    )
+    add_server_flags(slo, "artifacts/bench-slo")
     slo.add_argument("--workloads", default=",".join(WORKLOADS), help="of those by default")
     slo.add_argument("--rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
     slo.add_argument("--num-prompts", type=int, default=40, help="per rate (not shift's)")
@@ -46,10 +54,7 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     slo.add_argument("--peer", choices=PEERS, help="also run it on each configuration's cores")
     slo.add_argument("--peers-venv", type=Path, default=Path(".venv-peers"))
     slo.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
-    slo.add_argument("--start-timeout", type=float, default=600.0, help="per server, seconds")
     slo.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
-    slo.add_argument("--out", type=Path, default=Path("artifacts/bench-slo"))
-    slo.add_argument("up_args", nargs="*", help="more flags for every `splitserve up`, after --")
     slo.set_defaults(func=main)
 
 

@@ -27,10 +27,9 @@ import aiohttp
 
 from loadtest.client import ClientConfig, send_request
 from loadtest.datasets import LOW_TOKEN_ID
-from loadtest.outputs import discover_model
 from loadtest.request import BenchRequest, RequestRecord
 from loadtest.slo.config import Configuration
-from loadtest.slo.servers import LocalServers
+from loadtest.slo.sweep import Servers, serving
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,15 +156,12 @@ async def warm_up(client: ClientConfig, cfg: IsolationConfig, vocab: int) -> Non
 
 
 async def run_isolation(
-    cfg: IsolationConfig, servers: LocalServers, vocab: int, say: Callable[[str], None] = print
+    cfg: IsolationConfig, servers: Servers, vocab: int, say: Callable[[str], None] = print
 ) -> list[RowResult]:
     results = []
     for row in cfg.configs:
         say(f"{row.name}: starting {row.server}")
-        try:
-            url = await servers.start(row)
-            model = await asyncio.to_thread(discover_model, url)
-            client = ClientConfig(url, model, timeout_s=cfg.timeout_s)
+        async with serving(servers, row, cfg.timeout_s) as client:
             await warm_up(client, cfg, vocab)
             rounds = []
             for i in range(cfg.rounds):
@@ -176,7 +172,5 @@ async def run_isolation(
                     f"{r.burst_p99_ms:.1f} ms (x{r.ratio:.2f}); p50 {r.quiet_p50_ms:.1f} → "
                     f"{r.burst_p50_ms:.1f} ms; burst prefilled in {r.burst_s:.2f} s"
                 )
-            results.append(RowResult(row.name, rounds))
-        finally:
-            await servers.stop()
+        results.append(RowResult(row.name, rounds))
     return results

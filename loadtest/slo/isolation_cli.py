@@ -11,25 +11,20 @@ import argparse
 import asyncio
 import json
 import sys
-from pathlib import Path
 
+from loadtest.slo.cli import add_server_flags
 from loadtest.slo.config import parse_configs
 from loadtest.slo.isolation import IsolationConfig, RowResult, run_isolation
 from loadtest.slo.servers import LocalServers
 from services.worker.pinning import check_cpus
 from shared.errors import ConfigError
-from shared.models.registry import DEFAULT_MODEL
-
-DEFAULT_CONFIGS = "split=prefill:0,decode:1;aggregated=both:0-1"
 
 
 def add_parser(targets: argparse._SubParsersAction) -> None:
     iso = targets.add_parser(
         "isolation", help="running streams' inter-token gaps before and during a long-prompt burst"
     )
-    iso.add_argument("--model", default=DEFAULT_MODEL, help="a known model (pulled)")
-    iso.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
-    iso.add_argument("--configs", default=DEFAULT_CONFIGS, help="as bench slo's")
+    add_server_flags(iso, "artifacts/bench-isolation")
     iso.add_argument("--streams", type=int, default=4, help="running before the burst")
     iso.add_argument("--stream-len", type=int, default=512, help="tokens each stream wants")
     iso.add_argument("--burst", type=int, default=2, help="long prompts sent together")
@@ -38,9 +33,6 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     iso.add_argument("--quiet", type=float, default=3.0, help="seconds of the quiet window")
     iso.add_argument("--rounds", type=int, default=3)
     iso.add_argument("--seed", type=int, default=0)
-    iso.add_argument("--start-timeout", type=float, default=600.0, help="per server, seconds")
-    iso.add_argument("--out", type=Path, default=Path("artifacts/bench-isolation"))
-    iso.add_argument("up_args", nargs="*", help="more flags for every `splitserve up`, after --")
     iso.set_defaults(func=main)
 
 

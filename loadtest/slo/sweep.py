@@ -10,9 +10,10 @@ or in tests a scripted fake) and stops it, whatever the sweep raised.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,6 +39,20 @@ class Servers(Protocol):
     async def stop(self) -> None:
         """Stop the server started last (nothing when none runs)."""
         ...
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    servers: Servers, row: Configuration, timeout_s: float
+) -> AsyncIterator[ClientConfig]:
+    """`row`'s server started and ready, as a client of its model whose requests time out
+    after `timeout_s`; stopped on the way out, whatever happened."""
+    try:
+        url = await servers.start(row)
+        model = await asyncio.to_thread(discover_model, url)
+        yield ClientConfig(url, model, timeout_s=timeout_s)
+    finally:
+        await servers.stop()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +162,7 @@ async def run_sweep(
     points: list[Point] = []
     for row in cfg.rows:
         say(f"{row.name}: starting {row.server} on cores {cpu_list(row.cpus)}")
-        try:
-            url = await servers.start(row)
-            model = await asyncio.to_thread(discover_model, url)
-            client = ClientConfig(url, model, timeout_s=cfg.request_timeout_s)
+        async with serving(servers, row, cfg.request_timeout_s) as client:
             await run_open_loop(client, OpenLoopConfig(show_progress=False), _warmup(vocab_size))
             for workload in cfg.workloads:
                 for i, rate in enumerate(cfg.rates):
@@ -160,8 +172,6 @@ async def run_sweep(
                     run = await run_open_loop(client, loop, requests, f"{row.name}-{workload}")
                     points.append(Point.of(row.name, workload, rate, run, cfg.slo))
                     say(points[-1].line())
-        finally:
-            await servers.stop()
     return points
 
 
