@@ -51,6 +51,10 @@ class FakeServer:
         if self._runner:
             await self._runner.cleanup()
 
+    def gap(self) -> float:
+        """Seconds before a stream's next chunk: the script's (a test may vary it)."""
+        return self.script.itl_s
+
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.script.model}]})
 
@@ -78,7 +82,7 @@ class FakeServer:
                 await _send(reply, {"error": {"message": "worker lost"}})
                 return reply
             if sent < total:
-                await asyncio.sleep(s.itl_s)
+                await asyncio.sleep(self.gap())
         prompt_tokens = len(prompt) if isinstance(prompt, list) else max(1, len(prompt) // 4)
         usage = {
             "prompt_tokens": prompt_tokens,
