@@ -28,6 +28,7 @@ from services.gateway.config import GatewayConfig
 from services.launch_plan import LauncherConfig
 from services.launcher import gateway_port_problem, run_mesh
 from services.mesh_config import MeshConfigError, load_mesh_config, model_dir_of
+from services.planner.config import PlannerConfig, PlannerServiceConfig, add_planner_flags
 from services.scheduler.config import SchedulerConfig
 from services.supervisor import MeshDown
 from services.worker.cli import add_engine_arguments, engine_argv
@@ -54,6 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     gateway = parser.add_argument_group("gateway")
     add_flags(gateway, GatewayConfig, (*GATEWAY_SET_BY_UP, *engine))
     add_flags(parser.add_argument_group("scheduler"), SchedulerConfig, engine)
+    add_planner_flags(parser.add_argument_group("planner (with --planner)"))
     parser.set_defaults(func=main)
 
 
@@ -67,6 +69,7 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
         worker_args=engine_argv(args) + changed_argv(WorkerConfig, args, WORKER_SET_BY_UP),
         gateway_args=changed_argv(GatewayConfig, args, GATEWAY_SET_BY_UP),
         scheduler_args=changed_argv(SchedulerConfig, args),
+        planner_args=changed_argv(PlannerServiceConfig, args) + changed_argv(PlannerConfig, args),
     )
 
 
