@@ -10,8 +10,8 @@ Each call, in order (the first that applies ends it, with `holding` saying why):
      snapshots in a row; until then, or when there is none, hold.
   6. the mode (modes.py) meets the needs that held: in `replicas` mode each of them (an ADD
      per pool at most, and a DRAIN only when nothing is to be added, the prefill side's
-     first); in `roles` mode the one with the most pressure (TPOT at 1.5x its objective
-     outweighs TTFT at 1.2x), since one set of workers cannot move two ways at once.
+     first); in `roles` mode only the one with the most pressure that it can meet (TPOT at
+     1.5x its objective outweighs TTFT at 1.2x): one set of workers cannot move two ways.
 Any hold but 5's clears the streaks, so a need counts only the snapshots the planner could
 have acted on. Rules per mode, their thresholds and an example: docs/planner.md.
 
@@ -93,8 +93,13 @@ class Planner:
 
     def _act(self, ready: list[Need], signals: MeshSignals) -> tuple[list[Decision], str]:
         if self.config.mode == "roles":
-            need = max(ready, key=lambda n: (n.pressure, -n.kind))
-            return role_actions(need, signals, self.config)
+            why_not = []
+            for need in sorted(ready, key=lambda n: (-n.pressure, n.kind)):
+                made, why = role_actions(need, signals, self.config)
+                if made:
+                    return made, ""
+                why_not.append(why)
+            return [], "; ".join(why_not)
         adds = [n for n in ready if n.kind in (NeedKind.MORE_PREFILL, NeedKind.MORE_DECODE)]
         decisions: list[Decision] = []
         why_not: list[str] = []

@@ -91,10 +91,9 @@ class PlannerService:
         if self.planner.holding:
             log.debug("planner holds: %s", self.planner.holding)
         targets = [d for d in decisions if d.action is not Action.SET_ROLE]
-        if targets:
-            self.desired = counts_after(signals, targets)
+        published = await self._publish_target(signals, targets) if targets else ""
         for decision in decisions:
-            outcome = await self._carry_out(decision)
+            outcome = await self._carry_out(decision, published)
             log.info(
                 "decision: %s %s%s (%s): %s -> %s", decision.action.name, decision.role,
                 f" worker {decision.worker_id}" if decision.worker_id else "",
@@ -111,7 +110,9 @@ class PlannerService:
     def wanted(self, signals: MeshSignals) -> RoleCounts:
         return self.desired if self.desired is not None else counts_after(signals, ())
 
-    async def _carry_out(self, decision: Decision) -> str:
+    async def _carry_out(self, decision: Decision, published: str) -> str:
+        """SetRole for SET_ROLE; ADD and DRAIN were carried out by the round's one target
+        (`published` says which)."""
         with self.tracing.tracer.start_as_current_span("planner.decision") as span:
             span.set_attributes(
                 {
@@ -125,7 +126,7 @@ class PlannerService:
             if decision.action is Action.SET_ROLE:
                 outcome = await self._set_role(decision, inject(span))
             else:
-                outcome = await self._publish_target(decision)
+                outcome = published
             span.set_attribute("splitserve.planner.outcome", outcome)
             return outcome
 
@@ -143,13 +144,15 @@ class PlannerService:
             return f"refused: {ack.outcome.name} {ack.error}".rstrip()
         return "ok"
 
-    async def _publish_target(self, decision: Decision) -> str:
-        assert self.desired is not None  # set from the decisions before they are carried out
+    async def _publish_target(self, signals: MeshSignals, targets: list[Decision]) -> str:
+        """The counts the mesh has, with the round's ADDs and DRAINs, become the planner's
+        target: one whole PoolTarget for the round."""
+        wanted = self.desired = counts_after(signals, targets)
         self._seq_no = self._next_seq()
-        wanted = self.desired
+        reason = ",".join(dict.fromkeys(d.reason.name.lower() for d in targets))
         target = PoolTarget(
             self.config.planner_id, self._seq_no, self.config.planner_model,
-            wanted.prefill, wanted.decode, wanted.both, decision.reason.name.lower(),
+            wanted.prefill, wanted.decode, wanted.both, reason,
         )  # fmt: skip
         await self.bus.publish(self.subjects.pool_target, target)
         return f"target {self._seq_no} published: {wanted}"

@@ -95,3 +95,10 @@ def test_roles_mode_never_leaves_the_mesh_without_a_decoding_worker():
                 assert all(d.action is Action.SET_ROLE for d in decisions)
                 assert len({d.worker_id for d in decisions}) == len(decisions)
                 assert counts_after(signals, decisions).decoders >= 1
+
+
+def test_when_the_further_need_cannot_move_anyone_the_other_one_acts():
+    mesh = [worker("b0", "both", num_running=1), worker("b1", "both", num_running=3)]
+    # TTFT at 3x (no decode worker can take prompts: all do already), TPOT at 1.5x: split.
+    decisions = run(Planner(ROLES), [snap(t, mesh, ttft=3.0, tpot=0.06) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"b0": "prefill", "b1": "decode"}
