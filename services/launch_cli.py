@@ -11,7 +11,8 @@ nats-server hands each child its role's fresh credentials (services/launcher.py)
 The subtle rule: everything that can be refused is refused before anything starts: pool
 counts that cannot run (`ConfigError`), a `--pool` beside the count flags or on a core this
 machine does not let it use, a gateway port that is taken, a bad mesh config (with the line
-that is wrong), pool flags beside a mesh config, an architecture the engine does not serve.
+that is wrong), pool flags beside a mesh config, an architecture the engine does not serve,
+the planner's objectives or bounds (`--planner --slo ...`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
+    if args.planner:  # its objectives and bounds: refused here, not by the child
+        PlannerServiceConfig.from_args(args)
     return build(
         LauncherConfig,
         args,

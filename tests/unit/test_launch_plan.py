@@ -210,3 +210,12 @@ def test_planner_under_pinned_pools_changes_roles_unless_told():
 def test_planner_beside_a_mesh_config_is_refused():
     with pytest.raises(ConfigError, match="--planner"):
         LauncherConfig(home=HOME, planner=True, mesh_file=Path("mesh.yaml"))
+
+
+def test_the_planners_bad_objectives_are_refused_before_anything_starts():
+    for bad in (["--slo", "ttft=fast"], ["--planner-min-per-role", "5"]):
+        args = build_parser().parse_args(["up", "--planner", *bad])
+        with pytest.raises(ConfigError):
+            config_from_args(args, HOME)
+    args = build_parser().parse_args(["up", "--slo", "ttft=fast"])  # no planner: not read
+    assert config_from_args(args, HOME).planner_args == ("--slo", "ttft=fast")
