@@ -21,8 +21,8 @@ from shared.engine.sampling_params import SamplingParams
 from shared.protocol import FirstToken, Heartbeat, SubmitRequest
 
 
-def beat(worker_id: str, role: str = "decode", **fields) -> Heartbeat:
-    return Heartbeat(worker_id, role, "m", 0, 0, 100, 100, 16, **fields)
+def beat(worker_id: str, role: str = "decode", running: int = 0, **fields) -> Heartbeat:
+    return Heartbeat(worker_id, role, "m", running, 0, 100, 100, 16, **fields)
 
 
 def test_p99_is_the_nearest_rank():
@@ -64,9 +64,9 @@ def test_percentiles_cover_the_window_only():
 
 def test_each_worker_is_its_latest_beat_and_a_silent_one_is_left_out():
     window = SignalWindow(window_s=60.0, stale_s=3.0)
-    window.add(beat("d0", num_running=1), now=0.0)
+    window.add(beat("d0", running=1), now=0.0)
     window.add(beat("p0", role="prefill"), now=1.0)
-    window.add(beat("d0", num_running=5), now=2.0)
+    window.add(beat("d0", running=5), now=2.0)
     now = window.snapshot(now=4.5)  # p0 last beat 3.5 s ago
     assert [(w.worker_id, w.num_running) for w in now.workers] == [("d0", 5)]
     assert now.now == 4.5
