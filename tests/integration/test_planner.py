@@ -2,7 +2,8 @@
 NATS user `planner`, it hears the workers' heartbeats, asks them to change roles (SetRole,
 answered through its own reply inbox), publishes a PoolTarget the `launcher` user receives,
 and its report reaches the scheduler's status. The workers are stand-ins (NATS user `both`)
-that beat every 0.1 s with slow streams."""
+that beat every 0.1 s with slow streams. And the source of its TPOTs: a real decode worker
+(the tiny model) reports each stream it ends."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from shared.nats_auth import MeshCredentials, start_mesh_nats
 from shared.pool_messages import PoolTarget
 from shared.protocol import FirstToken, Heartbeat, Outcome, SetRole, StatusQuery, TaskAck
 from shared.subjects import Subjects
+from tests.integration.test_worker import GREEDY, Mesh
+from tests.integration.test_worker import run_mesh as run_worker_mesh
+from tests.integration.test_worker import until as wait_until
 
 NAMESPACE = "ss"
 POLICY = PlannerConfig(hold=1, cooldown=60.0, min_samples=1)
@@ -152,3 +156,24 @@ def test_replicas_mode_publishes_a_target_the_launcher_user_receives(secured):
 
 def _refuse(reason: str) -> TaskAck:
     return TaskAck("", Outcome.INVALID, reason)
+
+
+def test_a_real_decode_worker_reports_the_tpot_of_each_stream_it_ends(nats_server, tiny_model_dir):
+    """The planner's TPOT source: a split request's decode worker puts its stream's time per
+    output token in a heartbeat once the stream ends; the prefill worker reports none."""
+
+    async def scenario(mesh: Mesh) -> None:
+        tpots: dict[str, list[float]] = {}
+
+        async def on_beat(beat: Heartbeat, headers: Headers) -> None:
+            tpots.setdefault(beat.worker_id, []).extend(beat.stream_tpots)
+
+        await mesh.bus.subscribe(mesh.subjects.heartbeat, Heartbeat, on_beat)
+        await mesh.split(mesh.request("r1", GREEDY))
+        await mesh.tokens("r1")
+        await wait_until(lambda: bool(tpots.get("decode")))
+        (tpot,) = tpots["decode"]
+        assert 0 < tpot < 5.0
+        assert tpots.get("prefill", []) == []
+
+    run_worker_mesh(nats_server.url, tiny_model_dir, scenario)
