@@ -11,7 +11,8 @@ nats-server hands each child its role's fresh credentials (services/launcher.py)
 The subtle rule: everything that can be refused is refused before anything starts: pool
 counts that cannot run (`ConfigError`), a `--pool` beside the count flags or on a core this
 machine does not let it use, a gateway port that is taken, a bad mesh config (with the line
-that is wrong), pool flags beside a mesh config, an architecture the engine does not serve.
+that is wrong), pool flags beside a mesh config, an architecture the engine does not serve,
+the planner's objectives or bounds (`--planner --slo ...`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from services.gateway.config import GatewayConfig
 from services.launch_plan import LauncherConfig
 from services.launcher import gateway_port_problem, run_mesh
 from services.mesh_config import MeshConfigError, load_mesh_config, model_dir_of
+from services.planner.config import PlannerConfig, PlannerServiceConfig, add_planner_flags
 from services.scheduler.config import SchedulerConfig
 from services.supervisor import MeshDown
 from services.worker.cli import add_engine_arguments, engine_argv
@@ -54,10 +56,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     gateway = parser.add_argument_group("gateway")
     add_flags(gateway, GatewayConfig, (*GATEWAY_SET_BY_UP, *engine))
     add_flags(parser.add_argument_group("scheduler"), SchedulerConfig, engine)
+    add_planner_flags(parser.add_argument_group("planner (with --planner)"))
     parser.set_defaults(func=main)
 
 
 def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
+    if args.planner:  # its objectives and bounds: refused here, not by the child
+        PlannerServiceConfig.from_args(args)
     return build(
         LauncherConfig,
         args,
@@ -67,6 +72,7 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
         worker_args=engine_argv(args) + changed_argv(WorkerConfig, args, WORKER_SET_BY_UP),
         gateway_args=changed_argv(GatewayConfig, args, GATEWAY_SET_BY_UP),
         scheduler_args=changed_argv(SchedulerConfig, args),
+        planner_args=changed_argv(PlannerServiceConfig, args) + changed_argv(PlannerConfig, args),
     )
 
 

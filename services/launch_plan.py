@@ -10,7 +10,8 @@ flags after the command line's) and the gateway, each `python -m services.cli <s
 each worker's `--role`, `--worker-id`, `--model-dir` and `--cpus`, and every service's
 `--nats`, `--namespace` and `--otlp-endpoint`; the scheduler and each worker get the next
 of `metrics_ports`. The rest are the `*_args` the CLI forwards (flags that differ from their
-defaults: services/launch_cli.py).
+defaults: services/launch_cli.py). With `--planner`, the planner (`splitserve planner`, NATS
+user `planner`) starts after the workers, in roles mode under `--pool` unless told.
 
 The subtle rule: `up`'s own flags have no `SPLITSERVE_*` variable (`variable=None`) but
 `--namespace` and `--log-level`, whose variables every service reads too.
@@ -119,6 +120,13 @@ class LauncherConfig:
     metrics_port: int = flag(
         0, variable=None, help="first scheduler/worker /metrics port (0: free ports)"
     )
+    planner: bool = flag(
+        False,
+        variable=None,
+        help="also run the planner (its flags: the planner group; `auto` mode is roles with "
+        "--pool, replicas otherwise)",
+    )
+    planner_args: tuple[str, ...] = ()  # planner flags, passed to it as they are
     worker_args: tuple[str, ...] = ()  # engine and worker flags passed to every worker
     gateway_args: tuple[str, ...] = ()  # gateway flags, passed to it as they are
     scheduler_args: tuple[str, ...] = ()  # scheduler flags, passed to it as they are
@@ -134,6 +142,8 @@ class LauncherConfig:
             raise ConfigError("worker counts must be >= 0 (and >= 1 with --aggregated)")
         if not self.aggregated and self.decode < 1:
             raise ConfigError("a disaggregated mesh needs at least one decode worker")
+        if self.planner and self.mesh_file is not None:
+            raise ConfigError("--planner plans one model's pools: not with a mesh --config")
 
     def pinned_pools(self) -> tuple[PinnedPool, ...]:
         return parse_pools(self.pools)
@@ -175,7 +185,8 @@ def worker_pools(config: LauncherConfig) -> list[WorkerPool]:
 def child_specs(
     config: LauncherConfig, nats_url: str, metrics_ports: Iterator[int]
 ) -> list[ChildSpec]:
-    """The command table, in start order: the scheduler, the workers, the gateway."""
+    """The command table, in start order: the scheduler, the workers, the planner (with
+    --planner), the gateway."""
     service = (sys.executable, "-m", "services.cli")
     common = ("--nats", nats_url, "--namespace", config.namespace, *config.nats_args)
     if config.otlp_endpoint:
@@ -199,6 +210,10 @@ def child_specs(
             argv += common
             after = (*config.worker_args, *pool.argv)
             specs.append(metered(f"worker {worker_id}", "worker", argv, after))
+    if config.planner:  # pinned pools are fixed hardware: roles, unless its flags say
+        mode = ("--planner-mode", "roles") if config.pools else ()
+        planner = (*service, "planner", *common, *mode)
+        specs.append(metered("planner", "planner", planner, config.planner_args))
     gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))
     gateway += ("--model-dir", str(config.model_dir), *common, *config.gateway_args)
     if config.mesh is not None:

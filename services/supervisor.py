@@ -21,7 +21,7 @@ from shared.service_loop import STACK_DUMP_SIGNAL
 
 log = logging.getLogger(__name__)
 
-STOP_ORDER = ("gateway", "worker", "scheduler")  # then nats-server
+STOP_ORDER = ("planner", "gateway", "worker", "scheduler")  # then nats-server
 # Every request passes these: a mesh that gave up on one serves nobody.
 ESSENTIAL_ROLES = ("gateway", "scheduler")
 MAX_BACKOFF_S = 30.0

@@ -12,6 +12,7 @@ from enum import IntEnum
 
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import FinishReason
+from shared.planner_messages import PlannerReport
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
 
 __all__ = ["SCHEMA_VERSION", "FinishReason", "WireError", "decode", "decode_one_of", "encode"]
@@ -123,6 +124,9 @@ class Heartbeat:
     # Mid-change (SetRole): the role it is changing to, "" when not changing; `role` is the
     # one it serves until the change is over, and no new work is placed on it meanwhile.
     next_role: str = ""
+    # Time per output token after the first (seconds) of each stream that finished here since
+    # the last beat, as its client saw them: the planner's TPOT (services/planner/window.py).
+    stream_tpots: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -320,3 +324,4 @@ class MeshStatus:
     queue_length: int
     admitted: int
     rejected: int
+    planner: PlannerReport | None = None  # the planner's latest report (None: no planner)

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from shared.planner_messages import MAX_REPORTED, PlannerReport
 from shared.protocol import (
     ROLES,
     Cancel,
@@ -132,6 +133,24 @@ def _heartbeat(m: Heartbeat) -> None:
     for first in m.first_tokens:
         _request_id(first.request_id, "Heartbeat.first_tokens.request_id")
         _measure(first.ttft, "Heartbeat.first_tokens.ttft")
+    _items(m.stream_tpots, "Heartbeat.stream_tpots", MAX_ITEMS)
+    for tpot in m.stream_tpots:
+        _measure(tpot, "Heartbeat.stream_tpots")
+
+
+def _planner_report(m: PlannerReport) -> None:
+    _subject_token(m.planner_id, "PlannerReport.planner_id")
+    _count(m.seq_no, "PlannerReport.seq_no")
+    _require(math.isfinite(m.time), "PlannerReport.time: not a finite time")
+    _role(m.mode, "PlannerReport.mode", ("roles", "replicas"))
+    for name in ("ttft_slo", "tpot_slo", "ttft_p99", "tpot_p99"):
+        _measure(getattr(m, name), f"PlannerReport.{name}")
+    for name in ("prefill", "decode", "both"):
+        _count(getattr(m, name), f"PlannerReport.{name}", 1 << 16)
+    _items(m.decisions, "PlannerReport.decisions", MAX_REPORTED)
+    for decision in m.decisions:
+        _require(math.isfinite(decision.time), "PlannerReport.decisions.time: not finite")
+        _role(decision.role, "PlannerReport.decisions.role")
 
 
 def _kv_events(m: KVEvents) -> None:
@@ -211,4 +230,5 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     Cancel: lambda m: _request_id(m.request_id, "Cancel.request_id"),
     WorkerLost: _worker_lost,
     RequestFailed: lambda m: _request_id(m.request_id, "RequestFailed.request_id"),
+    PlannerReport: _planner_report,
 }

@@ -11,6 +11,8 @@
   Each worker carries the KV transports it can use (`kv_transports`, best first) and, on
   the prefill side, one entry per decode worker it sent KV to (`kv_peers`: the transport
   it used last, blocks and transfers since start): the page draws these as pairs.
+  `planner` is the planner's last report (null without one): its objectives, the workers
+  it wants of each role, why it holds, and its recent decisions, newest first.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from aiohttp import web
 
 from services.gateway.errors import ApiError
 from services.gateway.keys import CLIENT
+from shared.planner_messages import PlannerReport
 from shared.protocol import KVPeer, MeshStatus, StatusQuery, WorkerStatus
 from shared.telemetry.metrics import GatewayMetrics
 
@@ -122,6 +125,7 @@ async def mesh_status(request: web.Request) -> web.Response:
             "admitted": status.admitted,
             "rejected": status.rejected,
         },
+        "planner": _planner(status.planner) if status.planner else None,
         "gateway": {
             "requests_running": Totals.read(client.metrics).running,
             "sample_seconds": SAMPLE_S,
@@ -166,4 +170,29 @@ def _peer(peer: KVPeer) -> dict[str, Any]:
         "transport": peer.transport,
         "blocks": peer.blocks,
         "transfers": peer.transfers,
+    }
+
+
+def _planner(report: PlannerReport) -> dict[str, Any]:
+    return {
+        "id": report.planner_id,
+        "time": report.time,
+        "mode": report.mode,
+        "model": report.model,
+        "slo": {"ttft_s": report.ttft_slo, "tpot_s": report.tpot_slo},
+        "p99": {"ttft_s": report.ttft_p99, "tpot_s": report.tpot_p99},
+        "desired": {"prefill": report.prefill, "decode": report.decode, "both": report.both},
+        "holding": report.holding,
+        "decisions": [
+            {
+                "time": d.time,
+                "action": d.action,
+                "reason": d.reason,
+                "role": d.role,
+                "worker_id": d.worker_id,
+                "detail": d.detail,
+                "outcome": d.outcome,
+            }
+            for d in reversed(report.decisions)
+        ],
     }

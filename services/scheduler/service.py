@@ -23,6 +23,7 @@ retry_after and the last reason). A submit that arrives while others wait queues
 
 Each placement's path and predicted TTFT go on its `scheduler.route` span and in its ack;
 the observed TTFT comes back in a worker's heartbeat and is compared (predictions.py).
+The planner's newest report (planner.report) rides along in the status, for /mesh.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from services.scheduler.predictions import Prediction, PredictionBook
 from services.scheduler.registry import Registry
 from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
+from shared.planner_messages import PlannerReport
 from shared.protocol import (
     Cancel,
     Heartbeat,
@@ -84,12 +86,14 @@ class SchedulerService:
         self.cancelled: dict[str, float] = {}
         self.placer = Placer(config, bus, self.registry, clock, self._is_cancelled)
         self.predictions = PredictionBook(self.tracing.tracer, self.metrics.ttft_error)
+        self.planner_report: PlannerReport | None = None  # the newest (services/planner/)
 
     async def start(self) -> None:
         s = self.subjects
         await self.bus.subscribe(s.heartbeat, Heartbeat, self._on_heartbeat)
         await self.bus.subscribe(s.kv_events, KVEvents, self._on_kv_events)
         await self.bus.subscribe(s.cancel, Cancel, self._on_cancel)
+        await self.bus.subscribe(s.planner_report, PlannerReport, self._on_planner_report)
         # A placement waits on workers: each submit is answered in its own task.
         await self.bus.serve(
             s.submit,
@@ -137,9 +141,16 @@ class SchedulerService:
         self.cancelled[cancel.request_id] = self.clock()
         self.lines.cancel(cancel.request_id)
 
+    async def _on_planner_report(self, report: PlannerReport, headers: Headers) -> None:
+        last = self.planner_report
+        if last is None or last.planner_id != report.planner_id or report.seq_no > last.seq_no:
+            self.planner_report = report
+
     async def on_status(self, query: StatusQuery, headers: Headers) -> MeshStatus:
         placing = sum(self.placing.values())
-        return MeshStatus(self.registry.status(), placing, self.admitted, self.rejected)
+        return MeshStatus(
+            self.registry.status(), placing, self.admitted, self.rejected, self.planner_report
+        )
 
     async def sweep(self) -> None:
         now = self.clock()

@@ -57,6 +57,7 @@ class Trace:
     entered: float  # when the request entered its current state
     first_step: float = 0.0  # start of the engine step that first computed it (0: none yet)
     tokens: int = 0  # tokens generated here
+    first_output: float = 0.0  # when its first tokens here were streamed (decode side; TPOT)
     steps: int = 0  # engine steps that produced them
     kv_blocks: int = 0  # KV blocks received (each counted once however many layer groups)
     kv_bytes: int = 0

@@ -288,6 +288,7 @@ class Worker:
             busy=self.telemetry.busy_share(stats, now),
             block_bytes=layout.block_bytes * layout.num_layers,
             first_tokens=self.telemetry.take_first_tokens(),
+            stream_tpots=self.telemetry.take_stream_tpots(),
             next_role=self.ctx.next_role,
         )
         await bus.publish(subjects.heartbeat, beat)

@@ -15,7 +15,10 @@ Everything per request lives in its `Trace` (`first_step` is the one phase the s
 For the scheduler's path choice it also keeps what the next heartbeat carries: the TTFT of
 each first token this worker streamed (a prefill's, or a `DecodeTask`'s own), measured from
 the gateway's `submitted_at` (clocks of one mesh are assumed in step; negative is clamped to
-0), and the share of each interval spent in steps.
+0), and the share of each interval spent in steps. For the planner, the TPOT of each stream
+that ended well here (stop or length): from its first tokens streamed here to its end, over
+the tokens after the first (on a split request that leaves out the gap between the prefill
+worker's first token and decode's first, which the KV transfer fills).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class WorkerTelemetry:
     _sampled: Counter = field(init=False)
     _first_tokens: list[FirstToken] = field(default_factory=list)  # since the last heartbeat
     _busy: BusyShare = field(default_factory=BusyShare)
+    _stream_tpots: list[float] = field(default_factory=list)  # since the last heartbeat
 
     def __post_init__(self) -> None:
         role = self.config.role
@@ -93,6 +97,11 @@ class WorkerTelemetry:
         taken, self._first_tokens = self._first_tokens, []
         return taken
 
+    def take_stream_tpots(self) -> list[float]:
+        """The TPOT of each stream ended since the last call (the heartbeat carries them)."""
+        taken, self._stream_tpots = self._stream_tpots, []
+        return taken
+
     # -- the engine's transitions (Worker.on_step) ------------------------------------------
     def on_started(self, request: WorkerRequest, step_started: float) -> None:
         """The engine's first step of the request (reported started, or a decode's first
@@ -121,8 +130,10 @@ class WorkerTelemetry:
         if not request.decodes:
             return
         self.on_started(request, step_started)  # the first step after KVDone
-        if not (request.trace.tokens or request.num_blocks):  # a DecodeTask's first token
-            self._first_token(request, time.time())
+        if not request.trace.tokens:
+            request.trace.first_output = time.time()
+            if not request.num_blocks:  # a DecodeTask's first token
+                self._first_token(request, request.trace.first_output)
         request.trace.tokens += len(output.new_token_ids)
         request.trace.steps += 1
 
@@ -146,6 +157,8 @@ class WorkerTelemetry:
             )
             if reason not in ("stop", "length"):
                 fail(span, reason)
+            else:
+                self._stream_tpot(request, now)
             span.end(ns(now))
 
     # -- the sending side of a KV transfer -------------------------------------------------
@@ -169,6 +182,15 @@ class WorkerTelemetry:
         if submitted > 0 and len(self._first_tokens) < MAX_FIRST_TOKENS:
             ttft = max(0.0, now - submitted)
             self._first_tokens.append(FirstToken(request.request_id, ttft))
+
+    def _stream_tpot(self, request: WorkerRequest, now: float) -> None:
+        record = request.trace
+        if (
+            record.tokens >= 2
+            and record.first_output
+            and len(self._stream_tpots) < MAX_FIRST_TOKENS
+        ):
+            self._stream_tpots.append(max(0.0, now - record.first_output) / (record.tokens - 1))
 
     def _span(self, name: str, request: WorkerRequest, start: float) -> Span:
         span = self.tracer.start_span(name, request.trace.parent, start_time=ns(start))

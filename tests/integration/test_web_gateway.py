@@ -21,6 +21,7 @@ from services.gateway.config import GatewayConfig
 from shared.bus import Bus
 from shared.config import CommonConfig
 from shared.nats_server import NatsServer
+from shared.planner_messages import PlannerReport, ReportedDecision
 from shared.ports import free_port
 from shared.protocol import (
     Cancel,
@@ -73,6 +74,13 @@ BEATS = [
     ),
     Heartbeat("d1", "decode", MODEL, 0, 0, 100, 100, 16, kv_transports=["nats"]),
 ]
+PLANNED = [
+    ReportedDecision(100.0, "add", "tpot_over_slo", "decode", "", "TPOT p99 60 ms", "target 1"),
+    ReportedDecision(200.0, "drain", "prefill_idle", "prefill", "p1", "prefill busy 3%", "ok"),
+]
+REPORT = PlannerReport(
+    "planner", 7, 250.0, "replicas", "", 1.0, 0.04, 1, 2, 0, 0.4, 0.03, "cooling down", PLANNED
+)
 
 
 @asynccontextmanager
@@ -83,7 +91,8 @@ async def gateway(nats: NatsServer, model_dir: Path) -> AsyncIterator[tuple[str,
     bus = await Bus.connect(nats.url, "fake-scheduler")
 
     async def status(query: StatusQuery, headers: dict) -> MeshStatus:
-        return MeshStatus([WorkerStatus(b, time.time(), ["r1"]) for b in BEATS], 4, 7, 1)
+        workers = [WorkerStatus(b, time.time(), ["r1"]) for b in BEATS]
+        return MeshStatus(workers, 4, 7, 1, REPORT)
 
     async def submit(request: SubmitRequest, headers: dict) -> SubmitAck:
         return SubmitAck(request.request_id, Outcome.OK, prefill_worker="p0", decode_worker="d0")
@@ -214,5 +223,17 @@ def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
         assert workers["d1"]["kv_transports"] == ["nats"]
         assert [w["id"] for w in body["workers"]] == ["d0", "d1", "p0"]  # model, role, id
         assert body["gateway"]["history"] == [] and body["gateway"]["requests_running"] == 0
+        # The planner's report: objectives, p99s, the counts it wants, decisions newest first.
+        planner = body["planner"]
+        assert (planner["id"], planner["mode"], planner["holding"]) == (
+            "planner", "replicas", "cooling down",
+        )  # fmt: skip
+        assert planner["slo"] == {"ttft_s": 1.0, "tpot_s": 0.04}
+        assert planner["p99"] == {"ttft_s": 0.4, "tpot_s": 0.03}
+        assert planner["desired"] == {"prefill": 1, "decode": 2, "both": 0}
+        assert [(d["action"], d["worker_id"], d["outcome"]) for d in planner["decisions"]] == [
+            ("drain", "p1", "ok"),
+            ("add", "", "target 1"),
+        ]
 
     asyncio.run(scenario())

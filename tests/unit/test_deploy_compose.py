@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 import yaml
 
+from services.planner.config import parse_slo
 from shared.nats_auth import authorization_block, password_variable
 from shared.nats_permissions import ROLES
 from shared.nats_server import DEFAULT_MAX_PAYLOAD, find_binary
@@ -103,7 +104,7 @@ def test_compose_file_matches_the_compose_spec(env: dict[str, str]) -> None:
 
 def test_every_command_and_environment_matches_the_cli() -> None:
     services = splitserve_services(load_compose())
-    assert {"pull", "scheduler", "gateway", "prefill", "decode"} <= services.keys()
+    assert {"pull", "scheduler", "gateway", "prefill", "decode", "planner"} <= services.keys()
     problems = {
         name: invocation_problems(service["command"], env_strings(service))
         for name, service in services.items()
@@ -307,3 +308,18 @@ def _server_info(port: int, attempts: int = 100) -> dict[str, Any]:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"nats-server did not listen on {port}")
+
+
+def test_the_planner_is_a_profile_of_its_own_as_its_nats_user_and_scraped() -> None:
+    services = load_compose({"SPLITSERVE_PLANNER_SLO": "ttft=2,tpot=80ms"})["services"]
+    planner = services["planner"]
+    assert (planner["command"], planner["profiles"]) == (["planner"], ["planner"])
+    env = env_strings(planner)
+    assert (env["SPLITSERVE_NATS_USER"], planner["secrets"]) == ("planner", ["nats-planner"])
+    assert env["SPLITSERVE_NATS_PASSWORD_FILE"] == "/run/secrets/nats-planner"
+    assert parse_slo(env["SPLITSERVE_PLANNER_SLO"]) == (2.0, pytest.approx(0.08))
+    assert env["SPLITSERVE_METRICS_PORT"] == "9100"
+    assert "127.0.0.1:9100/health" in " ".join(planner["healthcheck"]["test"])
+    scrape = yaml.safe_load((COMPOSE / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert jobs["planner"]["dns_sd_configs"] == [{"names": ["planner"], "type": "A", "port": 9100}]

@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from services.planner.config import parse_slo
 from services.worker.config import WorkerConfig
 from tests.unit.test_deploy_cli import invocation_problems, unreachable_engine_settings
 
@@ -151,7 +152,7 @@ def test_renders_and_validates_against_the_kubernetes_schemas(overlay: str) -> N
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_container_matches_the_cli(overlay: str) -> None:
     containers = splitserve_containers(overlay)
-    assert len(containers) == 7  # scheduler; gateway, prefill, decode with their pull
+    assert len(containers) == 8  # scheduler, planner; gateway, prefill, decode with their pull
     problems = {}
     for name, container in containers:
         env = container_env(overlay, container)
@@ -303,3 +304,24 @@ def test_network_policy_admits_ucx_between_workers_and_metrics_from_anyone(overl
         for port in worker_container(overlay, pool)["ports"]:
             number = port["containerPort"]
             assert admitted[(number, number)] == set(labels), port  # Prometheus: from anyone
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_one_planner_runs_as_its_nats_user_and_serves_its_metrics(overlay: str) -> None:
+    deployment = find(overlay, "Deployment", "splitserve-planner")["spec"]
+    assert (deployment["replicas"], deployment["strategy"]["type"]) == (1, "Recreate")
+    pod = deployment["template"]["spec"]
+    (container,) = pod["containers"]
+    env = container_env(overlay, container)
+    assert container["args"] == ["planner"]
+    assert env["SPLITSERVE_NATS_USER"] == "planner"
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "nats-credentials"]
+    assert env["SPLITSERVE_NATS_PASSWORD_FILE"] == mount["mountPath"] + "/password"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "nats-credentials"]
+    assert volume["secret"]["items"] == [{"key": "planner", "path": "password"}]
+    assert parse_slo(env["SPLITSERVE_PLANNER_SLO"]) == (1.0, 0.04)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == int(env["SPLITSERVE_METRICS_PORT"])
+    service = find(overlay, "Service", "splitserve-planner")["spec"]
+    assert selects({"matchLabels": service["selector"]}, pod_labels(overlay)["splitserve-planner"])
+    assert [p["targetPort"] for p in service["ports"]] == ["metrics"]

@@ -57,7 +57,7 @@ def test_renders_and_validates_against_the_kubernetes_schemas() -> None:
 
 def test_every_container_matches_the_cli() -> None:
     containers = splitserve_containers(OVERLAY)
-    assert len(containers) == 11  # scheduler; gateway and four pools, each with its pull
+    assert len(containers) == 12  # scheduler, planner; gateway and four pools with their pull
     problems = {}
     for name, container in containers:
         env = container_env(OVERLAY, container)
@@ -97,3 +97,14 @@ def test_the_gateway_reads_the_router_config_that_names_every_pool(tmp_path: Pat
     assert {m.name for m in config.mesh_models} == {model for model, _ in POOLS.values()}
     assert arg(container, "served-model-name") == config.mesh_models[0].name
     assert yaml.safe_load(text)["routes"]
+
+
+def test_one_planner_plans_the_first_models_pools() -> None:
+    planners = [
+        d
+        for d in render(OVERLAY)
+        if d["kind"] == "Deployment" and "planner" in d["metadata"]["name"]
+    ]
+    assert [d["metadata"]["name"] for d in planners] == ["splitserve-planner"]
+    (container,) = planners[0]["spec"]["template"]["spec"]["containers"]
+    assert container_env(OVERLAY, container)["SPLITSERVE_PLANNER_MODEL"] == "smol-a"

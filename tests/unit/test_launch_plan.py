@@ -14,9 +14,11 @@ import pytest
 from services.cli import build_parser
 from services.launch_cli import config_from_args
 from services.launch_plan import LauncherConfig, child_specs
+from services.planner.config import PlannerServiceConfig
 from services.worker.cli import config_from_args as worker_config
 from shared.errors import ConfigError
 from shared.flags import settings
+from shared.nats_auth import service_role
 
 HOME, MODEL = Path("/h"), Path("/m")
 
@@ -168,3 +170,52 @@ def test_pools_beside_the_count_flags_are_refused():
     up = build_parser().parse_args(["up", "--model-dir", "/none", "--pool", "both:100000"])
     with pytest.raises(SystemExit, match="splitserve up: cpus 100000: not among"):
         up.func(up)
+
+
+def test_planner_starts_after_the_workers_with_its_flags_and_mode():
+    argv = ["up", "--model-dir", "/m", "--planner", "--slo", "ttft=2,tpot=50ms"]
+    argv += ["--planner-hold", "4", "--max-queue", "9"]
+    config = config_from_args(build_parser().parse_args(argv), HOME)
+    assert config.planner_args == ("--slo", "ttft=2,tpot=50ms", "--planner-hold", "4")
+    specs = child_specs(config, "nats://n:1", count(9300))
+    assert [(s.name, s.role) for s in specs][-2:] == [
+        ("planner", "planner"),
+        ("gateway", "gateway"),
+    ]
+    planner = specs[-2]
+    assert planner.argv[planner.argv.index("-m") + 2] == "planner"
+    assert option(planner.argv, "--nats") == "nats://n:1"
+    assert option(planner.argv, "--metrics-port") == str(planner.metrics_port)
+    assert "--planner-mode" not in planner.argv  # auto: replicas
+    assert "--max-queue" not in planner.argv
+    assert service_role(planner.role, planner.argv) == "planner"  # its own NATS user
+    parsed = build_parser().parse_args(list(planner.argv[planner.argv.index("-m") + 2 :]))
+    service = PlannerServiceConfig.from_args(parsed)
+    policy = service.policy
+    assert (policy.mode, policy.ttft_slo, policy.tpot_slo, policy.hold) == (
+        "replicas", 2.0, pytest.approx(0.05), 4,
+    )  # fmt: skip
+    assert all(s.name != "planner" for s in child_specs(LauncherConfig(home=HOME), "u", count(1)))
+
+
+def test_planner_under_pinned_pools_changes_roles_unless_told():
+    pools = ["up", "--model-dir", "/m", "--pool", "both:0", "--pool", "both:1", "--planner"]
+    for extra, mode in (([], "roles"), (["--planner-mode", "replicas"], "replicas")):
+        config = config_from_args(build_parser().parse_args(pools + extra), HOME)
+        (planner,) = [s for s in child_specs(config, "u", count(1)) if s.role == "planner"]
+        parsed = build_parser().parse_args(list(planner.argv[planner.argv.index("-m") + 2 :]))
+        assert PlannerServiceConfig.from_args(parsed).policy.mode == mode
+
+
+def test_planner_beside_a_mesh_config_is_refused():
+    with pytest.raises(ConfigError, match="--planner"):
+        LauncherConfig(home=HOME, planner=True, mesh_file=Path("mesh.yaml"))
+
+
+def test_the_planners_bad_objectives_are_refused_before_anything_starts():
+    for bad in (["--slo", "ttft=fast"], ["--planner-min-per-role", "5"]):
+        args = build_parser().parse_args(["up", "--planner", *bad])
+        with pytest.raises(ConfigError):
+            config_from_args(args, HOME)
+    args = build_parser().parse_args(["up", "--slo", "ttft=fast"])  # no planner: not read
+    assert config_from_args(args, HOME).planner_args == ("--slo", "ttft=fast")

@@ -30,6 +30,7 @@ from services.scheduler.service import SchedulerService
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
 from shared.kvtransfer.nats_transport import serve_kv
+from shared.planner_messages import PlannerReport, ReportedDecision
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -57,6 +58,7 @@ from shared.protocol import (
 from shared.subjects import Subjects
 from shared.wire_codec import MAX_FRAME_BYTES, MAX_LIST_ITEMS, SCHEMA_VERSION
 
+DECIDED = ReportedDecision(1.0, "add", "ttft_over_slo", "prefill")
 SUBMIT = SubmitRequest("r1", "g1", [1, 2, 3], SamplingParams(), deadline=time.time() + 600)
 SAMPLES: list[Any] = [
     SUBMIT,
@@ -74,6 +76,7 @@ SAMPLES: list[Any] = [
     Cancel("r1"),
     WorkerLost("w1", ["r1"]),
     RequestFailed("r1", "x"),
+    PlannerReport("planner", 1, 1.0, "replicas", "", 1.0, 0.04, 1, 1, 0, decisions=[DECIDED]),
 ]
 SAMPLE = {type(m): m for m in SAMPLES}
 # Values out of range per message: (path of the field, a bad value). Paths go into nested
@@ -92,6 +95,8 @@ REQUEST_BOUNDS = {
     "sampling.temperature": st.floats(max_value=-0.01),
     "sampling.top_p": st.floats(min_value=1.01, max_value=1e9),
 }
+DECISION = {"time": 1.0, "action": "add", "reason": "kv_full", "role": "decode"}
+DECISION |= {"worker_id": "", "detail": "", "outcome": ""}
 BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
     SubmitRequest: REQUEST_BOUNDS,
     Heartbeat: {
@@ -105,6 +110,9 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "prefill_rate": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "busy": st.floats(max_value=-1e-9),
         "next_role": st.sampled_from(["gateway", "prefil", "BOTH"]),
+        "stream_tpots": st.lists(
+            st.sampled_from([float("nan"), float("inf"), -1.0]), min_size=1, max_size=3
+        ),
     },
     KVEvents: {
         "worker_id": BAD_ID,
@@ -148,6 +156,15 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
     Cancel: {"request_id": st.just("")},
     WorkerLost: {"worker_id": BAD_ID},
     RequestFailed: {"request_id": st.just("")},
+    PlannerReport: {
+        "planner_id": BAD_ID,
+        "seq_no": NEGATIVE | HUGE,
+        "mode": st.sampled_from(["", "auto", "Roles"]),
+        "time": st.sampled_from([float("nan"), float("inf")]),
+        "ttft_slo": st.sampled_from([float("nan"), float("inf"), -1.0]),
+        "decode": NEGATIVE | st.integers(1 << 16, 2**62),
+        "decisions": st.lists(st.just(DECISION), min_size=21, max_size=22),  # > MAX_REPORTED
+    },
 }
 PACKABLE_INT = st.integers(-(2**63), 2**64 - 1)  # what msgpack can hold
 PLAIN = st.none() | st.booleans() | PACKABLE_INT | st.floats() | st.text() | st.binary()
@@ -282,7 +299,8 @@ def scheduler_harness(loop) -> tuple[Harness, Callable[[], Any]]:
 
     def state() -> Any:
         registry = service.registry.status(), service.registry.views()
-        return registry, service.placing, service.admitted, service.rejected, service.cancelled
+        counts = service.placing, service.admitted, service.rejected
+        return registry, counts, service.cancelled, service.planner_report
 
     return harness, lambda: repr(state())
 
@@ -343,6 +361,7 @@ CASES = [
     Case("scheduler", "ss.workers.heartbeat", (Heartbeat,)),
     Case("scheduler", "ss.kv.events", (KVEvents,)),
     Case("scheduler", "ss.cancel", (Cancel,)),
+    Case("scheduler", "ss.planner.report", (PlannerReport,)),
     Case("gateway", "ss.gateway.g1.tokens", (TokenChunk,)),
     Case("gateway", "ss.events", (RequestFailed, WorkerLost), control=False),
     Case("worker", "ss.worker.w1.reserve", (Reserve,), Reservation),

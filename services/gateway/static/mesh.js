@@ -2,7 +2,9 @@
 // prefill → decode KV pairs (from the prefill workers' kv_peers: the transport each pair
 // used last, blocks and transfers) and the sparklines of the gateway's recent history
 // (mean TTFT and tokens/s per sample). Workers are grouped by the model they serve (the
-// status lists them by model), each group under a row naming it.
+// status lists them by model), each group under a row naming it. With a planner, its panel
+// shows the objectives against the p99s it measured, the workers it wants of each role,
+// why it holds, and its recent decisions with their reasons (newest first).
 "use strict";
 
 const POLL_MS = 1000;
@@ -106,6 +108,32 @@ function sparklines(gateway) {
   $("tps-now").textContent = last ? `now ${last.tokens_per_s.toFixed(1)} tok/s` : "";
 }
 
+function seconds(value) {
+  return value >= 1 ? `${value.toFixed(2)} s` : `${Math.round(value * 1000)} ms`;
+}
+
+function decisionRow(d) {
+  const tr = document.createElement("tr");
+  tr.dataset.action = d.action;
+  tr.append(cell(new Date(d.time * 1000).toLocaleTimeString()), cell(d.action.replace("_", " ")),
+    cell(d.role), cell(d.worker_id || "–"), cell(d.reason.replaceAll("_", " ")), cell(d.detail),
+    cell(d.outcome));
+  return tr;
+}
+
+function plannerPanel(planner) {
+  $("planner-panel").hidden = !planner;
+  if (!planner) return;
+  $("planner-mode").textContent = `${planner.id} · ${planner.mode} mode`;
+  $("planner-ttft").textContent = `${seconds(planner.p99.ttft_s)} / ${seconds(planner.slo.ttft_s)}`;
+  $("planner-tpot").textContent = `${seconds(planner.p99.tpot_s)} / ${seconds(planner.slo.tpot_s)}`;
+  const want = planner.desired;
+  $("planner-desired").textContent = `${want.prefill} / ${want.decode} / ${want.both}`;
+  $("planner-holding").textContent = planner.holding ? `holding: ${planner.holding}` : "";
+  $("planner-decisions").replaceChildren(...planner.decisions.map(decisionRow));
+  $("planner-decisions-empty").hidden = planner.decisions.length > 0;
+}
+
 async function poll() {
   try {
     const response = await fetch("/v1/mesh/status", { headers: apiHeaders() });
@@ -117,6 +145,7 @@ async function poll() {
     $("streaming").textContent = status.gateway.requests_running;
     $("workers").replaceChildren(...workerRows(status.workers));
     kvPairs(status.workers);
+    plannerPanel(status.planner);
     sparklines(status.gateway);
     $("updated").textContent = `${status.workers.length} workers · ${new Date().toLocaleTimeString()}`;
     $("updated").classList.remove("error");

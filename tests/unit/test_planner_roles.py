@@ -1,0 +1,104 @@
+"""The planner's roles mode on recorded signal sequences: the fixed workers of `up --pool`
+change roles (split when streams are slow, merge when the prefill side idles, a decode
+worker takes prompts too when first tokens are late), never leaving the mesh without a
+worker that decodes, and never adding or draining one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from services.planner.counts import counts_after
+from services.planner.decision import Action, Reason
+from services.planner.policy import Planner
+from tests.unit.planner_signals import CONFIG, every, run, snap, worker
+
+ROLES = replace(CONFIG, mode="roles")
+
+
+def moves(decisions) -> dict[str, str]:
+    assert all(d.action is Action.SET_ROLE for d in decisions)
+    return {d.worker_id: d.role for d in decisions}
+
+
+def test_slow_streams_beside_prompts_split_two_both_workers():
+    mesh = [worker("b0", "both", num_running=3), worker("b1", "both", num_running=1)]
+    decisions = run(Planner(ROLES), [snap(t, mesh, tpot=0.08) for t in every(5, 2)])
+    assert decisions[0] == []
+    assert moves(decisions[1]) == {"b1": "prefill", "b0": "decode"}  # fewer streams: prefill
+    assert {d.reason for d in decisions[1]} == {Reason.TPOT_OVER_SLO}
+
+
+def test_with_a_prefill_worker_already_the_both_workers_turn_decode():
+    mesh = [worker("p0", "prefill"), worker("b0", "both"), worker("b1", "both")]
+    decisions = run(Planner(ROLES), [snap(t, mesh, tpot=0.08) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"b0": "decode", "b1": "decode"}
+
+
+def test_one_worker_alone_is_never_split():
+    planner = Planner(ROLES)
+    alone = [worker("b0", "both")]
+    assert run(planner, [snap(t, alone, tpot=0.08) for t in every(5, 4)]) == [[]] * 4
+    assert "no worker can move to decode" in planner.holding
+
+
+def test_slow_streams_without_prompts_arriving_split_nothing():
+    mesh = [worker("b0", "both"), worker("b1", "both")]
+    series = [replace(snap(t, mesh, tpot=0.08), ttft_samples=0) for t in every(5, 3)]
+    assert run(Planner(ROLES), series) == [[]] * 3
+
+
+def test_late_first_tokens_make_a_decode_worker_prefill_too():
+    mesh = [worker("p0", "prefill"), worker("d0", "decode", num_running=4)]
+    mesh.append(worker("d1", "decode", num_running=1))
+    decisions = run(Planner(ROLES), [snap(t, mesh, ttft=1.8) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"d1": "both"}
+    assert decisions[1][0].reason is Reason.TTFT_OVER_SLO
+
+
+def test_an_idle_prefill_side_merges_the_split_into_both_workers():
+    mesh = [worker("p0", "prefill", busy=0.05), worker("d0", "decode", busy=0.3)]
+    decisions = run(Planner(ROLES), [snap(t, mesh) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"p0": "both", "d0": "both"}
+    assert {d.reason for d in decisions[1]} == {Reason.PREFILL_IDLE}
+
+
+def test_an_idle_decode_side_keeps_its_workers():
+    mesh = [worker("b0", "both", busy=0.05), worker("b1", "both", busy=0.05)]
+    planner = Planner(ROLES)
+    assert run(planner, [snap(t, mesh) for t in every(5, 3)]) == [[]] * 3
+    assert "keeps its workers" in planner.holding
+
+
+def test_two_broken_objectives_move_workers_the_way_that_is_further_off():
+    mesh = [worker("p0", "prefill"), worker("p1", "prefill"), worker("d0", "decode")]
+    # TPOT at 2x its objective outweighs TTFT at 1.2x: a prefill worker goes to decode.
+    decisions = run(Planner(ROLES), [snap(t, mesh, ttft=1.2, tpot=0.08) for t in every(5, 2)])
+    assert [(d.role, d.reason) for d in decisions[1]] == [("decode", Reason.TPOT_OVER_SLO)]
+    # TTFT at 3x outweighs TPOT at 1.25x: the decode worker takes prompts too.
+    decisions = run(Planner(ROLES), [snap(t, mesh, ttft=3.0, tpot=0.05) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"d0": "both"}
+
+
+def test_roles_mode_never_leaves_the_mesh_without_a_decoding_worker():
+    meshes = [
+        [worker("b0", "both")],
+        [worker("p0", "prefill"), worker("d0", "decode")],
+        [worker("p0", "prefill"), worker("b0", "both")],
+        [worker("b0", "both"), worker("b1", "both"), worker("d0", "decode")],
+        [worker("p0", "prefill", busy=0.0), worker("d0", "decode", busy=0.0)],
+    ]
+    figures = [(2.0, 0.02), (0.3, 0.08), (2.0, 0.08), (0.3, 0.02)]
+    for mesh in meshes:
+        for ttft, tpot in figures:
+            series = [snap(t, mesh, ttft=ttft, tpot=tpot) for t in every(5, 3)]
+            for signals, decisions in zip(series, run(Planner(ROLES), series), strict=True):
+                assert all(d.action is Action.SET_ROLE for d in decisions)
+                assert len({d.worker_id for d in decisions}) == len(decisions)
+                assert counts_after(signals, decisions).decoders >= 1
+
+
+def test_when_the_further_need_cannot_move_anyone_the_other_one_acts():
+    mesh = [worker("b0", "both", num_running=1), worker("b1", "both", num_running=3)]
+    # TTFT at 3x (no decode worker can take prompts: all do already), TPOT at 1.5x: split.
+    decisions = run(Planner(ROLES), [snap(t, mesh, ttft=3.0, tpot=0.06) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"b0": "prefill", "b1": "decode"}
