@@ -21,7 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from services.launch_plan import WorkerTemplate
 from services.pool_link import PoolLink
@@ -90,7 +90,7 @@ class PoolFollower:
         for why in changes.refused:
             self._say_once(target, f"pool target {_name(target)}: not followed in full: {why}")
         for add in changes.adds:
-            self._add(target, add)
+            self._add(target, add, registered.keys())
         for role in changes.drains:
             candidates = [c for c in own if _role(c, registered) == role]
             if not candidates:
@@ -103,8 +103,10 @@ class PoolFollower:
             log.info("draining worker %s (%s) for %s", _current_id(child), role, _why(target))
             self.supervisor.retire(child)
 
-    def _add(self, target: PoolTarget, add: WorkerAdd) -> None:
+    def _add(self, target: PoolTarget, add: WorkerAdd, registered: Iterable[str]) -> None:
+        """Start a worker of `add.role` with an id no worker had (ours, or registered)."""
         taken = self._gone | {i for c in self.supervisor.children for i in c.worker_ids()}
+        taken.update(registered)
         name = self.template.prefix + add.role
         worker_id = next(f"{name}-{n}" for n in range(len(taken) + 1) if f"{name}-{n}" not in taken)
         port = next(self.metrics_ports)

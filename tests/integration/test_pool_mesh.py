@@ -30,7 +30,7 @@ STREAM = {"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0.8, 
 
 @pytest.fixture(scope="module")
 def mesh(mesh_model_dir, tmp_path_factory):  # noqa: F811  (the fixture)
-    flags = ["--prefill", "0", "--decode", "1", "--max-workers", "2", "--path-choice", "fixed"]
+    flags = ["--max-workers", "3", "--path-choice", "fixed"]  # prefill-0, decode-0
     yield from start_mesh(mesh_model_dir, tmp_path_factory.mktemp("home"), flags)
 
 
@@ -90,7 +90,11 @@ def test_roles_change_workers_join_and_a_drained_worker_finishes_its_stream(mesh
     argv += ["--nats-password-file", str(mesh.credentials.password_file("planner"))]
     scaled = subprocess.run(argv, capture_output=True, text=True, timeout=240)
     assert scaled.returncode == 0, scaled.stdout + scaled.stderr
-    assert serving(mesh.status()) == {"decode-0": "both", "decode-1": "decode"}
+    assert serving(mesh.status()) == {
+        "prefill-0": "prefill",
+        "decode-0": "both",
+        "decode-1": "decode",
+    }
     assert "adding worker decode-1 (decode) for pool target scale #" in mesh.log_path.read_text()
 
     expected = stream_text(mesh, model)  # undisturbed
@@ -103,7 +107,7 @@ def test_roles_change_workers_join_and_a_drained_worker_finishes_its_stream(mesh
             every=0.1,
         )[0]
         other = {"both": "decode", "decode": "both"}[holder.role]
-        wanted = {"prefill": 0, holder.role: 0, other: 1}
+        wanted = {"prefill": 1, holder.role: 0, other: 1}
         publish(mesh, PoolTarget("planner-test", 1, "", **wanted, reason="test: drain"))
         wait_for(
             lambda: any(w.heartbeat.worker_id == holder.worker_id and w.heartbeat.draining
@@ -126,6 +130,5 @@ def test_roles_change_workers_join_and_a_drained_worker_finishes_its_stream(mesh
     time.sleep(3)  # a restart would have registered by now
     ids = [w.heartbeat.worker_id for w in mesh.status().workers]
     assert not [i for i in ids if i.startswith(f"{holder.worker_id}-r")]
-    assert set(serving(mesh.status())) == {
-        w for w in ("decode-0", "decode-1") if w != holder.worker_id
-    }
+    left = {w for w in ("decode-0", "decode-1") if w != holder.worker_id}
+    assert set(serving(mesh.status())) == {"prefill-0", *left}

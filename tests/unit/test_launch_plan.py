@@ -185,7 +185,7 @@ def test_a_worker_added_while_serving_starts_as_the_plans_own_do():
     assert template.spec("decode", "decode-0", (1,), 9302) == planned
     added = template.spec("both", "both-0", (2, 3), 9400)
     assert added.argv == tuple(
-        {"decode": "both", "decode-0": "both-0", "1": "2,3", "9302": "9400"}.get(a, a)
+        {"decode": "both", "decode-0": "both-0", "1": "2-3", "9302": "9400"}.get(a, a)
         for a in planned.argv
     )
     assert option(added.argv, "--block-size") == "32"  # forwarded flags, as the plan's
