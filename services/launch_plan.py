@@ -13,6 +13,11 @@ of `metrics_ports`. The rest are the `*_args` the CLI forwards (flags that diffe
 defaults: services/launch_cli.py). With `--planner`, the planner (`splitserve planner`, NATS
 user `planner`) starts after the workers, in roles mode under `--pool` unless told.
 
+`WorkerTemplate` is how a worker starts (`spec(role, worker_id, cpus, metrics_port)`): the
+plan's workers come from it, and so do those a PoolTarget adds while serving
+(services/pool_follower.py). Another child (a planner) is one more entry of `child_specs`' list;
+services/supervisor.py stops a child of a role outside its STOP_ORDER first.
+
 The subtle rule: `up`'s own flags have no `SPLITSERVE_*` variable (`variable=None`) but
 `--namespace` and `--log-level`, whose variables every service reads too.
 """
@@ -22,7 +27,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from services.mesh_config import MeshConfig, model_dir_of
@@ -31,8 +36,11 @@ from services.worker.pinning import cpu_list, parse_cpus
 from shared.errors import ConfigError
 from shared.flags import flag
 from shared.models.registry import DEFAULT_MODEL
+from shared.nats_options import NatsAuth
 from shared.protocol import ROLES
 from shared.subjects import DEFAULT_NAMESPACE
+
+SERVICE = (sys.executable, "-m", "services.cli")  # how every child service starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,7 @@ class LauncherConfig:
     )
     nats_port: int = flag(0, variable=None, help="embedded server port (0: a free one)")
     nats_args: tuple[str, ...] = ()  # with nats_url: the --nats-* flags (credentials, TLS)
+    nats_auth: NatsAuth = field(default_factory=NatsAuth)  # with nats_url: the launcher's own
     namespace: str = flag(DEFAULT_NAMESPACE, help="subject prefix")
     mesh_file: Path | None = flag(
         None,
@@ -127,6 +136,15 @@ class LauncherConfig:
         "--pool, replicas otherwise)",
     )
     planner_args: tuple[str, ...] = ()  # planner flags, passed to it as they are
+    follow_pool: bool = flag(
+        True,
+        variable=None,
+        help="start and drain workers to match the PoolTargets on <ns>.pool.target "
+        "(splitserve scale, the planner); one-model meshes",
+    )
+    max_workers: int = flag(
+        0, variable=None, help="most workers while following PoolTargets (0: the cores)"
+    )
     worker_args: tuple[str, ...] = ()  # engine and worker flags passed to every worker
     gateway_args: tuple[str, ...] = ()  # gateway flags, passed to it as they are
     scheduler_args: tuple[str, ...] = ()  # scheduler flags, passed to it as they are
@@ -144,6 +162,8 @@ class LauncherConfig:
             raise ConfigError("a disaggregated mesh needs at least one decode worker")
         if self.planner and self.mesh_file is not None:
             raise ConfigError("--planner plans one model's pools: not with a mesh --config")
+        if self.max_workers < 0:
+            raise ConfigError("--max-workers must be >= 0 (0: this machine's cores)")
 
     def pinned_pools(self) -> tuple[PinnedPool, ...]:
         return parse_pools(self.pools)
@@ -182,39 +202,69 @@ def worker_pools(config: LauncherConfig) -> list[WorkerPool]:
     return pools
 
 
+def service_common(config: LauncherConfig, nats_url: str) -> tuple[str, ...]:
+    """The flags every service gets: NATS URL, namespace, credentials/TLS, trace endpoint."""
+    common = ("--nats", nats_url, "--namespace", config.namespace, *config.nats_args)
+    return common + (("--otlp-endpoint", config.otlp_endpoint) if config.otlp_endpoint else ())
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTemplate:
+    """How `up` starts a worker of one model: the plan's own, and those a PoolTarget adds
+    (services/pool_follower.py): same model and flags, its own id, role and cores."""
+
+    model_dir: Path | None
+    common: tuple[str, ...]  # service_common's flags
+    after: tuple[str, ...] = ()  # forwarded worker flags, then the model's own
+    prefix: str = ""  # of its worker ids: "<model>-" with a mesh config
+    pools: tuple[PinnedPool, ...] = ()  # the plan's pinned pools; (): workers are not pinned
+    service: tuple[str, ...] = SERVICE  # the command before "worker"
+
+    def spec(
+        self, role: str, worker_id: str, cpus: tuple[int, ...], metrics_port: int
+    ) -> ChildSpec:
+        argv = (*self.service, "worker", "--role", role, "--model-dir", str(self.model_dir))
+        argv += ("--worker-id", worker_id)
+        argv += ("--cpus", cpu_list(cpus)) if cpus else ()
+        argv += (*self.common, "--metrics-port", str(metrics_port), *self.after)
+        return ChildSpec(f"worker {worker_id}", "worker", argv, metrics_port, role, worker_id, cpus)
+
+    def for_pool(self, pool: WorkerPool) -> WorkerTemplate:
+        after = self.after + pool.argv
+        return replace(self, model_dir=pool.model_dir, prefix=pool.prefix, after=after)
+
+
+def worker_template(config: LauncherConfig, nats_url: str) -> WorkerTemplate:
+    """The template of the command line's one model (with a mesh config: its first's dir)."""
+    common = service_common(config, nats_url)
+    return WorkerTemplate(config.model_dir, common, config.worker_args, pools=config.pinned_pools())
+
+
 def child_specs(
     config: LauncherConfig, nats_url: str, metrics_ports: Iterator[int]
 ) -> list[ChildSpec]:
     """The command table, in start order: the scheduler, the workers, the planner (with
     --planner), the gateway."""
-    service = (sys.executable, "-m", "services.cli")
-    common = ("--nats", nats_url, "--namespace", config.namespace, *config.nats_args)
-    if config.otlp_endpoint:
-        common += ("--otlp-endpoint", config.otlp_endpoint)
-
-    def metered(name: str, role: str, argv: tuple[str, ...], after: tuple[str, ...]) -> ChildSpec:
-        port = next(metrics_ports)
-        return ChildSpec(name, role, (*argv, "--metrics-port", str(port), *after), port)
-
-    scheduler = (*service, "scheduler", *common)
-    specs = [metered("scheduler", "scheduler", scheduler, config.scheduler_args)]
+    common = service_common(config, nats_url)
+    scheduler = (*SERVICE, "scheduler", *common)
+    port = next(metrics_ports)
+    scheduler += ("--metrics-port", str(port), *config.scheduler_args)
+    specs = [ChildSpec("scheduler", "scheduler", scheduler, port)]
+    template = worker_template(config, nats_url)
     numbered: Counter[str] = Counter()  # workers of each model and role, over every pool
     for pool in worker_pools(config):
         for _ in range(pool.count):
             name = pool.prefix + pool.role
             worker_id = f"{name}-{numbered[name]}"
             numbered[name] += 1
-            argv = (*service, "worker", "--role", pool.role, "--model-dir", str(pool.model_dir))
-            argv += ("--worker-id", worker_id)
-            argv += ("--cpus", cpu_list(pool.cpus)) if pool.cpus else ()
-            argv += common
-            after = (*config.worker_args, *pool.argv)
-            specs.append(metered(f"worker {worker_id}", "worker", argv, after))
+            port = next(metrics_ports)
+            specs.append(template.for_pool(pool).spec(pool.role, worker_id, pool.cpus, port))
     if config.planner:  # pinned pools are fixed hardware: roles, unless its flags say
         mode = ("--planner-mode", "roles") if config.pools else ()
-        planner = (*service, "planner", *common, *mode)
-        specs.append(metered("planner", "planner", planner, config.planner_args))
-    gateway = (*service, "gateway", "--host", config.host, "--port", str(config.port))
+        port = next(metrics_ports)
+        planner = (*SERVICE, "planner", *common, *mode, "--metrics-port", str(port))
+        specs.append(ChildSpec("planner", "planner", (*planner, *config.planner_args), port))
+    gateway = (*SERVICE, "gateway", "--host", config.host, "--port", str(config.port))
     gateway += ("--model-dir", str(config.model_dir), *common, *config.gateway_args)
     if config.mesh is not None:
         first = config.mesh.mesh_models[0].name

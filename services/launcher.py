@@ -2,11 +2,13 @@
 ready probe. The plan is services/launch_plan.py, the command line services/launch_cli.py.
 
 `run_mesh` starts nats-server (unless `--nats URL` names one) with fresh credentials that
-it alone admits, each child connecting as its role (shared/nats_auth.py), then the
-children of the plan, each in its own session, so Ctrl-C reaches only the launcher and
-shutdown keeps its order. The scheduler's and workers' /metrics ports are listed at start
-(from `--metrics-port BASE` upwards, or free ones when 0); the gateway serves /metrics on
-its own port.
+it alone admits, each child connecting as its role (shared/nats_auth.py; every worker as
+`both`, so it may change role), then the children of the plan, each in its own session, so
+Ctrl-C reaches only the launcher and shutdown keeps its order. The scheduler's and
+workers' /metrics ports are listed at start (from `--metrics-port BASE` upwards, or free
+ones when 0); the gateway serves /metrics on its own port. With one model (no mesh config)
+it follows PoolTargets (services/pool_follower.py; connected as the `launcher` NATS user,
+or with `--nats URL` as the user's own flags say): workers added and drained while serving.
 
 Supervision (services/supervisor.py): a child that exits unexpectedly is logged and
 restarted after a backoff that doubles with each recent restart; past
@@ -15,11 +17,11 @@ or the scheduler, which every request passes, it stops the mesh and exits with a
 rather than leave a mesh that serves nobody. A restarted worker registers as a new
 incarnation, `<worker id>-r<n>`: the scheduler then expires the old one and reports its
 requests lost (`WorkerLost`), so the gateway migrates them at once even when the restart
-beats the heartbeat timeout. Shutdown on SIGINT/SIGTERM: gateway, workers, scheduler (each
-group SIGTERM, `grace` seconds, then SIGUSR1 for a hung child's thread stacks, then
-SIGKILL), nats-server last. Once the gateway's `/ready` answers 200 it prints
-`splitserve is up: http://HOST:PORT/v1`; if that takes longer than `ready_timeout` it
-names the children not running and keeps going.
+beats the heartbeat timeout. Shutdown on SIGINT/SIGTERM: the pool follower's NATS
+connection first, then gateway, workers, scheduler (each group SIGTERM, `grace` seconds,
+then SIGUSR1 for a hung child's thread stacks, then SIGKILL), nats-server last. Once the
+gateway's `/ready` answers 200 it prints `splitserve is up: http://HOST:PORT/v1`; if that
+takes longer than `ready_timeout` it names the children not running and keeps going.
 
 The subtle rule: a free metrics port is never the gateway's, which is free until the
 gateway binds it after the others started (`set_aside`).
@@ -36,7 +38,9 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from services.launch_plan import LauncherConfig, child_specs
+from services.launch_plan import LauncherConfig, child_specs, worker_template
+from services.pool_follower import PoolFollower, usable_cores
+from services.pool_link import PoolLink
 from services.supervisor import ChildSpec, MeshDown, Supervisor
 from shared.nats_auth import service_role, start_mesh_nats
 from shared.ports import free_port, set_aside
@@ -76,20 +80,25 @@ def run_mesh(
 ) -> None:
     """Run the mesh until `stop` is set; `children(nats_url)` and `probe` default to the
     plan's children and the gateway's `/ready`."""
-    children = children or (lambda url: child_specs(config, url, metrics_ports(config)))
+    ports = metrics_ports(config)
+    children = children or (lambda url: child_specs(config, url, ports))
     probe = probe or http_ready(config.host, config.port)
-    nats = None
-    nats_url = config.nats_url
+    nats, credentials = None, None
+    nats_url, auth = config.nats_url, config.nats_auth
+    subjects = Subjects(config.namespace)
     if not nats_url:
-        port, subjects = config.nats_port or None, Subjects(config.namespace)
+        port = config.nats_port or None
         nats, credentials = start_mesh_nats(config.home / "nats", port, subjects)
-        nats_url = nats.url
+        nats_url, auth = nats.url, credentials.auth("launcher")
         log.info("started nats-server (pid %d) at %s", nats.process.pid, nats_url)
         log.info("NATS credentials per role (no anonymous access): %s", credentials.directory)
-    specs = children(nats_url)
-    if nats is not None:  # each child connects as its role
-        role_argv = credentials.argv
-        specs = [replace(s, argv=s.argv + role_argv(service_role(s.role, s.argv))) for s in specs]
+
+    def credentialed(spec: ChildSpec) -> ChildSpec:  # with up's own server: as its role
+        if credentials is None:
+            return spec
+        return replace(spec, argv=spec.argv + credentials.argv(service_role(spec.role)))
+
+    specs = [credentialed(spec) for spec in children(nats_url)]
     for spec in specs:
         if spec.metrics_port is not None:
             url = f"http://{config.host}:{spec.metrics_port}/metrics"
@@ -97,10 +106,20 @@ def run_mesh(
     supervisor = Supervisor(
         specs, config.restart_backoff, config.max_restarts_per_minute, config.grace
     )
+    follower = None
+    if config.follow_pool and config.mesh is None:
+        link = PoolLink(nats_url, auth, subjects)
+        template = worker_template(config, nats_url)
+        most = config.max_workers or len(usable_cores())
+        follower = PoolFollower(link, template, supervisor, ports, most, credentialed)
     try:
         supervisor.start_all()
-        _supervise(config, supervisor, stop, probe, poll_interval)
+        if follower is not None:
+            follower.link.start()
+        _supervise(config, supervisor, follower, stop, probe, poll_interval)
     finally:
+        if follower is not None:  # first: nothing starts or drains while the mesh stops
+            follower.link.close()
         supervisor.stop_all()
         if nats is not None:
             log.info("stopping nats-server")
@@ -110,6 +129,7 @@ def run_mesh(
 def _supervise(
     config: LauncherConfig,
     supervisor: Supervisor,
+    follower: PoolFollower | None,
     stop: threading.Event,
     probe: Callable[[], bool],
     poll_interval: float,
@@ -125,6 +145,8 @@ def _supervise(
                 "without it, so it is stopped"
             )
         now = time.monotonic()
+        if follower is not None:
+            follower.step(now)
         if not waiting_for_ready or now < next_probe:
             continue
         next_probe = now + 0.5

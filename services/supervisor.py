@@ -1,9 +1,13 @@
 """The children of `splitserve up` and their supervision: each service a process in its own
 session; one that exits is restarted after a backoff that doubles with each recent restart,
 up to `max_restarts_per_minute`, then given up on (`lost_essentials` names those the mesh
-cannot serve without); shutdown goes group by group (gateway, workers, scheduler),
-SIGTERM, `grace` seconds, then SIGUSR1 for a hung child's thread stacks, then SIGKILL; what
-a child leaves in its session is killed with it.
+cannot serve without); shutdown goes group by group (a role outside STOP_ORDER first, then
+gateway, workers, scheduler), SIGTERM, `grace` seconds, then SIGUSR1 for a hung child's
+thread stacks, then SIGKILL; what a child leaves in its session is killed with it.
+
+While serving, children come and go (services/pool_follower.py): `add` starts one more,
+`retire` sends a worker SIGTERM, on which it drains (finishes what it holds) and exits.
+The subtle rule: a retired child that exits is removed, never restarted.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class ChildSpec:
     role: str  # "scheduler" | "worker" | "gateway": decides the shutdown order
     argv: tuple[str, ...]
     metrics_port: int | None = None  # its --metrics-port, listed at start; None: not given
+    worker_role: str = ""  # a worker's --role (its initial one); "" for other services
+    worker_id: str = ""  # a worker's --worker-id (its first incarnation's)
+    cpus: tuple[int, ...] = ()  # a pinned worker's cores
 
 
 class Child:
@@ -47,6 +54,7 @@ class Child:
         self.restarts: deque[float] = deque()  # monotonic times of recent restarts
         self.restart_at: float | None = None  # when a crashed child is due to start again
         self.gave_up = False
+        self.retiring = False  # sent SIGTERM to drain: removed once it exits
         self.incarnation = 0  # starts so far
 
     @property
@@ -70,6 +78,11 @@ class Child:
         at = argv.index("--worker-id") + 1
         return (*argv[:at], f"{argv[at]}-r{self.incarnation}", *argv[at + 1 :])
 
+    def worker_ids(self) -> list[str]:
+        """A worker's ids, one per start so far, the current (last) one last."""
+        first = self.spec.worker_id
+        return [first] + [f"{first}-r{n}" for n in range(1, self.incarnation)] if first else []
+
 
 class Supervisor:
     def __init__(
@@ -88,10 +101,38 @@ class Supervisor:
         for child in self.children:
             child.start()
 
+    def add(self, spec: ChildSpec) -> Child:
+        """Start one more child, supervised like the others."""
+        if any(c.spec.name == spec.name for c in self.children):
+            raise ValueError(f"a child named {spec.name!r} is already supervised")
+        child = Child(spec)
+        child.start()  # OSError: nothing is added
+        self.children.append(child)
+        return child
+
+    def retire(self, child: Child) -> None:
+        """SIGTERM: the worker drains and exits; then it is removed, not restarted."""
+        child.retiring = True
+        if child.running:
+            log.info("draining %s (pid %d)", child.spec.name, child.process.pid)
+            child.process.terminate()
+
+    def held_cores(self) -> set[int]:
+        """The cores of every child that runs or will start again (a retiring one holds
+        its cores until it exits)."""
+        holding = [c for c in self.children if c.running or not (c.gave_up or c.retiring)]
+        return {core for child in holding for core in child.spec.cpus}
+
     def poll(self) -> None:
-        """Notice crashed children and restart those that are due."""
+        """Notice crashed children and restart those that are due; remove retired ones."""
         now = time.monotonic()
-        for child in self.children:
+        for child in list(self.children):
+            if child.retiring and not child.running:
+                code = child.process.returncode if child.process else None
+                log.info("%s drained and exited with %s: retired", child.spec.name, code)
+                _kill_session(child)
+                self.children.remove(child)
+                continue
             if child.gave_up or child.running:
                 continue
             if child.restart_at is None:
@@ -126,6 +167,8 @@ class Supervisor:
         return [child.spec.name for child in self.children if not child.running]
 
     def stop_all(self) -> None:
+        others = [c for c in self.children if c.spec.role not in STOP_ORDER and c.running]
+        self._stop_group(others)
         for role in STOP_ORDER:
             self._stop_group([c for c in self.children if c.spec.role == role and c.running])
 

@@ -7,8 +7,11 @@ each role exactly its permissions (no anonymous user: a client without credentia
 refused), and `argv(role)` is what a service of that role adds to its command line:
 `--nats-user ROLE --nats-password-file FILE` (the password never appears in a process list).
 
-`start_mesh_nats` starts `splitserve up`'s nats-server so; `service_role(spec_role, argv)`
-names the NATS role of one of its children: its service, or a worker's `--role`.
+`start_mesh_nats` starts `splitserve up`'s nats-server so; `service_role(spec_role)` names
+the NATS role of one of its children: its service's, or `both` for every worker. A worker's
+role is only its initial one (`splitserve role`, the planner and PoolTargets change it
+while it serves), and its NATS user must cover every role it may take (`may_serve`); the
+gateway and the scheduler keep their least-privileged users.
 """
 
 from __future__ import annotations
@@ -95,9 +98,7 @@ def start_mesh_nats(
     return server, credentials
 
 
-def service_role(spec_role: str, argv: tuple[str, ...]) -> str:
-    """The NATS role of a child: "gateway", "scheduler", or a worker's `--role` (its
-    default, "both", when the command names none)."""
-    if spec_role != "worker":
-        return spec_role
-    return argv[argv.index("--role") + 1] if "--role" in argv else "both"
+def service_role(spec_role: str) -> str:
+    """The NATS role of a child: its service's ("gateway", "scheduler", ...), or "both" for
+    a worker, whatever its initial `--role`: it may be told to serve any."""
+    return "both" if spec_role == "worker" else spec_role

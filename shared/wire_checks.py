@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from shared.planner_messages import MAX_REPORTED, PlannerReport
+from shared.pool_messages import PoolTarget
 from shared.protocol import (
     ROLES,
     Cancel,
@@ -46,6 +47,8 @@ TOKEN_ID_LIMIT = 1 << 31  # token ids are below every vocabulary's int32 bound
 HASH_LIMIT = 1 << 63  # block hashes are 63-bit (shared/engine/block_hash.py)
 MAX_ITEMS = 1 << 20  # hashes in one KVEvents, request ids in one WorkerLost, blocks per chunk
 KV_DTYPES = ("float32", "bfloat16", "float16")
+MAX_POOL_WORKERS = 1 << 16  # workers of one role a PoolTarget may ask for
+MAX_REASON_CHARS = 4096  # a PoolTarget's reason (for logs)
 _SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # as shared/subjects.py builds them
 
 
@@ -210,6 +213,14 @@ def _token_chunk(m: TokenChunk) -> None:
     _count(m.num_cached_tokens, "TokenChunk.num_cached_tokens", MAX_TOKENS)
 
 
+def _pool_target(m: PoolTarget) -> None:
+    _request_id(m.publisher, "PoolTarget.publisher")
+    _count(m.seq_no, "PoolTarget.seq_no")
+    for role in ROLES:
+        _count(m.wanted(role), f"PoolTarget.{role}", MAX_POOL_WORKERS)
+    _require(len(m.reason) <= MAX_REASON_CHARS, "PoolTarget.reason: too long")
+
+
 def _worker_lost(m: WorkerLost) -> None:
     _subject_token(m.worker_id, "WorkerLost.worker_id")
     _items(m.request_ids, "WorkerLost.request_ids")
@@ -231,4 +242,5 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     WorkerLost: _worker_lost,
     RequestFailed: lambda m: _request_id(m.request_id, "RequestFailed.request_id"),
     PlannerReport: _planner_report,
+    PoolTarget: _pool_target,
 }

@@ -317,3 +317,16 @@ def _gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_a_child_of_another_role_stops_first(tmp_path):
+    """A child outside STOP_ORDER (a planner) stops before the gateway, so it changes
+    nothing while the mesh goes down."""
+    specs = [stand_in(tmp_path, name, role) for name, role in [
+        ("sched", "scheduler"), ("w", "worker"), ("gw", "gateway"), ("plan", "planner")
+    ]]  # fmt: skip
+    supervisor = Supervisor(specs, 0.05, 2, 2.0)
+    supervisor.start_all()
+    wait_for(lambda: len(lines(tmp_path / "starts")) == 4)
+    supervisor.stop_all()
+    assert lines(tmp_path / "stops") == ["plan", "gw", "w", "sched"]

@@ -13,7 +13,7 @@ import pytest
 
 from services.cli import build_parser
 from services.launch_cli import config_from_args
-from services.launch_plan import LauncherConfig, child_specs
+from services.launch_plan import LauncherConfig, child_specs, worker_template
 from services.planner.config import PlannerServiceConfig
 from services.worker.cli import config_from_args as worker_config
 from shared.errors import ConfigError
@@ -188,7 +188,7 @@ def test_planner_starts_after_the_workers_with_its_flags_and_mode():
     assert option(planner.argv, "--metrics-port") == str(planner.metrics_port)
     assert "--planner-mode" not in planner.argv  # auto: replicas
     assert "--max-queue" not in planner.argv
-    assert service_role(planner.role, planner.argv) == "planner"  # its own NATS user
+    assert service_role(planner.role) == "planner"  # its own NATS user
     parsed = build_parser().parse_args(list(planner.argv[planner.argv.index("-m") + 2 :]))
     service = PlannerServiceConfig.from_args(parsed)
     policy = service.policy
@@ -219,3 +219,34 @@ def test_the_planners_bad_objectives_are_refused_before_anything_starts():
             config_from_args(args, HOME)
     args = build_parser().parse_args(["up", "--slo", "ttft=fast"])  # no planner: not read
     assert config_from_args(args, HOME).planner_args == ("--slo", "ttft=fast")
+
+
+def test_a_worker_added_while_serving_starts_as_the_plans_own_do():
+    """`worker_template` makes the plan's workers and those a PoolTarget adds: the same
+    command but for the id, the role, the cores and the metrics port."""
+    argv = ["up", "--model-dir", "/m", "--pool", "prefill:0", "--pool", "decode:1"]
+    argv += ["--block-size", "32", "--max-workers", "3"]
+    config = config_from_args(build_parser().parse_args(argv), HOME)
+    assert (config.max_workers, config.follow_pool) == (3, True)
+    specs = child_specs(config, "nats://n:1", count(9300))
+    planned = specs[2]  # decode-0
+    assert (planned.worker_role, planned.worker_id, planned.cpus) == ("decode", "decode-0", (1,))
+    template = worker_template(config, "nats://n:1")
+    assert [(p.role, p.cpus) for p in template.pools] == [("prefill", (0,)), ("decode", (1,))]
+    assert template.spec("decode", "decode-0", (1,), 9302) == planned
+    added = template.spec("both", "both-0", (2, 3), 9400)
+    assert added.argv == tuple(
+        {"decode": "both", "decode-0": "both-0", "1": "2-3", "9302": "9400"}.get(a, a)
+        for a in planned.argv
+    )
+    assert option(added.argv, "--block-size") == "32"  # forwarded flags, as the plan's
+    assert (added.name, added.role, added.metrics_port) == ("worker both-0", "worker", 9400)
+
+
+def test_up_follows_pool_targets_as_its_own_nats_user_or_with_the_given_flags():
+    argv = ["up", "--nats", "nats://a:4222", "--nats-user", "mesh", "--no-follow-pool"]
+    config = config_from_args(build_parser().parse_args(argv), HOME)
+    assert (config.nats_auth.nats_user, config.follow_pool) == ("mesh", False)
+    assert config_from_args(build_parser().parse_args(["up"]), HOME).nats_auth.nats_user == ""
+    with pytest.raises(ConfigError, match="--max-workers must be >= 0"):
+        LauncherConfig(home=HOME, max_workers=-1)

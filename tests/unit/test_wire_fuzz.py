@@ -7,7 +7,8 @@ same subject does reach the handler (so the harness can tell the difference).
 
 The scheduler and the gateway's token streams run for real over a recording stand-in for
 the NATS client; the worker's subjects go through the same `Bus.serve`/`subscribe` and
-`serve_kv` paths with handlers that record any call.
+`serve_kv` paths with handlers that record any call; `splitserve up`'s pool link (the
+PoolTargets it follows) subscribes through `Bus.subscribe` for real.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
 from services.gateway.streams import TokenStreams
+from services.pool_link import PoolLink
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.service import SchedulerService
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
 from shared.kvtransfer.nats_transport import serve_kv
+from shared.nats_options import NatsAuth
 from shared.planner_messages import PlannerReport, ReportedDecision
+from shared.pool_messages import PoolTarget
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -77,6 +81,7 @@ SAMPLES: list[Any] = [
     WorkerLost("w1", ["r1"]),
     RequestFailed("r1", "x"),
     PlannerReport("planner", 1, 1.0, "replicas", "", 1.0, 0.04, 1, 1, 0, decisions=[DECIDED]),
+    PoolTarget("planner-0", 3, "", 1, 2, 0, "queue"),
 ]
 SAMPLE = {type(m): m for m in SAMPLES}
 # Values out of range per message: (path of the field, a bad value). Paths go into nested
@@ -164,6 +169,14 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "ttft_slo": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "decode": NEGATIVE | st.integers(1 << 16, 2**62),
         "decisions": st.lists(st.just(DECISION), min_size=21, max_size=22),  # > MAX_REPORTED
+    },
+    PoolTarget: {
+        "publisher": st.sampled_from(["", "x" * 300]),
+        "seq_no": NEGATIVE | HUGE,
+        "prefill": NEGATIVE | st.integers(1 << 16, 2**62),
+        "decode": NEGATIVE,
+        "both": NEGATIVE,
+        "reason": st.just("x" * 5000),
     },
 }
 PACKABLE_INT = st.integers(-(2**63), 2**64 - 1)  # what msgpack can hold
@@ -343,9 +356,17 @@ def worker_harness(loop) -> tuple[Harness, Callable[[], Any]]:
     return harness, lambda: len(harness.calls)
 
 
+def launcher_harness(loop) -> tuple[Harness, Callable[[], Any]]:
+    """`splitserve up`'s pool link: the target it would follow."""
+    harness = Harness(loop)
+    link = PoolLink("nats://unused", NatsAuth(), Subjects("ss"))
+    loop.run_until_complete(link.listen(harness.bus))
+    return harness, lambda: repr(link.target())
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
-    service: str  # "scheduler" | "gateway" | "worker"
+    service: str  # "scheduler" | "gateway" | "worker" | "launcher"
     subject: str
     kinds: tuple[type, ...]
     reply: type | None = None  # request/reply: the type of its refusal
@@ -371,8 +392,14 @@ CASES = [
     Case("worker", "ss.worker.w1.role", (SetRole,), TaskAck),
     Case("worker", "ss.cancel", (Cancel,)),
     Case("worker", "ss.events", (RequestFailed, WorkerLost)),
+    Case("launcher", "ss.pool.target", (PoolTarget,)),
 ]
-HARNESSES = {"scheduler": scheduler_harness, "gateway": gateway_harness, "worker": worker_harness}
+HARNESSES = {
+    "scheduler": scheduler_harness,
+    "gateway": gateway_harness,
+    "worker": worker_harness,
+    "launcher": launcher_harness,
+}
 
 
 def assert_refused(harness: Harness, case: Case, state: Callable[[], Any], frame: bytes) -> None:
