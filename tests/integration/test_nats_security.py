@@ -29,18 +29,20 @@ from shared.subjects import Subjects
 WORKERS = {"prefill", "decode", "both"}
 PREFILLERS = {"prefill", "both"}
 DECODERS = {"decode", "both"}
-ROLES = ("gateway", "scheduler", "prefill", "decode", "both", "observer")
+ROLES = ("gateway", "scheduler", "prefill", "decode", "both", "planner", "launcher", "observer")
 # DESIGN.md section 3: subject (namespace "ss", ids w1 and g1) → who publishes, who subscribes.
 TABLE = {
     "ss.sched.submit": ({"gateway"}, {"scheduler"}),
-    "ss.sched.status": ({"gateway", "observer"}, {"scheduler"}),
-    "ss.workers.heartbeat": (WORKERS, {"scheduler"}),
+    "ss.sched.status": ({"gateway", "observer", "planner", "launcher"}, {"scheduler"}),
+    "ss.workers.heartbeat": (WORKERS, {"scheduler", "planner"}),
     "ss.kv.events": (WORKERS, {"scheduler"}),
     "ss.worker.w1.reserve": ({"scheduler"}, DECODERS),
     "ss.worker.w1.prefill": ({"scheduler"}, PREFILLERS),
     "ss.worker.w1.decode": ({"scheduler"}, DECODERS),
     "ss.worker.w1.kv": (PREFILLERS, DECODERS),
-    "ss.worker.w1.role": ({"scheduler"}, WORKERS),
+    "ss.worker.w1.role": ({"scheduler", "planner"}, WORKERS),
+    "ss.pool.target": ({"planner"}, {"launcher"}),
+    "ss.planner.report": ({"planner"}, {"scheduler"}),
     "ss.gateway.g1.tokens": (WORKERS, {"gateway"}),
     "ss.cancel": ({"gateway", "scheduler"}, WORKERS | {"scheduler"}),
     "ss.events": ({"scheduler"}, WORKERS | {"gateway"}),
