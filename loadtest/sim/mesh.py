@@ -58,7 +58,7 @@ class SimMesh:
         self.gone: set[str] = set()  # drained: no more heartbeats
         self.line: deque[SimRequest] = deque()
         self.requests: list[SimRequest] = []
-        self.finished: list[tuple[float, SimRequest]] = []  # (when, request), in order
+        self.ended: list[tuple[float, SimRequest]] = []  # (when, request), in order
         self.decisions: list[tuple[float, Decision]] = []
         self._link_free: dict[str, float] = {}  # prefill worker id → its sender is free
         self.open = 0  # requests submitted and not done
@@ -170,7 +170,7 @@ class SimMesh:
 
     def finished(self, request: SimRequest) -> None:
         self.registry.forget(request.request_id)
-        self.finished.append((self.loop.now, request))
+        self.ended.append((self.loop.now, request))
         self.open -= 1
 
     def kv_events(self, events: KVEvents) -> None:

@@ -56,7 +56,7 @@ def mesh_signals(mesh: SimMesh, window_s: float) -> MeshSignals:
         )
     since = now - window_s
     ttfts = [r.first_token - r.send for r in mesh.requests if r.first_token >= since]
-    tpots = [t for when, r in mesh.finished if when >= since and (t := r.record().tpot) is not None]
+    tpots = [t for when, r in mesh.ended if when >= since and (t := r.record().tpot) is not None]
     return MeshSignals(now, tuple(workers), _p99(ttfts), _p99(tpots), len(ttfts), len(tpots))
 
 

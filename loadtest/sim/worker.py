@@ -107,7 +107,9 @@ class SimWorker:
     def takes_decode(self) -> bool:
         return self.placeable and self.role in DECODE_ROLES
 
-    def add(self, request: SimRequest, kind: SeqKind, decode_to: str = "", missing: int = 0):
+    def add(
+        self, request: SimRequest, kind: SeqKind, decode_to: str = "", missing: int = 0
+    ) -> None:
         """A local request (DecodeTask) or a prompt to prefill for `decode_to` (PrefillTask)."""
         blocks = blocks_of(request, self.limits.block_size, kind is SeqKind.LOCAL)
         self.waiting.append(SimSeq(request, kind, blocks, 0, decode_to, missing))
@@ -142,7 +144,7 @@ class SimWorker:
         peer.mean_seconds.add(seconds)
         if seq.missing_blocks <= 1:  # a small transfer: its time is the fixed cost
             peer.latency.add(seconds)
-        self._settle()
+        self.kick()  # the blocks freed may admit a waiting prompt
 
     # -- steps ------------------------------------------------------------------------------
     def kick(self) -> None:
@@ -227,7 +229,7 @@ class SimWorker:
         seq = self.reserved.pop(request_id, None)
         if seq is not None:
             self.pool.release(seq.blocks)
-            self._settle()
+            self.kick()
 
     def _flush_kv_events(self) -> None:
         stored, removed = self.pool.drain_events()
