@@ -3,17 +3,17 @@ again on this machine, with the engine's own forward step (ModelRunner.forward, 
 step` runs it) on the default model, at 1 and 2 torch threads (workers of 1 and 2 cores).
 
 Timed steps: decode rows (1, 4, 16) at contexts 128 and 1024, and prompt chunks of
-`CHUNK` tokens after 0, 512, 1024 and 1792 tokens; wall time, the median of `TRIALS` after
-one warm-up; fitted by fit.py. The model's other figures (KV transfer, pool, start-up) are
-kept from the file as it was.
+`CHUNK` tokens after 0, 512, 1024 and 1792 tokens; wall time, the fastest of `TRIALS` after
+one warm-up (another process on the cores only ever adds time); fitted by fit.py. The
+model's other figures (KV transfer, pool, start-up) are kept from the file as it was.
 
-The one subtle rule: run it on a quiet machine: another process on the cores shows up in
-every coefficient.
+The one subtle rule: the engine is configured as a worker's is (`resolve`: on this CPU the
+`auto` dtype may be bf16, and batch-invariant matmuls on), since that is what serves; a
+float32 step can take half as long again.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +23,7 @@ from loadtest.sim.fit import DecodeTiming, PrefillTiming, fit_steps
 
 CHUNK = 256
 BLOCK = 16
-TRIALS = 3
+TRIALS = 5
 DECODE_ROWS = (1, 4, 16)
 CONTEXTS = (128, 1024)
 PROMPT_STARTS = (0, 512, 1024, 1792)
@@ -37,13 +37,14 @@ def calibrate(path: Path, model: str = "") -> None:
     from shared.engine.engine_config import EngineConfig
     from shared.engine.model_config import ModelConfig
     from shared.engine.model_runner import ModelRunner, Span
+    from shared.engine.resolve import resolve
     from shared.models.pull import pull_model
     from shared.models.registry import DEFAULT_MODEL
 
     model_dir = pull_model(model or DEFAULT_MODEL)
     longest = max(PROMPT_STARTS) + CHUNK
     blocks = max(blocks_needed((f"d{max(DECODE_ROWS)}",), max(CONTEXTS)), longest // BLOCK)
-    config = EngineConfig(model_dir=model_dir, dtype="float32", device="cpu", num_kv_blocks=blocks)
+    config = resolve(EngineConfig(model_dir=model_dir, device="cpu", num_kv_blocks=blocks))
     runner = ModelRunner(config, ModelConfig.from_dir(model_dir), blocks, longest + 16)
 
     def timed(spans: list[Span]) -> float:
@@ -53,7 +54,7 @@ def calibrate(path: Path, model: str = "") -> None:
             began = time.perf_counter()
             runner.forward(spans)
             seconds.append(time.perf_counter() - began)
-        return statistics.median(seconds)
+        return min(seconds)
 
     def decode_spans(rows: int, context: int) -> list[Span]:
         per = -(-(context + 1) // BLOCK)
@@ -79,6 +80,6 @@ def calibrate(path: Path, model: str = "") -> None:
             print(f"{threads} thread(s): {timing}")
         steps[threads] = fit_steps(prefills, decodes)
         print(f"{threads} thread(s): {steps[threads]}")
-    source = f"calibrated on this machine ({model_dir.name} fp32, bench sim calibrate)"
+    source = f"calibrated on this machine ({model_dir.name} {config.dtype}, bench sim calibrate)"
     cost_model.save(replace(old, steps=steps, source=source), path)
     print(f"wrote {path}")

@@ -3,9 +3,11 @@
 
 One engine step computes prompt chunks and decode rows together; its seconds are
     fixed + prefill_token × prompt tokens + prefill_attn × Σ (prompt token × positions it
-    attends to) + decode_row × rows + decode_attn × Σ (context tokens each row reads),
-with one set of coefficients per worker size in cores. A transfer of b blocks takes
-latency + b × block_bytes / bytes_per_s.
+    attends to) + decode_row × rows + decode_attn × Σ (context tokens each row reads)
+    + step_overhead,
+with one set of coefficients per worker size in cores; `step_overhead` is what a worker's
+step costs beyond the engine's forward (its NATS side, publishing tokens). A transfer of b
+blocks takes latency + b × block_bytes / bytes_per_s.
 
 The one subtle rule: every output names the model's `source` (how its figures were got):
 a model built from published figures says "published figures, not measured", so no figure
@@ -48,6 +50,7 @@ class CostModel:
     transfer_latency_s: float  # fixed cost of one transfer
     control_latency_s: float  # one scheduler ↔ worker round trip (Reserve, task)
     start_s: float  # a new worker's start-up, until its first heartbeat
+    step_overhead_s: float = 0.0  # per step, beyond the engine's forward (the worker's NATS side)
     token_budget: int = 256  # the engine's max_num_batched_tokens on this device
     max_num_seqs: int = 64
     notes: list[str] = field(default_factory=list)
@@ -82,7 +85,8 @@ class CostModel:
         tokens = sum(n for n, _ in chunks)
         attended = sum(attended_positions(n, start) for n, start in chunks)
         return (
-            c.fixed_s
+            self.step_overhead_s
+            + c.fixed_s
             + c.prefill_token_s * tokens
             + c.prefill_attn_s * attended
             + c.decode_row_s * len(decode_contexts)
