@@ -18,7 +18,7 @@ from loadtest.sim.compare import Measured, compare, comparison_json, format_comp
 from loadtest.sim.config import SimBenchConfig
 from loadtest.sim.run import search, sweep
 from loadtest.slo.report import format_tables, result_json, write_png
-from loadtest.slo.sweep import goodputs
+from loadtest.slo.sweep import Goodput, goodputs
 
 
 def header(cfg: SimBenchConfig) -> str:
@@ -64,12 +64,7 @@ def run_search(cfg: SimBenchConfig) -> None:
         for g in found
     ]
     for workload in cfg.bench.workloads:
-        best = next(g for g in found if g.workload == workload)
-        lines.append(
-            f"best for {workload}: {best.configuration} at {best.goodput:g} req/s"
-            if best.goodput
-            else f"best for {workload}: none reaches the SLO at the lowest rate"
-        )
+        lines.append(best_line(workload, found, max(cfg.bench.rates)))
     print("\n".join(lines))
     print(f"({time.perf_counter() - began:.1f} s of wall time)")
     data = {
@@ -79,6 +74,18 @@ def run_search(cfg: SimBenchConfig) -> None:
         "goodput": [asdict(g) for g in found],
     }
     dump(cfg.bench.out / "search.json", data)
+
+
+def best_line(workload: str, found: list[Goodput], top_rate: float) -> str:
+    """The configurations of the highest goodput for `workload` (ties named together)."""
+    rows = [g for g in found if g.workload == workload]
+    best = max(g.goodput for g in rows)
+    if not best:
+        return f"best for {workload}: none reaches the SLO at the lowest rate"
+    tied = [g.configuration for g in rows if g.goodput == best]
+    shown = "; ".join(tied[:4]) + (f"; and {len(tied) - 4} more" if len(tied) > 4 else "")
+    top = " (the highest rate swept: try higher --rates)" if best >= top_rate else ""
+    return f"best for {workload}: {best:g} req/s{top}, by {shown}"
 
 
 def run_compare(cfg: SimBenchConfig, measured: Measured) -> None:

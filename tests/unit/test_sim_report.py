@@ -13,9 +13,10 @@ from loadtest.sim import cli
 from loadtest.sim.compare import compare, read_measured
 from loadtest.sim.config import parse_workers, splits, worker_specs
 from loadtest.sim.mesh import WorkerSpec
+from loadtest.sim.report import best_line
 from loadtest.sim.run import search, sweep, with_configs
 from loadtest.slo.report import result_json
-from loadtest.slo.sweep import goodputs
+from loadtest.slo.sweep import Goodput, goodputs
 from shared.errors import ConfigError
 
 
@@ -100,3 +101,16 @@ def test_the_planner_flag_fails_clearly_without_the_planner(tmp_path: Path) -> N
             cli.main(_args(tmp_path, planner=True))
     else:
         pytest.skip("the planner is in this build")
+
+
+def test_the_best_names_every_tie_and_says_when_the_rates_ran_out() -> None:
+    found = [
+        Goodput("a", "chat", 2, 4.0, 2.0),
+        Goodput("b", "chat", 2, 4.0, 2.0),
+        Goodput("c", "chat", 2, 1.0, 0.5),
+        Goodput("d", "long", 2, 0.0, 0.0),
+    ]
+    line = best_line("chat", found, top_rate=4.0)
+    assert "4 req/s" in line and "by a; b" in line and "higher --rates" in line
+    assert "higher" not in best_line("chat", found, top_rate=8.0)
+    assert "none reaches" in best_line("long", found, top_rate=8.0)
