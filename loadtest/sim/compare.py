@@ -78,7 +78,7 @@ def compare(
     """Simulate `measured`'s runs with `cfg`'s cost model and settings: each point beside
     its measurement, and both goodputs."""
     cfg = replace(cfg, bench=measured.bench)
-    simulated = sweep(cfg, say=lambda _: None)
+    simulated = [ran.point for ran in sweep(cfg, say=lambda _: None)]
     by_key = {(p.configuration, p.workload, p.rate): p for p in measured.points}
     sides = [
         Side(

@@ -43,12 +43,19 @@ def model_json(cfg: SimBenchConfig) -> dict[str, object]:
 def run_sweep(cfg: SimBenchConfig) -> None:
     print(header(cfg))
     began = time.perf_counter()
-    points = sweep(cfg)
+    runs = sweep(cfg)
+    points = [ran.point for ran in runs]
     found = goodputs(points, cfg.bench.rows, cfg.bench.attainment)
     print(format_tables(cfg.bench, points, found))
     print(f"({time.perf_counter() - began:.1f} s of wall time)")
     out = cfg.bench.out
-    data = result_json(cfg.bench, points, found) | {"simulator": model_json(cfg)}
+    decisions = [
+        {"configuration": p.configuration, "workload": p.workload, "rate": p.rate, "decisions": d}
+        for p, d in ((ran.point, ran.decisions) for ran in runs)
+        if d
+    ]
+    simulator = model_json(cfg) | {"decisions": decisions}
+    data = result_json(cfg.bench, points, found) | {"simulator": simulator}
     dump(out / "sim.json", data)
     write_png(out / "sim.png", cfg.bench, points)
     print(f"wrote {out / 'sim.json'} and {out / 'sim.png'}")

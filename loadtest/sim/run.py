@@ -67,9 +67,15 @@ def simulate(
     return Simulated(RunResult(records, 0.0, duration), mesh)
 
 
+@dataclass(frozen=True, slots=True)
+class Ran:
+    point: Point
+    decisions: list[list[object]]  # the planner's: [time s, action, reason, role, worker, detail]
+
+
 def run_point(
     cfg: SimBenchConfig, row: Configuration, workload: str, rate_index: int, trace_dir: Path
-) -> Point:
+) -> Ran:
     bench = cfg.bench
     rate = bench.rates[rate_index]
     spec = WorkloadSpec(
@@ -84,19 +90,24 @@ def run_point(
     requests = workload_requests(workload, spec, rate, seed)
     offsets = send_offsets(requests, rate, 1.0, seed)
     sim = simulate(cfg, worker_specs(row), requests, offsets, seed)
-    return Point.of(row.name, workload, rate, sim.run, bench.slo)
+    decisions = [
+        [round(when, 3), d.action.name, d.reason.name, d.role, d.worker_id, d.detail]
+        for when, d in sim.mesh.decisions
+    ]
+    return Ran(Point.of(row.name, workload, rate, sim.run, bench.slo), decisions)
 
 
-def sweep(cfg: SimBenchConfig, say: Callable[[str], None] = print) -> list[Point]:
+def sweep(cfg: SimBenchConfig, say: Callable[[str], None] = print) -> list[Ran]:
     """Every configuration × workload × rate, as `bench slo` orders them."""
-    points = []
+    runs = []
     with tempfile.TemporaryDirectory(prefix="splitserve-sim-") as trace_dir:
         for row in cfg.bench.configs:
             for workload in cfg.bench.workloads:
                 for i in range(len(cfg.bench.rates)):
-                    points.append(run_point(cfg, row, workload, i, Path(trace_dir)))
-                    say(points[-1].line())
-    return points
+                    runs.append(run_point(cfg, row, workload, i, Path(trace_dir)))
+                    decided = f"; {len(runs[-1].decisions)} decisions" if cfg.planner else ""
+                    say(runs[-1].point.line() + decided)
+    return runs
 
 
 def search(cfg: SimBenchConfig, say: Callable[[str], None] = print) -> list[Goodput]:
@@ -109,7 +120,7 @@ def search(cfg: SimBenchConfig, say: Callable[[str], None] = print) -> list[Good
             for workload in bench.workloads:
                 points = []
                 for i in range(len(bench.rates)):
-                    points.append(run_point(cfg, row, workload, i, Path(trace_dir)))
+                    points.append(run_point(cfg, row, workload, i, Path(trace_dir)).point)
                     if points[-1].attainment < bench.attainment:
                         break
                 found += goodputs(points, bench.configs, bench.attainment)

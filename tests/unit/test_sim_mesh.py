@@ -153,8 +153,8 @@ def _bench(configs: str, workload: str, rate: float) -> SimBenchConfig:
 def test_a_run_is_the_same_bit_for_bit_for_a_seed(workload: str, tmp_path) -> None:
     cfg = _bench("prefill:2,decode:2", workload, 3.0)
     row = cfg.bench.configs[0]
-    first = run_point(cfg, row, workload, 0, tmp_path)
-    again = run_point(cfg, row, workload, 0, tmp_path)
+    first = run_point(cfg, row, workload, 0, tmp_path).point
+    again = run_point(cfg, row, workload, 0, tmp_path).point
     assert first == again  # every figure and every request's latencies
     assert first.completed == first.requests == 24
 

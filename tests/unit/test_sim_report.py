@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,12 @@ from loadtest.sim import cli
 from loadtest.sim.compare import compare, read_measured
 from loadtest.sim.config import parse_workers, splits, worker_specs
 from loadtest.sim.mesh import WorkerSpec
-from loadtest.sim.report import best_line
+from loadtest.sim.report import best_line, run_sweep
 from loadtest.sim.run import search, sweep, with_configs
 from loadtest.slo.report import result_json
 from loadtest.slo.sweep import Goodput, goodputs
+from services.planner.decision import Action, Decision, Reason
+from services.planner.signals import MeshSignals
 from shared.errors import ConfigError
 
 
@@ -65,7 +68,7 @@ def test_a_measured_run_compared_with_itself_matches(tmp_path: Path) -> None:
     """A simulated sweep written as `bench slo` writes it reads back as a measurement whose
     simulation gives the same points: the comparison replays the very same requests."""
     cfg = cli.config_from_args(_args(tmp_path, workers="split=prefill:1,decode:1;two=both:2"))
-    points = sweep(cfg, say=lambda _: None)
+    points = [ran.point for ran in sweep(cfg, say=lambda _: None)]
     found = goodputs(points, cfg.bench.rows, cfg.bench.attainment)
     path = tmp_path / "slo.json"
     path.write_text(json.dumps(result_json(cfg.bench, points, found)))
@@ -114,3 +117,22 @@ def test_the_best_names_every_tie_and_says_when_the_rates_ran_out() -> None:
     assert "4 req/s" in line and "by a; b" in line and "higher --rates" in line
     assert "higher" not in best_line("chat", found, top_rate=8.0)
     assert "none reaches" in best_line("long", found, top_rate=8.0)
+
+
+class AddOnce:
+    """Adds one decode worker at its first call, then holds."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def decide(self, signals: MeshSignals) -> list[Decision]:
+        self.calls += 1
+        return [Decision(Action.ADD, Reason.TPOT_OVER_SLO, "decode")] if self.calls == 1 else []
+
+
+def test_a_sweep_with_a_planner_keeps_its_decisions(tmp_path: Path) -> None:
+    cfg = cli.config_from_args(_args(tmp_path, workers="prefill:1,decode:1", rates="0.5"))
+    run_sweep(replace(cfg, planner=AddOnce, planner_interval_s=1.0))
+    runs = json.loads((tmp_path / "sim.json").read_text())["simulator"]["decisions"]
+    assert len(runs) == 1 and runs[0]["rate"] == 0.5
+    assert [d[1:4] for d in runs[0]["decisions"]] == [["ADD", "TPOT_OVER_SLO", "decode"]]
