@@ -30,7 +30,9 @@ DEFAULT_WORKERS = "split=prefill:1,decode:1;aggregated=both:1x2;two=both:2"
 
 def add_parser(targets: argparse._SubParsersAction) -> None:
     sim = targets.add_parser("sim", help="simulated goodput at SLO, 1 to 64+ workers (no model)")
-    sim.add_argument("action", nargs="?", choices=("calibrate",), help="rebuild cpu-here")
+    sim.add_argument(
+        "action", nargs="?", choices=("calibrate",), help="rebuild --cost-model (cpu-here)"
+    )
     sim.add_argument("--workers", default=DEFAULT_WORKERS, help="NAME=ROLE:COUNT[xCORES],...;...")
     sim.add_argument("--workloads", default="long", help=f"of {','.join(WORKLOADS)}")
     sim.add_argument("--rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
@@ -116,7 +118,7 @@ def main(args: argparse.Namespace) -> None:
         if args.action == "calibrate":
             from loadtest.sim.calibrate import calibrate
 
-            calibrate(cost_model.MODELS_DIR / "cpu-here.json")
+            calibrate(cost_model.path_of(args.cost_model))
             return
         cfg = config_from_args(args)
         if args.compare:

@@ -119,9 +119,14 @@ def from_json(data: dict[str, object]) -> CostModel:
         raise ConfigError(f"cost model: {exc}") from None
 
 
+def path_of(name_or_path: str) -> Path:
+    """The file of a named model of loadtest/sim/models, or the path itself."""
+    return MODELS_DIR / f"{name_or_path}.json" if name_or_path in NAMES else Path(name_or_path)
+
+
 def load(name_or_path: str) -> CostModel:
     """A named model of loadtest/sim/models, or a JSON file."""
-    path = MODELS_DIR / f"{name_or_path}.json" if name_or_path in NAMES else Path(name_or_path)
+    path = path_of(name_or_path)
     if not path.is_file():
         raise ConfigError(f"--cost-model {name_or_path!r}: choose from {NAMES} or give a file")
     return from_json(json.loads(path.read_text()))
