@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from shared.engine.engine_config import CPU_TOKEN_BUDGET
@@ -141,16 +142,13 @@ def _bench_kv(args: argparse.Namespace) -> None:
 
     run_kv_bench(KVBenchConfig(blocks=tuple(args.blocks), dtype=args.dtype, repeats=args.repeats))
     if args.mesh:
-        import json
-
         from loadtest.mesh_bench.handoff import KVMeshBenchConfig, run_kv_mesh_bench
         from shared.models.pull import pull_model
 
         model_dir = args.model_dir or pull_model(args.model)
         vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-        run_kv_mesh_bench(
-            KVMeshBenchConfig(model_dir, args.model, vocab, prompt_len=args.prompt_len)
-        )
+        mesh = KVMeshBenchConfig(model_dir, args.model, vocab, prompt_len=args.prompt_len)
+        run_kv_mesh_bench(mesh)
 
 
 def _bench_spec(args: argparse.Namespace) -> None:
@@ -179,6 +177,7 @@ def _add_model_args(parser: argparse.ArgumentParser, when: str = "") -> None:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     from loadtest import cli as loadtest_cli
     from loadtest.peers import cli as peers_cli
+    from loadtest.sim import cli as sim_cli
     from loadtest.slo import cli as slo_cli
     from loadtest.slo import isolation_cli, judge
 
@@ -289,3 +288,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     slo_cli.add_parser(targets)  # slo: its flags are its own (loadtest/slo/cli.py)
     isolation_cli.add_parser(targets)
     judge.add_parser(targets)
+    sim_cli.add_parser(targets)  # sim: its own too (loadtest/sim/cli.py)

@@ -4,6 +4,7 @@ Only the workers of the request's model are candidates (all workers when it name
 Every NATS request is bounded by `reserve_timeout` and the placement's give-up time, and
 given up at once when the sweeper finds the worker it waits on lost (`worker_lost`):
   decode candidates (room in the registry), best first → the path, by cost (path_cost.py)
+  (the ranking and the choice are pure: route_plan.py, which the simulator runs too)
     local (cheaper, cold rule, or no prefill pool): DecodeTask → OK: placed (decode only)
     split: Reserve → not OK: next decode candidate
          PrefillTask to each prefill candidate in turn, cheapest first → OK: placed
@@ -25,20 +26,11 @@ from nats.errors import Error as NatsError
 from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.measures import WorkerCosts
-from services.scheduler.path_cost import (
-    Choice,
-    CostParams,
-    Offer,
-    Path,
-    Typical,
-    choose,
-    uncached_tokens,
-)
+from services.scheduler.path_cost import Path, uncached_tokens
 from services.scheduler.registry import Registry
-from services.scheduler.routing import Candidate, rank_decode, rank_prefill
+from services.scheduler.route_plan import plan_route
+from services.scheduler.routing import Candidate
 from shared.bus import Bus, Headers
-from shared.engine.block_hash import hash_full_blocks
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -113,19 +105,13 @@ class Placer:
         cfg = self.config
         tokens = request.prompt_token_ids + request.delivered_token_ids
         model_id = self.registry.model_id(request.model, cfg.model_id)
-        hashes = hash_full_blocks(tokens, cfg.block_size, model_id)
-        views = self.registry.views(request.model)
-        decodes = rank_decode(views, hashes, len(tokens), cfg.block_size, cfg.load_penalty)
-        if not decodes:
-            has_decode = any(v.role in ("decode", "both") and not v.draining for v in views)
-            why = "no decode worker with enough free KV blocks" if has_decode else ""
-            of_model = f" of model {request.model}" if request.model else ""
-            return NoRoom(why or f"no worker{of_model} for role decode", asked=False)
-        prefills = {c.worker_id: c for c in rank_prefill(views, hashes, cfg.load_penalty)}
-        costs = {view.worker_id: view.costs for view in views}
+        plan = plan_route(self.registry.views(request.model), tokens, model_id, request.model, cfg)
+        if not plan.decodes:
+            return NoRoom(plan.no_room, asked=False)
+        hashes, prefills = plan.hashes, plan.prefills
         refusal = ""
-        for decode in decodes:
-            choice = self._choose(len(tokens), decode, list(prefills.values()), costs)
+        for decode in plan.decodes:
+            choice = plan.choose(decode, cfg, self.reserve_rtt)
             span = trace.get_current_span()
             span.set_attribute("splitserve.prefix_hit_blocks", decode.overlap)
             span.set_attribute("splitserve.path_rule", choice.rule.name.lower())
@@ -173,25 +159,6 @@ class Placer:
             )
             return NoRoom(f"no prefill worker took the request (last: {refusal})", asked=True)
         return NoRoom(f"no decode worker took the request (last: {refusal})", asked=True)
-
-    def _choose(
-        self,
-        num_tokens: int,
-        decode: Candidate,
-        prefills: list[Candidate],
-        costs: dict[str, WorkerCosts],
-    ) -> Choice:
-        cfg = self.config
-        params = CostParams(
-            cfg.block_size,
-            cfg.local_prefill_tokens,
-            cfg.stall_weight,
-            self.reserve_rtt,
-            fixed=cfg.path_choice == "fixed",
-        )
-        offers = [Offer(c.worker_id, c.overlap, costs[c.worker_id]) for c in prefills]
-        here = Offer(decode.worker_id, decode.overlap, costs[decode.worker_id])
-        return choose(num_tokens, here, offers, Typical.of(list(costs.values())), params)
 
     def _assign(
         self, request: SubmitRequest, worker_id: str, num_tokens: int, computed: int = 0

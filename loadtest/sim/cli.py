@@ -1,0 +1,134 @@
+"""`splitserve bench sim`: its flags (registered by loadtest/bench_cli.py) and its runs:
+a sweep like `bench slo`'s over simulated configurations, `--search N` (the best split of N
+workers), `--compare SLO_JSON` (a measured run beside its simulation), and `calibrate`
+(rebuild the `cpu-here` cost model from the engine on this machine: calibrate.py).
+
+The one subtle rule: every output starts with the cost model's name and source, so a
+figure from `gpu-h100-published` always says "published figures, not measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from loadtest.sim import cost_model
+from loadtest.sim.config import DEFAULT_VOCAB, SimBenchConfig, parse_workers, splits
+from loadtest.sim.mesh import MeshSettings
+from loadtest.sim.planner_hook import Decider
+from loadtest.sim.worker import MODEL, EngineLimits
+from loadtest.slo.attainment import Slo
+from loadtest.slo.config import WORKLOADS, SloBenchConfig, parse_rates
+from services.scheduler.config import PATH_CHOICES, SchedulerConfig
+from shared.errors import ConfigError
+
+DEFAULT_WORKERS = "split=prefill:1,decode:1;aggregated=both:1x2;two=both:2"
+
+
+def add_parser(targets: argparse._SubParsersAction) -> None:
+    sim = targets.add_parser("sim", help="simulated goodput at SLO, 1 to 64+ workers (no model)")
+    sim.add_argument(
+        "action", nargs="?", choices=("calibrate",), help="rebuild --cost-model (cpu-here)"
+    )
+    sim.add_argument("--workers", default=DEFAULT_WORKERS, help="NAME=ROLE:COUNT[xCORES],...;...")
+    sim.add_argument("--workloads", default="long", help=f"of {','.join(WORKLOADS)}")
+    sim.add_argument("--rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
+    sim.add_argument("--num-prompts", type=int, default=40, help="per rate (not shift's)")
+    sim.add_argument("--slo", default="ttft=1s,tpot=40ms", help="both, each with s or ms")
+    sim.add_argument("--attainment", type=float, default=0.9, help="target share of requests")
+    sim.add_argument("--phase-seconds", type=float, default=120.0, help="shift: each phase")
+    sim.add_argument("--phases", type=int, default=2, help="shift: chat, long, chat, ...")
+    sim.add_argument("--long-len", type=int, default=2048, help="prompt tokens of long prompts")
+    sim.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="workload token ids")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--cost-model", default="cpu-here", help=f"{cost_model.NAMES} or a JSON")
+    sim.add_argument("--path-choice", choices=PATH_CHOICES, default="fixed", help="scheduler's")
+    sim.add_argument("--local-prefill-tokens", type=int, default=16, help="scheduler's")
+    sim.add_argument("--stall-weight", type=float, default=0.1, help="scheduler's")
+    sim.add_argument("--max-num-batched-tokens", type=int, help="default: the cost model's")
+    sim.add_argument("--planner", action="store_true", help="services.planner.policy.Planner")
+    sim.add_argument("--planner-mode", choices=("roles", "replicas"), default="roles")
+    sim.add_argument("--planner-interval", type=float, default=10.0, help="seconds, simulated")
+    sim.add_argument("--search", type=int, metavar="N", help="every split of N workers")
+    sim.add_argument("--search-step", type=int, help="counts in steps of (default N/8, >= 1)")
+    sim.add_argument("--cores-per-worker", type=int, default=1, help="--search's workers")
+    sim.add_argument("--compare", type=Path, metavar="SLO_JSON", help="a bench slo result")
+    sim.add_argument("--out", type=Path, default=Path("artifacts/bench-sim"))
+    sim.set_defaults(func=main)
+
+
+def config_from_args(args: argparse.Namespace) -> SimBenchConfig:
+    cost = cost_model.load(args.cost_model)
+    slo = Slo.parse(args.slo)
+    if args.search:
+        step = args.search_step or max(1, args.search // 8)
+        configs = splits(args.search, step, args.cores_per_worker)
+    else:
+        configs = parse_workers(args.workers)
+    bench = SloBenchConfig(
+        configs=configs,
+        slo=slo,
+        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
+        rates=parse_rates(args.rates),
+        num_prompts=args.num_prompts,
+        attainment=args.attainment,
+        phase_seconds=args.phase_seconds,
+        phases=args.phases,
+        long_len=args.long_len,
+        seed=args.seed,
+        out=args.out,
+    )
+    scheduler = SchedulerConfig(
+        path_choice=args.path_choice,
+        local_prefill_tokens=args.local_prefill_tokens,
+        stall_weight=args.stall_weight,
+        model_id=MODEL,
+    )
+    budget = args.max_num_batched_tokens or cost.token_budget
+    limits = EngineLimits(scheduler.block_size, budget, cost.max_num_seqs)
+    planner = real_planner(args.planner_mode, slo) if args.planner else None
+    return SimBenchConfig(
+        bench,
+        cost,
+        MeshSettings(scheduler, limits, new_worker_cores=args.cores_per_worker),
+        vocab_size=args.vocab_size,
+        planner=planner,
+        planner_interval_s=args.planner_interval,
+    )
+
+
+def real_planner(mode: str, slo: Slo) -> Callable[[], Decider]:
+    """services.planner.policy.Planner, imported now; ConfigError when it is not there."""
+    try:
+        from services.planner.config import PlannerConfig
+        from services.planner.policy import Planner
+    except ImportError as exc:
+        raise ConfigError(f"--planner: the planner is not in this build ({exc})") from None
+    config = PlannerConfig(mode=mode, ttft_slo=slo.ttft_s, tpot_slo=slo.tpot_s)
+    return lambda: Planner(config)
+
+
+def main(args: argparse.Namespace) -> None:
+    from loadtest.sim import report
+
+    try:
+        if args.action == "calibrate":
+            from loadtest.sim.calibrate import calibrate
+
+            calibrate(cost_model.path_of(args.cost_model))
+            return
+        cfg = config_from_args(args)
+        if args.compare:
+            from loadtest.sim.compare import read_measured
+
+            measured = read_measured(args.compare, args.long_len)
+            report.run_compare(replace(cfg, bench=replace(measured.bench, out=args.out)), measured)
+        elif args.search:
+            report.run_search(cfg)
+        else:
+            report.run_sweep(cfg)
+    except ConfigError as exc:
+        sys.exit(f"splitserve bench sim: {exc}")

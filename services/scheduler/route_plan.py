@@ -1,0 +1,79 @@
+"""Where one request may go, decided without I/O: the ranked decode candidates, the ranked
+prefill candidates, and for each decode candidate the path by cost (path_cost.py).
+
+The scheduler's `Placer` asks the workers in this order over NATS; the simulator
+(loadtest/sim) asks its modelled workers in the same order, so both run this code.
+
+The one subtle rule: the path is chosen per decode candidate, when that candidate's turn
+comes (`RoutePlan.choose`), not for all of them up front: the Reserve round trip measured
+while earlier candidates were asked feeds the later choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.measures import WorkerCosts
+from services.scheduler.path_cost import Choice, CostParams, Offer, Typical, choose
+from services.scheduler.routing import (
+    DECODE_ROLES,
+    Candidate,
+    WorkerView,
+    rank_decode,
+    rank_prefill,
+)
+from shared.engine.block_hash import hash_full_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    """One request's candidates, best first, as routing ranked them."""
+
+    num_tokens: int  # prompt + delivered: all that needs KV
+    hashes: list[int]  # its full blocks' chained hashes
+    decodes: list[Candidate]
+    prefills: dict[str, Candidate]  # by worker id, in ranked order
+    costs: dict[str, WorkerCosts]  # every view's measured costs, by worker id
+    no_room: str  # why there is no decode candidate ("" when there is one)
+
+    def choose(self, decode: Candidate, config: SchedulerConfig, reserve_rtt: float) -> Choice:
+        """The path on `decode` (path_cost.choose over the prefill candidates)."""
+        params = CostParams(
+            config.block_size,
+            config.local_prefill_tokens,
+            config.stall_weight,
+            reserve_rtt,
+            fixed=config.path_choice == "fixed",
+        )
+        offers = [
+            Offer(c.worker_id, c.overlap, self.costs[c.worker_id]) for c in self.prefills.values()
+        ]
+        here = Offer(decode.worker_id, decode.overlap, self.costs[decode.worker_id])
+        return choose(self.num_tokens, here, offers, Typical.of(list(self.costs.values())), params)
+
+
+def plan_route(
+    views: Sequence[WorkerView],
+    tokens: list[int],
+    model_id: str,
+    model: str,
+    config: SchedulerConfig,
+) -> RoutePlan:
+    """Rank `views` (the workers of the request's `model`) for a request of `tokens` whose
+    blocks hash with `model_id`."""
+    hashes = hash_full_blocks(tokens, config.block_size, model_id)
+    decodes = rank_decode(views, hashes, len(tokens), config.block_size, config.load_penalty)
+    no_room = ""
+    if not decodes:
+        has_decode = any(v.role in DECODE_ROLES and not v.draining for v in views)
+        of_model = f" of model {model}" if model else ""
+        no_room = (
+            "no decode worker with enough free KV blocks"
+            if has_decode
+            else f"no worker{of_model} for role decode"
+        )
+    prefills = {c.worker_id: c for c in rank_prefill(views, hashes, config.load_penalty)}
+    costs = {view.worker_id: view.costs for view in views}
+    return RoutePlan(len(tokens), hashes, decodes, prefills, costs, no_room)
