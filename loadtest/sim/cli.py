@@ -52,6 +52,9 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     sim.add_argument("--planner", action="store_true", help="services.planner.policy.Planner")
     sim.add_argument("--planner-mode", choices=("roles", "replicas"), default="roles")
     sim.add_argument("--planner-interval", type=float, default=10.0, help="seconds, simulated")
+    sim.add_argument(
+        "--planner-window", type=float, default=60.0, help="seconds of samples a decision sees"
+    )
     sim.add_argument("--search", type=int, metavar="N", help="every split of N workers")
     sim.add_argument("--search-step", type=int, help="counts in steps of (default N/8, >= 1)")
     sim.add_argument("--cores-per-worker", type=int, default=1, help="--search's workers")
@@ -97,16 +100,15 @@ def config_from_args(args: argparse.Namespace) -> SimBenchConfig:
         vocab_size=args.vocab_size,
         planner=planner,
         planner_interval_s=args.planner_interval,
+        planner_window_s=args.planner_window,
     )
 
 
 def real_planner(mode: str, slo: Slo) -> Callable[[], Decider]:
-    """services.planner.policy.Planner, imported now; ConfigError when it is not there."""
-    try:
-        from services.planner.config import PlannerConfig
-        from services.planner.policy import Planner
-    except ImportError as exc:
-        raise ConfigError(f"--planner: the planner is not in this build ({exc})") from None
+    """A fresh services.planner.policy.Planner per run, with the bench's objectives."""
+    from services.planner.config import PlannerConfig
+    from services.planner.policy import Planner
+
     config = PlannerConfig(mode=mode, ttft_slo=slo.ttft_s, tpot_slo=slo.tpot_s)
     return lambda: Planner(config)
 

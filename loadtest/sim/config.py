@@ -34,6 +34,7 @@ class SimBenchConfig:
     vocab_size: int = DEFAULT_VOCAB
     planner: Callable[[], Decider] | None = None  # a fresh decider per run
     planner_interval_s: float = 10.0
+    planner_window_s: float = 60.0  # the TTFT/TPOT samples a decision sees, as the service's
 
 
 def parse_workers(text: str) -> tuple[Configuration, ...]:

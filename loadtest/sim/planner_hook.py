@@ -8,7 +8,7 @@ a scripted one in tests), and its decisions applied to the modelled workers.
 - DRAIN: the worker takes no new work, finishes what it holds, and stops beating; the
   registry expires it.
 The percentiles of a snapshot are over the requests whose first token (TTFT) or last token
-(TPOT) came within the last interval.
+(TPOT) came within the last window (the service's `--planner-window`, 60 s by default).
 
 The one subtle rule: a decision naming a worker that is gone, or a role that is no role, is
 recorded and skipped (the actor, not the planner, finds out whether it took effect).
@@ -83,11 +83,12 @@ def apply(mesh: SimMesh, decision: Decision) -> bool:
     return True
 
 
-def plan_forever(mesh: SimMesh, decider: Decider, interval_s: float) -> None:
-    """Ask `decider` every `interval_s` of simulated time, from one interval on."""
+def plan_forever(mesh: SimMesh, decider: Decider, interval_s: float, window_s: float) -> None:
+    """Ask `decider` every `interval_s` of simulated time, from one interval on, with the
+    percentiles of the last `window_s`."""
 
     def tick() -> None:
-        for decision in decider.decide(mesh_signals(mesh, interval_s)):
+        for decision in decider.decide(mesh_signals(mesh, window_s)):
             apply(mesh, decision)
         mesh.loop.after(interval_s, tick)
 

@@ -37,6 +37,7 @@ def model_json(cfg: SimBenchConfig) -> dict[str, object]:
         "token_budget": cfg.settings.limits.max_num_batched_tokens,
         "planner": bool(cfg.planner),
         "planner_interval_s": cfg.planner_interval_s,
+        "planner_window_s": cfg.planner_window_s,
     }
 
 

@@ -49,7 +49,7 @@ def simulate(
     loop = EventLoop(seed)
     mesh = SimMesh(loop, cfg.cost, specs, cfg.settings)
     if cfg.planner is not None:
-        plan_forever(mesh, cfg.planner(), cfg.planner_interval_s)
+        plan_forever(mesh, cfg.planner(), cfg.planner_interval_s, cfg.planner_window_s)
     block_size = cfg.settings.scheduler.block_size
     for i, (request, offset) in enumerate(zip(requests, offsets, strict=True)):
         if not isinstance(request.prompt, list):

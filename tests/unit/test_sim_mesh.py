@@ -106,7 +106,7 @@ def test_a_scripted_planner_changes_a_role_adds_and_drains_workers() -> None:
             [Decision(Action.DRAIN, Reason.DECODE_IDLE, "decode", "w002")],
         ]
     )
-    plan_forever(mesh, decider, interval_s=1.0)
+    plan_forever(mesh, decider, interval_s=1.0, window_s=1.0)
     mesh.loop.run(until=12.0)
     assert [w.role for w in mesh.workers.values()] == ["decode", "decode", "decode", "prefill"]
     assert "w003" in mesh.registry  # started after the cost model's start_s

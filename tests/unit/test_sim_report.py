@@ -96,14 +96,26 @@ def test_the_cli_writes_the_slo_shape_with_the_cost_model(tmp_path: Path, capsys
     assert (tmp_path / "sim.png").is_file()
 
 
-def test_the_planner_flag_fails_clearly_without_the_planner(tmp_path: Path) -> None:
-    try:
-        import services.planner.policy  # noqa: F401
-    except ImportError:
-        with pytest.raises(SystemExit, match="planner"):
-            cli.main(_args(tmp_path, planner=True))
-    else:
-        pytest.skip("the planner is in this build")
+def test_the_real_planner_decides_inside_the_simulation(tmp_path: Path) -> None:
+    """`--planner` runs services.planner.policy.Planner on the simulated mesh: on the shift
+    workload it changes roles, each decision lands in the run's record, and the same seed
+    gives the same decisions."""
+    args = _args(
+        tmp_path,
+        planner=True,
+        planner_interval=2.0,
+        workers="planned=both:1,both:1",
+        workloads="shift",
+        rates="0.5",
+        phase_seconds=60.0,
+        phases=2,
+        long_len=1024,
+        slo="ttft=4s,tpot=50ms",
+    )
+    cfg = cli.config_from_args(args)
+    first = [ran.decisions for ran in sweep(cfg, say=lambda _: None)]
+    assert any(row[1] == "SET_ROLE" for decisions in first for row in decisions)
+    assert first == [ran.decisions for ran in sweep(cfg, say=lambda _: None)]
 
 
 def test_the_best_names_every_tie_and_says_when_the_rates_ran_out() -> None:
