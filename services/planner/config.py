@@ -57,6 +57,7 @@ class PlannerConfig:
     kv_high: float = _flag(0.9, "kv-high", "decode KV usage at which the decode side is full")
     min_per_role: int = _flag(1, "min-per-role", "replicas mode: fewest workers of a role kept")
     max_per_role: int = _flag(4, "max-per-role", "replicas mode: most workers of a role asked for")
+    max_moves: int = _flag(2, "max-moves", "roles mode: most workers that change role per decision")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -69,6 +70,8 @@ class PlannerConfig:
             raise ConfigError("--planner-cooldown and --planner-settle must be >= 0")
         if not (0 < self.margin <= 1 and 0 <= self.busy_low < 1 and 0 < self.kv_high <= 1):
             raise ConfigError("need 0 < margin <= 1, 0 <= busy-low < 1 and 0 < kv-high <= 1")
+        if self.max_moves < 1:
+            raise ConfigError("--planner-max-moves must be >= 1")
         if not 0 <= self.min_per_role <= self.max_per_role or self.max_per_role < 1:
             raise ConfigError("need 0 <= --planner-min-per-role <= --planner-max-per-role >= 1")
 

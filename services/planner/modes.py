@@ -15,6 +15,9 @@ roles (SET_ROLE among the workers there are, e.g. `up --pool` pinned to cores):
                 requests too; the scheduler's path choice decides which)
   LESS_PREFILL  merge: every prefill and decode worker → both (prefill+decode → both+both)
   LESS_DECODE   nothing: fixed hardware has nothing to give back
+In roles mode at most `--planner-max-moves` (2) workers change per decision, the first of
+the list above first (the prefill worker of a split, then those with the fewest streams), so
+a large mesh moves a step at a time and the next snapshot can pull the other way.
 The subtle rule: no decision leaves the mesh without a worker that decodes (decode or
 both), and no two decisions name the same worker. A need the mode cannot meet says why.
 """
@@ -22,6 +25,7 @@ both), and no two decisions name the same worker. A need the mode cannot meet sa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import zip_longest
 
 from services.planner.config import PlannerConfig
 from services.planner.counts import RoleCounts, live_counts
@@ -52,6 +56,12 @@ def replica_actions(need: Need, signals: MeshSignals, config: PlannerConfig) -> 
 
 
 def role_actions(need: Need, signals: MeshSignals, config: PlannerConfig) -> Outcome:
+    """The role changes for `need`, at most `config.max_moves` of them, in the order below."""
+    made, why = _role_changes(need, signals)
+    return made[: config.max_moves], why
+
+
+def _role_changes(need: Need, signals: MeshSignals) -> Outcome:
     prefill, decode, both = (side(signals, (r,)).workers for r in ("prefill", "decode", "both"))
 
     def to(role: str, workers: Sequence[WorkerSignal]) -> list[Decision]:
@@ -62,10 +72,10 @@ def role_actions(need: Need, signals: MeshSignals, config: PlannerConfig) -> Out
         prompts = signals.ttft_samples > 0 or any(w.queued_prompt_tokens for w in both)
         if need.reason is Reason.TPOT_OVER_SLO and both and prompts:
             if prefill:
-                return to("decode", both), ""
+                return to("decode", sorted(both, key=_streams_order)), ""
             if len(both) >= 2 or decode:
                 first = _fewest_streams(both)
-                rest = [w for w in both if w is not first]
+                rest = sorted((w for w in both if w is not first), key=_streams_order)
                 return to("prefill", [first]) + to("decode", rest), ""
         if len(prefill) >= 2:
             return to("decode", [_idlest(prefill)]), ""
@@ -74,8 +84,9 @@ def role_actions(need: Need, signals: MeshSignals, config: PlannerConfig) -> Out
         if decode:
             return to("both", [_fewest_streams(decode)]), ""
         return [], "every worker that decodes prefills already"
-    if need.kind is NeedKind.LESS_PREFILL:
-        return to("both", [*prefill, *decode]), ""
+    if need.kind is NeedKind.LESS_PREFILL:  # a prefill and a decode worker at a time
+        pairs = zip_longest(sorted(prefill, key=_streams_order), sorted(decode, key=_streams_order))
+        return to("both", [w for pair in pairs for w in pair if w is not None]), ""
     return [], "roles mode: an idle decode side keeps its workers"
 
 
@@ -88,5 +99,9 @@ def _idlest(workers: Sequence[WorkerSignal]) -> WorkerSignal:
     return min(workers, key=lambda w: (w.busy, w.queued_prompt_tokens, w.num_running, w.worker_id))
 
 
+def _streams_order(w: WorkerSignal) -> tuple[int, float, float, str]:
+    return (w.num_running, w.kv_usage, w.busy, w.worker_id)
+
+
 def _fewest_streams(workers: Sequence[WorkerSignal]) -> WorkerSignal:
-    return min(workers, key=lambda w: (w.num_running, w.kv_usage, w.busy, w.worker_id))
+    return min(workers, key=_streams_order)

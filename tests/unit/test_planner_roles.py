@@ -34,6 +34,23 @@ def test_with_a_prefill_worker_already_the_both_workers_turn_decode():
     assert moves(decisions[1]) == {"b0": "decode", "b1": "decode"}
 
 
+def test_a_large_mesh_changes_a_step_at_a_time():
+    """Eight both workers with slow streams: one decision moves `max_moves` of them (the
+    prefill worker of the split first), not the whole mesh; merging pairs one prefill with
+    one decode worker."""
+    mesh = [worker(f"b{i}", "both", num_running=i) for i in range(8)]
+    decisions = run(Planner(ROLES), [snap(t, mesh, tpot=0.08) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"b0": "prefill", "b1": "decode"}
+    three = run(
+        Planner(replace(ROLES, max_moves=3)), [snap(t, mesh, tpot=0.08) for t in every(5, 2)]
+    )
+    assert moves(three[1]) == {"b0": "prefill", "b1": "decode", "b2": "decode"}
+    split = [worker(f"p{i}", "prefill", busy=0.05) for i in range(3)]
+    split += [worker(f"d{i}", "decode", busy=0.3, num_running=3 - i) for i in range(3)]
+    decisions = run(Planner(ROLES), [snap(t, split) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"p0": "both", "d2": "both"}
+
+
 def test_one_worker_alone_is_never_split():
     planner = Planner(ROLES)
     alone = [worker("b0", "both")]
