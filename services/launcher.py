@@ -1,7 +1,8 @@
 """`splitserve up`'s run: nats-server, the children of the plan under supervision, the
 ready probe. The plan is services/launch_plan.py, the command line services/launch_cli.py.
 
-`run_mesh` starts nats-server (unless `--nats URL` names one) with fresh credentials that
+`run_mesh` starts nats-server (unless `--nats URL` names one) in a directory of this mesh's
+own (shared/nats_auth.py: mesh_nats_dir, removed at shutdown) with fresh credentials that
 it alone admits, each child connecting as its role (shared/nats_auth.py; every worker as
 `both`, so it may change role), then the children of the plan, each in its own session, so
 Ctrl-C reaches only the launcher and shutdown keeps its order. The scheduler's and
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 import socket
 import threading
 import time
@@ -42,7 +44,7 @@ from services.launch_plan import LauncherConfig, child_specs, worker_template
 from services.pool_follower import PoolFollower, usable_cores
 from services.pool_link import PoolLink
 from services.supervisor import ChildSpec, MeshDown, Supervisor
-from shared.nats_auth import service_role, start_mesh_nats
+from shared.nats_auth import mesh_nats_dir, service_role, start_mesh_nats
 from shared.ports import free_port, set_aside
 from shared.subjects import Subjects
 
@@ -88,7 +90,8 @@ def run_mesh(
     subjects = Subjects(config.namespace)
     if not nats_url:
         port = config.nats_port or None
-        nats, credentials = start_mesh_nats(config.home / "nats", port, subjects)
+        nats_dir = mesh_nats_dir(config.home, config.port)
+        nats, credentials = start_mesh_nats(nats_dir, port, subjects)
         nats_url, auth = nats.url, credentials.auth("launcher")
         log.info("started nats-server (pid %d) at %s", nats.process.pid, nats_url)
         log.info("NATS credentials per role (no anonymous access): %s", credentials.directory)
@@ -124,6 +127,7 @@ def run_mesh(
         if nats is not None:
             log.info("stopping nats-server")
             nats.stop()
+            shutil.rmtree(nats_dir, ignore_errors=True)  # its passwords outlive nothing
 
 
 def _supervise(

@@ -41,14 +41,13 @@ class PoolLink:
         self._loop: asyncio.AbstractEventLoop | None = None  # the thread's, from start()
         self._thread: threading.Thread | None = None
         self._bus: Bus | None = None
-        self._connecting: concurrent.futures.Future[None] | None = None
 
     def start(self) -> None:
         """Start the thread and connect from it (retried in the background)."""
         self._loop = loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=loop.run_forever, name="pool-link", daemon=True)
         self._thread.start()
-        self._connecting = asyncio.run_coroutine_threadsafe(self._connect(), loop)
+        asyncio.run_coroutine_threadsafe(self._connect(), loop)
 
     def target(self) -> PoolTarget | None:
         """The target to follow (the newest accepted), or None before any."""
@@ -76,12 +75,13 @@ class PoolLink:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
-        if self._connecting is not None:
-            self._connecting.cancel()
         if self._bus is not None:
             closing = asyncio.run_coroutine_threadsafe(self._bus.close(), loop)
             with contextlib.suppress(Exception):
                 closing.result(CLOSE_TIMEOUT_S)
+        settling = asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop)
+        with contextlib.suppress(Exception):  # a connect in progress ends before the loop does
+            settling.result(CLOSE_TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(CLOSE_TIMEOUT_S)
         if not thread.is_alive():
@@ -114,3 +114,11 @@ class PoolLink:
             raise ConnectionError("not connected to NATS yet")
         status = self.subjects.status
         return await self._bus.request(status, StatusQuery(), MeshStatus, STATUS_TIMEOUT_S)
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel every other task of this loop and wait for them to end."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -88,6 +88,14 @@ def password_variable(role: str) -> str:
     return f"$NATS_{role.upper()}_PASSWORD"
 
 
+def mesh_nats_dir(home: Path, gateway_port: int) -> Path:
+    """Where `splitserve up` with its gateway on `gateway_port` keeps its nats-server's config,
+    log, JetStream store and credentials (`auth/`): one directory per mesh (no two meshes on
+    a machine share a gateway port), so a second `up` never rewrites a first one's passwords;
+    `up` removes it at shutdown."""
+    return home / "nats" / f"mesh-{gateway_port}"
+
+
 def start_mesh_nats(
     data_dir: Path, port: int | None, subjects: Subjects
 ) -> tuple[NatsServer, MeshCredentials]:

@@ -29,7 +29,7 @@ from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.sampling_params import SamplingParams
-from shared.nats_auth import MeshCredentials
+from shared.nats_auth import MeshCredentials, mesh_nats_dir
 from shared.ports import free_port
 from shared.protocol import Heartbeat, MeshStatus, StatusQuery
 from shared.subjects import Subjects
@@ -66,7 +66,7 @@ class Mesh:
         self.port = free_port()
         self.nats_port = free_port()
         self.log_path = home / "up.log"
-        self.credentials = MeshCredentials(home / "nats" / "auth")  # up's own nats-server's
+        self.credentials = MeshCredentials(mesh_nats_dir(home, self.port) / "auth")  # up's own
         env = {**os.environ, "SPLITSERVE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
             [

@@ -21,9 +21,10 @@ from services.launch_cli import config_from_args
 from services.launch_plan import LauncherConfig, child_specs
 from services.launcher import metrics_ports, run_mesh
 from services.supervisor import ChildSpec
-from shared.nats_auth import MeshCredentials, service_role, start_mesh_nats
+from shared.nats_auth import MeshCredentials, mesh_nats_dir, service_role, start_mesh_nats
 from shared.nats_options import connect_options
 from shared.nats_permissions import may_serve
+from shared.ports import free_port
 from shared.subjects import Subjects
 
 WORKERS = {"prefill", "decode", "both"}
@@ -240,8 +241,9 @@ def test_up_starts_its_children_as_their_roles_on_a_server_that_refuses_anonymou
         argvs = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in pids]
         users = sorted(a[a.index(b"--nats-user") + 1].decode() for a in argvs)
         assert users == ["both", "gateway", "scheduler"]  # the decode worker as `both`
-        credentials = MeshCredentials(config.home / "nats" / "auth")
-        url = f"nats://127.0.0.1:{_port(config.home / 'nats' / 'nats.conf')}"
+        nats_dir = mesh_nats_dir(config.home, config.port)
+        credentials = MeshCredentials(nats_dir / "auth")
+        url = f"nats://127.0.0.1:{_port(nats_dir / 'nats.conf')}"
 
         async def main() -> None:
             nc = await nats.connect(**connect_options(url, credentials.auth("both")))
@@ -272,3 +274,42 @@ def test_up_with_an_external_server_passes_its_credentials_and_tls_to_every_serv
         assert "--nats nats://a:4222,nats://b:4222" in line
         assert "--nats-user mesh" in line
         assert f"--nats-tls-ca {tmp_path / 'ca'}" in line
+
+
+def test_two_meshes_on_one_home_keep_their_own_credentials_and_leave_nothing(tmp_path):
+    """Two `up`s with the same SPLITSERVE_HOME (issue 60): each has its own nats-server
+    directory, so the second's start does not rewrite the first's passwords: both servers
+    admit their own credentials while both run, and each directory is removed at stop."""
+    home = tmp_path / "home"
+    script = "import time; time.sleep(60)"
+    children = [ChildSpec("sched", "scheduler", (sys.executable, "-c", script))]
+    meshes = []
+    for _ in range(2):
+        config = LauncherConfig(home=home, port=free_port(), grace=0.5, ready_timeout=60)
+        stop = threading.Event()
+        runner = threading.Thread(target=run_mesh, args=(config, stop, lambda url: children, bool))
+        runner.start()
+        meshes.append((config, stop, runner))
+    try:
+        dirs = [mesh_nats_dir(config.home, config.port) for config, _, _ in meshes]
+        deadline = time.monotonic() + 20
+        while not all((d / "auth" / "observer.password").exists() for d in dirs):
+            assert time.monotonic() < deadline, "a mesh's nats-server did not start"
+            time.sleep(0.05)
+        assert dirs[0] != dirs[1]
+
+        async def main() -> None:
+            for nats_dir in dirs:
+                url = f"nats://127.0.0.1:{_port(nats_dir / 'nats.conf')}"
+                auth = MeshCredentials(nats_dir / "auth").auth("observer")
+                nc = await nats.connect(**connect_options(url, auth), allow_reconnect=False)
+                await nc.close()
+
+        asyncio.run(main())
+    finally:
+        for _, stop, _ in meshes:
+            stop.set()
+        for _, _, runner in meshes:
+            runner.join(20)
+    assert not any(runner.is_alive() for _, _, runner in meshes)
+    assert not any(d.exists() for d in dirs)
