@@ -7,17 +7,20 @@ replicas (ADD and DRAIN, within `min_per_role`..`max_per_role` workers of each r
   LESS_DECODE   DRAIN the decode worker with the fewest streams (both, likewise)
 roles (SET_ROLE among the workers there are, e.g. `up --pool` pinned to cores):
   MORE_DECODE   TPOT over the SLO while prompts arrive and some worker does both: split.
-                With a prefill worker already, every both worker → decode; else the both
-                worker with the fewest streams → prefill and the others → decode
-                (both+both → prefill+decode). Otherwise, with two prefill workers or more,
-                the idlest → decode.
-  MORE_PREFILL  the decode worker with the fewest streams → both (it prefills its own
-                requests too; the scheduler's path choice decides which)
-  LESS_PREFILL  merge: every prefill and decode worker → both (prefill+decode → both+both)
+                With a prefill worker already, the both workers → decode; else half the
+                mesh (both workers with the fewest streams first) → prefill, the rest →
+                decode, in one decision (both+both → prefill+decode; 8 both → 4 + 4: a
+                split a step at a time would send every long prompt to one prefill worker).
+                Otherwise, with two prefill workers or more, the idlest → decode.
+  MORE_PREFILL  decode workers but one (fewest streams first) → prefill; a mesh of one
+                decode worker and at most `max_moves` workers in all merges: every worker
+                → both (under the fixed path rule a both worker prefills long prompts only
+                when no prefill worker is left); else the one decode worker → both.
+  LESS_PREFILL  with two prefill workers or more, the idlest → decode; a mesh of one prefill
+                and one decode worker (at most `max_moves` in all) merges → both+both.
   LESS_DECODE   nothing: fixed hardware has nothing to give back
-In roles mode at most `--planner-max-moves` (2) workers change per decision, the first of
-the list above first (the prefill worker of a split, then those with the fewest streams), so
-a large mesh moves a step at a time and the next snapshot can pull the other way.
+In roles mode at most `--planner-max-moves` (2) workers change per decision but for the
+split, which moves the whole mesh at once.
 The subtle rule: no decision leaves the mesh without a worker that decodes (decode or
 both), and no two decisions name the same worker. A need the mode cannot meet says why.
 """
@@ -25,7 +28,6 @@ both), and no two decisions name the same worker. A need the mode cannot meet sa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import zip_longest
 
 from services.planner.config import PlannerConfig
 from services.planner.counts import RoleCounts, live_counts
@@ -56,12 +58,15 @@ def replica_actions(need: Need, signals: MeshSignals, config: PlannerConfig) -> 
 
 
 def role_actions(need: Need, signals: MeshSignals, config: PlannerConfig) -> Outcome:
-    """The role changes for `need`, at most `config.max_moves` of them, in the order below."""
-    made, why = _role_changes(need, signals)
-    return made[: config.max_moves], why
+    """The role changes for `need`: a split of both workers whole, any other change at most
+    `config.max_moves` workers, in the order below."""
+    made, why, whole = _role_changes(need, signals, config.max_moves)
+    return (made if whole else made[: config.max_moves]), why
 
 
-def _role_changes(need: Need, signals: MeshSignals) -> Outcome:
+def _role_changes(
+    need: Need, signals: MeshSignals, max_moves: int
+) -> tuple[list[Decision], str, bool]:
     prefill, decode, both = (side(signals, (r,)).workers for r in ("prefill", "decode", "both"))
 
     def to(role: str, workers: Sequence[WorkerSignal]) -> list[Decision]:
@@ -71,23 +76,30 @@ def _role_changes(need: Need, signals: MeshSignals) -> Outcome:
     if need.kind is NeedKind.MORE_DECODE:
         prompts = signals.ttft_samples > 0 or any(w.queued_prompt_tokens for w in both)
         if need.reason is Reason.TPOT_OVER_SLO and both and prompts:
+            ordered = sorted(both, key=_streams_order)
             if prefill:
-                return to("decode", sorted(both, key=_streams_order)), ""
-            if len(both) >= 2 or decode:
-                first = _fewest_streams(both)
-                rest = sorted((w for w in both if w is not first), key=_streams_order)
-                return to("prefill", [first]) + to("decode", rest), ""
+                return to("decode", ordered), "", False
+            if len(both) >= 2 or decode:  # the split, whole: half the mesh prefills
+                k = min(len(both), max(1, (len(both) + len(decode)) // 2))
+                return to("prefill", ordered[:k]) + to("decode", ordered[k:]), "", True
         if len(prefill) >= 2:
-            return to("decode", [_idlest(prefill)]), ""
-        return [], "no worker can move to decode and leave prompts a worker to prefill them"
+            return to("decode", [_idlest(prefill)]), "", False
+        return [], "no worker can move to decode and leave prompts a worker to prefill them", False
     if need.kind is NeedKind.MORE_PREFILL:
-        if decode:
-            return to("both", [_fewest_streams(decode)]), ""
-        return [], "every worker that decodes prefills already"
-    if need.kind is NeedKind.LESS_PREFILL:  # a prefill and a decode worker at a time
-        pairs = zip_longest(sorted(prefill, key=_streams_order), sorted(decode, key=_streams_order))
-        return to("both", [w for pair in pairs for w in pair if w is not None]), ""
-    return [], "roles mode: an idle decode side keeps its workers"
+        if len(decode) >= 2:  # keep one: the fewest streams move
+            return to("prefill", sorted(decode, key=_streams_order)[:-1]), "", False
+        if decode and not both and len(prefill) + 1 <= max_moves:  # small: merge it whole
+            return to("both", [*prefill, *decode]), "", False
+        if decode:  # it prefills its own requests too, as the path choice gives them
+            return to("both", decode), "", False
+        return [], "every worker that decodes prefills already", False
+    if need.kind is NeedKind.LESS_PREFILL:
+        if len(prefill) >= 2:
+            return to("decode", [_idlest(prefill)]), "", False
+        if prefill and decode and not both and len(prefill) + len(decode) <= max_moves:
+            return to("both", [*prefill, *decode]), "", False  # small: merge it whole
+        return [], "roles mode: the one prefill worker stays", False
+    return [], "roles mode: an idle decode side keeps its workers", False
 
 
 def _decodes_after(counts: RoleCounts, drained: str) -> bool:

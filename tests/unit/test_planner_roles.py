@@ -34,21 +34,23 @@ def test_with_a_prefill_worker_already_the_both_workers_turn_decode():
     assert moves(decisions[1]) == {"b0": "decode", "b1": "decode"}
 
 
-def test_a_large_mesh_changes_a_step_at_a_time():
-    """Eight both workers with slow streams: one decision moves `max_moves` of them (the
-    prefill worker of the split first), not the whole mesh; merging pairs one prefill with
-    one decode worker."""
+def test_a_large_mesh_splits_whole_and_then_moves_a_step_at_a_time():
+    """Eight both workers with slow streams split in one decision, half to prefill (the
+    fewest streams first): a split a step at a time would send every long prompt to one
+    prefill worker. Other changes move at most `max_moves` workers: an idle prefill side of
+    three gives one worker to decode, late first tokens take decode workers but one."""
     mesh = [worker(f"b{i}", "both", num_running=i) for i in range(8)]
     decisions = run(Planner(ROLES), [snap(t, mesh, tpot=0.08) for t in every(5, 2)])
-    assert moves(decisions[1]) == {"b0": "prefill", "b1": "decode"}
-    three = run(
-        Planner(replace(ROLES, max_moves=3)), [snap(t, mesh, tpot=0.08) for t in every(5, 2)]
-    )
-    assert moves(three[1]) == {"b0": "prefill", "b1": "decode", "b2": "decode"}
+    halves = {f"b{i}": "prefill" if i < 4 else "decode" for i in range(8)}
+    assert moves(decisions[1]) == halves
     split = [worker(f"p{i}", "prefill", busy=0.05) for i in range(3)]
     split += [worker(f"d{i}", "decode", busy=0.3, num_running=3 - i) for i in range(3)]
     decisions = run(Planner(ROLES), [snap(t, split) for t in every(5, 2)])
-    assert moves(decisions[1]) == {"p0": "both", "d2": "both"}
+    assert moves(decisions[1]) == {"p0": "decode"}
+    late = [worker(f"d{i}", "decode", num_running=4 - i) for i in range(4)]
+    late.append(worker("p0", "prefill"))
+    decisions = run(Planner(ROLES), [snap(t, late, ttft=3.0) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"d3": "prefill", "d2": "prefill"}  # max_moves of three
 
 
 def test_one_worker_alone_is_never_split():
@@ -64,12 +66,15 @@ def test_slow_streams_without_prompts_arriving_split_nothing():
     assert run(Planner(ROLES), series) == [[]] * 3
 
 
-def test_late_first_tokens_make_a_decode_worker_prefill_too():
+def test_late_first_tokens_move_a_decode_worker_to_prefill_or_merge_a_small_split():
     mesh = [worker("p0", "prefill"), worker("d0", "decode", num_running=4)]
     mesh.append(worker("d1", "decode", num_running=1))
     decisions = run(Planner(ROLES), [snap(t, mesh, ttft=1.8) for t in every(5, 2)])
-    assert moves(decisions[1]) == {"d1": "both"}
+    assert moves(decisions[1]) == {"d1": "prefill"}
     assert decisions[1][0].reason is Reason.TTFT_OVER_SLO
+    pair = [worker("p0", "prefill"), worker("d0", "decode", num_running=4)]
+    decisions = run(Planner(ROLES), [snap(t, pair, ttft=1.8) for t in every(5, 2)])
+    assert moves(decisions[1]) == {"p0": "both", "d0": "both"}
 
 
 def test_an_idle_prefill_side_merges_the_split_into_both_workers():
