@@ -68,6 +68,12 @@ async def run_until_signal(
                 loop.remove_signal_handler(sig)
 
 
+def log_to_stderr(level: str) -> None:
+    """The services' log lines: time, level, logger, message; `level` as the flag gives it."""
+    format_ = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level.upper(), format=format_)
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
     """`main` to completion on uvloop when it is installed, else on asyncio's own loop."""
     faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)

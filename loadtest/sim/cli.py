@@ -21,7 +21,8 @@ from loadtest.sim.mesh import MeshSettings
 from loadtest.sim.planner_hook import Decider
 from loadtest.sim.worker import MODEL, EngineLimits
 from loadtest.slo.attainment import Slo
-from loadtest.slo.config import WORKLOADS, SloBenchConfig, parse_rates
+from loadtest.slo.cli import add_sweep_flags, sweep_settings
+from loadtest.slo.config import SloBenchConfig
 from services.scheduler.config import PATH_CHOICES, SchedulerConfig
 from shared.errors import ConfigError
 
@@ -34,16 +35,8 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
         "action", nargs="?", choices=("calibrate",), help="rebuild --cost-model (cpu-here)"
     )
     sim.add_argument("--workers", default=DEFAULT_WORKERS, help="NAME=ROLE:COUNT[xCORES],...;...")
-    sim.add_argument("--workloads", default="long", help=f"of {','.join(WORKLOADS)}")
-    sim.add_argument("--rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
-    sim.add_argument("--num-prompts", type=int, default=40, help="per rate (not shift's)")
-    sim.add_argument("--slo", default="ttft=1s,tpot=40ms", help="both, each with s or ms")
-    sim.add_argument("--attainment", type=float, default=0.9, help="target share of requests")
-    sim.add_argument("--phase-seconds", type=float, default=120.0, help="shift: each phase")
-    sim.add_argument("--phases", type=int, default=2, help="shift: chat, long, chat, ...")
-    sim.add_argument("--long-len", type=int, default=2048, help="prompt tokens of long prompts")
+    add_sweep_flags(sim, "long")
     sim.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="workload token ids")
-    sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--cost-model", default="cpu-here", help=f"{cost_model.NAMES} or a JSON")
     sim.add_argument("--path-choice", choices=PATH_CHOICES, default="fixed", help="scheduler's")
     sim.add_argument("--local-prefill-tokens", type=int, default=16, help="scheduler's")
@@ -65,25 +58,12 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
 
 def config_from_args(args: argparse.Namespace) -> SimBenchConfig:
     cost = cost_model.load(args.cost_model)
-    slo = Slo.parse(args.slo)
     if args.search:
         step = args.search_step or max(1, args.search // 8)
         configs = splits(args.search, step, args.cores_per_worker)
     else:
         configs = parse_workers(args.workers)
-    bench = SloBenchConfig(
-        configs=configs,
-        slo=slo,
-        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
-        rates=parse_rates(args.rates),
-        num_prompts=args.num_prompts,
-        attainment=args.attainment,
-        phase_seconds=args.phase_seconds,
-        phases=args.phases,
-        long_len=args.long_len,
-        seed=args.seed,
-        out=args.out,
-    )
+    bench = SloBenchConfig(configs=configs, **sweep_settings(args), out=args.out)
     scheduler = SchedulerConfig(
         path_choice=args.path_choice,
         local_prefill_tokens=args.local_prefill_tokens,
@@ -92,7 +72,7 @@ def config_from_args(args: argparse.Namespace) -> SimBenchConfig:
     )
     budget = args.max_num_batched_tokens or cost.token_budget
     limits = EngineLimits(scheduler.block_size, budget, cost.max_num_seqs)
-    planner = real_planner(args.planner_mode, slo) if args.planner else None
+    planner = real_planner(args.planner_mode, bench.slo) if args.planner else None
     return SimBenchConfig(
         bench,
         cost,

@@ -50,10 +50,11 @@ class Slo:
         return cls(values["ttft"], values["tpot"])
 
     def met_by(self, record: RequestRecord) -> bool:
-        if not record.ok:
-            return False
-        tpot = record.tpot
-        return record.ttft <= self.ttft_s and (tpot is None or tpot <= self.tpot_s)
+        return record.ok and self.within(record.ttft, record.tpot)
+
+    def within(self, ttft: float, tpot: float | None) -> bool:
+        """Both objectives met (no TPOT: a one-token reply has none to miss)."""
+        return ttft <= self.ttft_s and (tpot is None or tpot <= self.tpot_s)
 
 
 def attainment(records: Sequence[RequestRecord], slo: Slo) -> float:

@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from loadtest.slo.attainment import Slo
 from loadtest.slo.config import PEERS, WORKLOADS, SloBenchConfig, parse_configs, parse_rates
@@ -35,22 +36,42 @@ def add_server_flags(parser: argparse.ArgumentParser, out: str) -> None:
     parser.add_argument("up_args", nargs="*", help="more flags for every `splitserve up`, after --")
 
 
+def add_sweep_flags(parser: argparse.ArgumentParser, workloads: str) -> None:
+    """The flags of a rate sweep at SLO: `bench slo`'s, and `bench sim`'s too."""
+    parser.add_argument("--workloads", default=workloads, help=f"of {','.join(WORKLOADS)}")
+    parser.add_argument("--rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
+    parser.add_argument("--num-prompts", type=int, default=40, help="per rate (not shift's)")
+    parser.add_argument("--slo", default="ttft=1s,tpot=40ms", help="both, each with s or ms")
+    parser.add_argument("--attainment", type=float, default=0.9, help="target share of requests")
+    parser.add_argument("--phase-seconds", type=float, default=120.0, help="shift: each phase")
+    parser.add_argument("--phases", type=int, default=2, help="shift: chat, long, chat, ...")
+    parser.add_argument(
+        "--long-len", type=int, default=2048, help="prompt tokens of long (mixed, shift) prompts"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """`add_sweep_flags`' values as SloBenchConfig's fields (checked when it is made)."""
+    return {
+        "slo": Slo.parse(args.slo),
+        "workloads": tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
+        "rates": parse_rates(args.rates),
+        "num_prompts": args.num_prompts,
+        "attainment": args.attainment,
+        "phase_seconds": args.phase_seconds,
+        "phases": args.phases,
+        "long_len": args.long_len,
+        "seed": args.seed,
+    }
+
+
 def add_parser(targets: argparse._SubParsersAction) -> None:
     slo = targets.add_parser(
         "slo", help="goodput at SLO: pinned configurations of equal cores, a rate sweep"
     )
     add_server_flags(slo, "artifacts/bench-slo")
-    slo.add_argument("--workloads", default=",".join(WORKLOADS), help="of those by default")
-    slo.add_argument("--rates", default="0.25,0.5,1,2", help="requests/s, comma-separated")
-    slo.add_argument("--num-prompts", type=int, default=40, help="per rate (not shift's)")
-    slo.add_argument("--slo", default="ttft=1s,tpot=40ms", help="both, each with s or ms")
-    slo.add_argument("--attainment", type=float, default=0.9, help="target share of requests")
-    slo.add_argument("--phase-seconds", type=float, default=120.0, help="shift: each phase")
-    slo.add_argument("--phases", type=int, default=2, help="shift: chat, long, chat, ...")
-    slo.add_argument(
-        "--long-len", type=int, default=2048, help="prompt tokens of long (mixed, shift) prompts"
-    )
-    slo.add_argument("--seed", type=int, default=0)
+    add_sweep_flags(slo, ",".join(WORKLOADS))
     slo.add_argument("--peer", choices=PEERS, help="also run it on each configuration's cores")
     slo.add_argument("--peers-venv", type=Path, default=Path(".venv-peers"))
     slo.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
@@ -61,15 +82,7 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
 def config_from_args(args: argparse.Namespace) -> SloBenchConfig:
     return SloBenchConfig(
         configs=parse_configs(args.configs),
-        slo=Slo.parse(args.slo),
-        workloads=tuple(w.strip() for w in args.workloads.split(",") if w.strip()),
-        rates=parse_rates(args.rates),
-        num_prompts=args.num_prompts,
-        attainment=args.attainment,
-        phase_seconds=args.phase_seconds,
-        phases=args.phases,
-        long_len=args.long_len,
-        seed=args.seed,
+        **sweep_settings(args),
         peer=args.peer or "",
         model=args.model,
         model_dir=args.model_dir,

@@ -27,6 +27,7 @@ import aiohttp
 
 from loadtest.client import ClientConfig, send_request
 from loadtest.datasets import LOW_TOKEN_ID
+from loadtest.metrics import Stats
 from loadtest.request import BenchRequest, RequestRecord
 from loadtest.slo.config import Configuration
 from loadtest.slo.sweep import Servers, serving
@@ -91,11 +92,6 @@ def gaps_in(records: list[RequestRecord], start: float, end: float) -> list[floa
     ]
 
 
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
 def judge(
     streams: list[RequestRecord], burst: list[RequestRecord], sent: float, quiet_s: float
 ) -> Round:
@@ -113,11 +109,12 @@ def judge(
     quiet, loud = gaps_in(streams, quiet_from, sent), gaps_in(streams, sent, burst_end)
     if not quiet or not loud:
         raise RoundRefused("no inter-token gap in a window")
+    quiet_ms, loud_ms = Stats.of(quiet), Stats.of(loud)
     return Round(
-        quiet_p50_ms=statistics.median(quiet) * 1000,
-        quiet_p99_ms=percentile(quiet, 0.99) * 1000,
-        burst_p50_ms=statistics.median(loud) * 1000,
-        burst_p99_ms=percentile(loud, 0.99) * 1000,
+        quiet_p50_ms=quiet_ms.median,
+        quiet_p99_ms=quiet_ms.p99,
+        burst_p50_ms=loud_ms.median,
+        burst_p99_ms=loud_ms.p99,
         burst_s=burst_end - sent,
     )
 

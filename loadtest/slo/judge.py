@@ -32,9 +32,7 @@ class Judged:
 def met(row: list[object], slo: Slo) -> bool:
     """A saved request ([label, offset, ttft, tpot]) within both objectives."""
     _, _, ttft, tpot = row
-    if ttft is None:
-        return False
-    return float(ttft) <= slo.ttft_s and (tpot is None or float(tpot) <= slo.tpot_s)
+    return ttft is not None and slo.within(float(ttft), None if tpot is None else float(tpot))
 
 
 def judge_results(results: list[tuple[str, dict]], slo: Slo, target: float) -> list[Judged]:

@@ -10,7 +10,7 @@ from services.planner.config import PlannerServiceConfig, add_planner_args
 from services.planner.service import PlannerService
 from shared.bus import Bus
 from shared.errors import ConfigError
-from shared.service_loop import run, run_until_signal
+from shared.service_loop import log_to_stderr, run, run_until_signal
 from shared.telemetry.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
@@ -29,8 +29,7 @@ def main(args: argparse.Namespace) -> None:
         config = PlannerServiceConfig.from_args(args)
     except ConfigError as exc:
         sys.exit(f"splitserve planner: {exc}")
-    level = config.common.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(config.common.log_level)
     run(serve(config))
 
 

@@ -8,7 +8,7 @@ import logging
 from services.scheduler.config import SchedulerConfig, add_scheduler_args
 from services.scheduler.service import SchedulerService
 from shared.bus import Bus
-from shared.service_loop import run, run_until_signal
+from shared.service_loop import log_to_stderr, run, run_until_signal
 from shared.telemetry.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
@@ -22,8 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> None:
     config = SchedulerConfig.from_args(args)
-    level = config.common.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(config.common.log_level)
     run(serve(config))
 
 

@@ -21,7 +21,7 @@ from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
 from shared.engine.engine_config import EngineConfig
 from shared.errors import ConfigError
 from shared.flags import add_flags, build, changed_argv
-from shared.service_loop import run, run_until_signal
+from shared.service_loop import log_to_stderr, run, run_until_signal
 
 NOT_ENGINE_FLAGS = ("model_id",)  # derived: the worker's model name
 
@@ -72,9 +72,7 @@ async def serve(config: WorkerConfig) -> bool:
 
 
 def main(args: argparse.Namespace) -> None:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(args.log_level)
     try:
         config = config_from_args(args)
         pin(config.pinned_cpus)  # a core this machine lacks: refused like a bad flag
