@@ -6,6 +6,7 @@ a role's rows is denied, every one inside them is delivered, replies reach the r
 from __future__ import annotations
 
 import asyncio
+import socket
 import stat
 import sys
 import threading
@@ -262,6 +263,15 @@ def _port(config: Path) -> int:
     return int(config.read_text().split("listen: 127.0.0.1:", 1)[1].split()[0])
 
 
+def _listening(config: Path) -> bool:
+    """Has the nats-server of `config` (written just before it starts) begun to listen?"""
+    try:
+        socket.create_connection(("127.0.0.1", _port(config)), timeout=0.2).close()
+    except (OSError, IndexError, ValueError):
+        return False
+    return True
+
+
 def test_up_with_an_external_server_passes_its_credentials_and_tls_to_every_service(tmp_path):
     argv = ["up", "--nats", "nats://a:4222,nats://b:4222", "--nats-user", "mesh"]
     argv += ["--nats-password-file", str(tmp_path / "pw"), "--nats-tls-ca", str(tmp_path / "ca")]
@@ -293,7 +303,7 @@ def test_two_meshes_on_one_home_keep_their_own_credentials_and_leave_nothing(tmp
     try:
         dirs = [mesh_nats_dir(config.home, config.port) for config, _, _ in meshes]
         deadline = time.monotonic() + 20
-        while not all((d / "auth" / "observer.password").exists() for d in dirs):
+        while not all(_listening(d / "nats.conf") for d in dirs):
             assert time.monotonic() < deadline, "a mesh's nats-server did not start"
             time.sleep(0.05)
         assert dirs[0] != dirs[1]
