@@ -127,6 +127,8 @@ class Heartbeat:
     # Time per output token after the first (seconds) of each stream that finished here since
     # the last beat, as its client saw them: the planner's TPOT (services/planner/window.py).
     stream_tpots: list[float] = field(default_factory=list)
+    stall_s: float = 0.0  # recent seconds its streams waited on prompt work (step_costs.py)
+    stream_tokens: int = 0  # the fewest max_tokens among its running streams (0: none)
 
 
 @dataclass(slots=True)

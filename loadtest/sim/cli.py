@@ -41,6 +41,7 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     sim.add_argument("--path-choice", choices=PATH_CHOICES, default="fixed", help="scheduler's")
     sim.add_argument("--local-prefill-tokens", type=int, default=16, help="scheduler's")
     sim.add_argument("--stall-weight", type=float, default=0.1, help="scheduler's")
+    sim.add_argument("--path-slo", help="scheduler's (--path-choice slo); default: --slo's")
     sim.add_argument("--max-num-batched-tokens", type=int, help="default: the cost model's")
     sim.add_argument("--planner", action="store_true", help="services.planner.policy.Planner")
     sim.add_argument("--planner-mode", choices=("roles", "replicas"), default="roles")
@@ -68,6 +69,7 @@ def config_from_args(args: argparse.Namespace) -> SimBenchConfig:
         path_choice=args.path_choice,
         local_prefill_tokens=args.local_prefill_tokens,
         stall_weight=args.stall_weight,
+        path_slo=args.path_slo or f"ttft={bench.slo.ttft_s},tpot={bench.slo.tpot_s}",
         model_id=MODEL,
     )
     budget = args.max_num_batched_tokens or cost.token_budget

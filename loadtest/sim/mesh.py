@@ -114,7 +114,8 @@ class SimMesh:
     def _place(self, request: SimRequest) -> bool:
         cfg, rtt = self.config, self.cost.control_latency_s
         views = self.registry.views()
-        plan = plan_route(views, request.tokens, self.registry.model_id("", cfg.model_id), "", cfg)
+        model_id = self.registry.model_id("", cfg.model_id)
+        plan = plan_route(views, request.tokens, model_id, "", cfg, request.output_len)
         for decode in plan.decodes:
             choice = plan.choose(decode, cfg, rtt)
             worker = self.workers[decode.worker_id]

@@ -276,6 +276,8 @@ class SimWorker:
             kv_peers=[peer.wire(w) for w, peer in sorted(self.peers.items())],
             prefill_rate=costs.prefill_rate,
             decode_step_s=costs.decode_step_s,
+            stall_s=costs.stall_s,
+            stream_tokens=min((s.request.output_len for s in self.running), default=0),
             decode_batch=costs.decode_batch,
             queued_prompt_tokens=queued,
             busy=self.busy_share,

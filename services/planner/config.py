@@ -4,8 +4,8 @@ window it looks), each filled from flags with `SPLITSERVE_PLANNER_*` defaults.
 
 The subtle rule: `PlannerConfig` builds from Python with keyword defaults alone (the simulator
 does), so its objectives are plain fields; the command line sets them from one flag, `--slo
-ttft=SECONDS,tpot=SECONDS` (`parse_slo`), and the mode from `--planner-mode`, whose `auto`
-is `replicas` for the service alone and `roles` under `splitserve up --pool` (launch_plan.py).
+ttft=SECONDS,tpot=SECONDS` (shared/slo.py), and the mode from `--planner-mode`, whose `auto` is
+`replicas` for the service alone and `roles` under `splitserve up --pool` (launch_plan.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
 from shared.errors import ConfigError
 from shared.flags import add_flags, build, flag
+from shared.slo import parse_slo
 
 MODES = ("roles", "replicas")
 MODE_CHOICES = ("auto", *MODES)
@@ -74,23 +75,6 @@ class PlannerConfig:
             raise ConfigError("--planner-max-moves must be >= 1")
         if not 0 <= self.min_per_role <= self.max_per_role or self.max_per_role < 1:
             raise ConfigError("need 0 <= --planner-min-per-role <= --planner-max-per-role >= 1")
-
-
-def parse_slo(text: str) -> tuple[float, float]:
-    """`ttft=1,tpot=0.04` (seconds; `ms` suffix for milliseconds) → (ttft, tpot)."""
-    values: dict[str, float] = {}
-    for item in text.split(","):
-        name, equals, raw = item.strip().partition("=")
-        if name not in ("ttft", "tpot") or not equals or name in values:
-            raise ConfigError(f"--slo {text!r}: expected ttft=SECONDS,tpot=SECONDS")
-        scale = 1e-3 if raw.endswith("ms") else 1.0
-        try:
-            values[name] = float(raw.removesuffix("ms").removesuffix("s")) * scale
-        except ValueError:
-            raise ConfigError(f"--slo {text!r}: {raw!r} is no number of seconds") from None
-    if values.keys() != {"ttft", "tpot"}:
-        raise ConfigError(f"--slo {text!r}: give both ttft and tpot")
-    return values["ttft"], values["tpot"]
 
 
 @dataclass(frozen=True, slots=True)

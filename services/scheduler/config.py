@@ -14,8 +14,9 @@ from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
 from shared.engine.engine_config import block_size_flag, check_block_size
 from shared.errors import ConfigError
 from shared.flags import add_flags, build, flag
+from shared.slo import parse_slo
 
-PATH_CHOICES = ("cost", "fixed")
+PATH_CHOICES = ("cost", "fixed", "slo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +39,13 @@ class SchedulerConfig:
         "fixed",
         help="fixed: the --local-prefill-tokens rule; cost: each request split or prefilled "
         "where it decodes, by measured cost (the prediction and its error are recorded "
-        "either way)",
+        "either way); slo: the path that keeps --path-slo's objectives, then by cost",
         choices=PATH_CHOICES,
+    )
+    path_slo: str = flag(
+        "",
+        help="--path-choice slo: the objectives ttft=SECONDS,tpot=SECONDS (or 200ms) the path "
+        "choice keeps for the new request and the streams running where it would decode",
     )
     stall_weight: float = flag(
         0.1,
@@ -68,6 +74,8 @@ class SchedulerConfig:
     sweep_interval: float = 0.5  # expiry, request deadlines; waiters retry at least this often
     retry_after: float = 1.0  # what a refusal for load or missing workers advises
     metrics_port: int = 0  # Prometheus /metrics; 0: a free port
+    # (ttft, tpot) seconds read from path_slo under --path-choice slo; (0, 0): none
+    objectives: tuple[float, float] = field(init=False, default=(0.0, 0.0))
 
     def __post_init__(self) -> None:
         if self.max_queue < 1:
@@ -77,6 +85,10 @@ class SchedulerConfig:
             raise ConfigError(f"local_prefill_tokens must be >= 0, got {self.local_prefill_tokens}")
         if self.path_choice not in PATH_CHOICES:
             raise ConfigError(f"path_choice must be one of {PATH_CHOICES}, got {self.path_choice}")
+        if self.path_choice == "slo":
+            if not self.path_slo:
+                raise ConfigError("--path-choice slo needs --path-slo ttft=SECONDS,tpot=SECONDS")
+            object.__setattr__(self, "objectives", parse_slo(self.path_slo, "--path-slo"))
         if self.stall_weight < 0:
             raise ConfigError(f"stall_weight must be >= 0, got {self.stall_weight}")
         timeouts = ("reserve_timeout", "heartbeat_timeout", "queue_timeout", "sweep_interval")

@@ -31,6 +31,8 @@ class WorkerCosts:
     decode_step_s: float = 0.0  # seconds per decode step
     queued_tokens: int = 0  # prompt tokens it has yet to compute (placed ones included)
     streams: int = 0  # requests decoding on it
+    stall_s: float = 0.0  # recent seconds its streams waited on prompt work (decayed)
+    stream_tokens: int = 0  # the fewest max_tokens among its running streams (0: none)
     block_bytes: int = 0  # one KV block, every layer
     links: Mapping[str, Link] = field(default_factory=dict)  # prefill side: decode id → link
 
@@ -62,6 +64,8 @@ def worker_costs(
         decode_step_s=beat.decode_step_s,
         queued_tokens=beat.queued_prompt_tokens + placed_tokens,
         streams=beat.num_running + placed,
+        stall_s=beat.stall_s,
+        stream_tokens=beat.stream_tokens,
         block_bytes=beat.block_bytes,
         links=links,
     )

@@ -12,7 +12,8 @@ Two paths serve a request on a decode worker D:
   stalls for the prefill's duration, weighed by `stall_weight` (seconds of one request's
   TTFT that one second of one stream's stall is worth), so a decode worker full of streams
   prefers the split.
-The cheaper path wins (a tie stays local); split offers are tried cheapest first.
+The cheaper path wins (a tie stays local); split offers are tried cheapest first. With
+objectives (`--path-choice slo`), the path that keeps them wins first (path_slo.py).
 
 The one subtle rule: a prediction needs measurements, and a mesh that has none yet (a cold
 mesh, or a pair never used) falls back to the fixed rule it had before measuring: local when
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
 from services.scheduler.measures import Link, WorkerCosts
+from services.scheduler.path_slo import Objectives, prefer_local, streams_tpot
 from services.scheduler.routing import blocks_for, prefills_locally
 
 
@@ -64,6 +66,7 @@ class CostParams:
     stall_weight: float
     reserve_rtt: float  # seconds: the scheduler's Reserve round trip (measured; 0 unknown)
     fixed: bool = False  # --path-choice fixed: the cold rule always
+    objectives: Objectives = field(default_factory=Objectives)  # --path-choice slo: path_slo.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +113,14 @@ def local_ttft(num_tokens: int, decode: Offer, rate: float, block_size: int) -> 
     return work / rate + (costs.decode_step_s if costs.streams else 0.0)
 
 
+def local_prefill_s(num_tokens: int, decode: Offer, rate: float, block_size: int) -> float:
+    """Seconds the decode worker's streams wait while it prefills the prompt itself."""
+    return uncached_tokens(num_tokens, decode.overlap, block_size) / rate
+
+
 def stall_cost(num_tokens: int, decode: Offer, rate: float, params: CostParams) -> float:
     """Running streams × the seconds this prompt's prefill holds them, weighed."""
-    prefill_s = uncached_tokens(num_tokens, decode.overlap, params.block_size) / rate
+    prefill_s = local_prefill_s(num_tokens, decode, rate, params.block_size)
     return params.stall_weight * decode.costs.streams * prefill_s
 
 
@@ -149,7 +157,18 @@ def choose(
     if local_rate and priced and not params.fixed:
         local_cost = local + stall_cost(num_tokens, decode, local_rate, params)
         best = priced[0]
-        if best.cost is None or local_cost <= best.cost:
+        local_wins = best.cost is None or local_cost <= best.cost
+        if params.objectives:
+            costs = decode.costs
+            prefill_s = local_prefill_s(num_tokens, decode, local_rate, params.block_size)
+            tokens = params.objectives.stream_tokens
+            if costs.stream_tokens:
+                tokens = min(tokens, costs.stream_tokens) if tokens else costs.stream_tokens
+            tpot = streams_tpot(costs.decode_step_s, costs.stall_s, prefill_s, tokens)
+            local_wins = prefer_local(
+                params.objectives, local, best.ttft, costs.streams, tpot, local_wins
+            )
+        if local_wins:
             return Choice(Path.LOCAL, Rule.COST, local)
         order = priced + [s for s in splits if s.cost is None]
         return Choice(Path.SPLIT, Rule.COST, best.ttft, tuple((s.worker_id, s.ttft) for s in order))

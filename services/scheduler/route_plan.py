@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.measures import WorkerCosts
 from services.scheduler.path_cost import Choice, CostParams, Offer, Typical, choose
+from services.scheduler.path_slo import Objectives
 from services.scheduler.routing import (
     DECODE_ROLES,
     Candidate,
@@ -37,15 +38,18 @@ class RoutePlan:
     prefills: dict[str, Candidate]  # by worker id, in ranked order
     costs: dict[str, WorkerCosts]  # every view's measured costs, by worker id
     no_room: str  # why there is no decode candidate ("" when there is one)
+    output_tokens: int = 0  # the request's max_tokens (path_slo.py: a stream's length)
 
     def choose(self, decode: Candidate, config: SchedulerConfig, reserve_rtt: float) -> Choice:
         """The path on `decode` (path_cost.choose over the prefill candidates)."""
+        ttft_slo, tpot_slo = config.objectives
         params = CostParams(
             config.block_size,
             config.local_prefill_tokens,
             config.stall_weight,
             reserve_rtt,
             fixed=config.path_choice == "fixed",
+            objectives=Objectives(ttft_slo, tpot_slo, self.output_tokens),
         )
         offers = [
             Offer(c.worker_id, c.overlap, self.costs[c.worker_id]) for c in self.prefills.values()
@@ -60,9 +64,10 @@ def plan_route(
     model_id: str,
     model: str,
     config: SchedulerConfig,
+    output_tokens: int = 0,
 ) -> RoutePlan:
     """Rank `views` (the workers of the request's `model`) for a request of `tokens` whose
-    blocks hash with `model_id`."""
+    blocks hash with `model_id`, that emits at most `output_tokens`."""
     hashes = hash_full_blocks(tokens, config.block_size, model_id)
     decodes = rank_decode(views, hashes, len(tokens), config.block_size, config.load_penalty)
     no_room = ""
@@ -76,4 +81,4 @@ def plan_route(
         )
     prefills = {c.worker_id: c for c in rank_prefill(views, hashes, config.load_penalty)}
     costs = {view.worker_id: view.costs for view in views}
-    return RoutePlan(len(tokens), hashes, decodes, prefills, costs, no_room)
+    return RoutePlan(len(tokens), hashes, decodes, prefills, costs, no_room, output_tokens)

@@ -283,6 +283,8 @@ class Worker:
             kv_peers=self.prefill.peers.snapshot() if self.prefill is not None else [],
             prefill_rate=costs.prefill_rate,
             decode_step_s=costs.decode_step_s,
+            stall_s=costs.stall_s,
+            stream_tokens=stats.min_stream_tokens,
             decode_batch=costs.decode_batch,
             queued_prompt_tokens=stats.queued_prompt_tokens,
             busy=self.telemetry.busy_share(stats, now),

@@ -8,6 +8,10 @@ scheduler's path choice (services/scheduler/path_cost.py).
   their rows (a step time means little without the batch it was measured at).
 - busy = seconds spent in steps since start; `BusyShare` turns it into the share of each
   heartbeat interval.
+- stall = the seconds running streams waited on prompt work beyond a decode step (steps
+  that computed prompt tokens and decode rows together), summed and decayed by the step time
+  that follows with a STALL_HORIZON_S time constant: what the streams of the recent past have
+  taken, for the path choice's TPOT prediction (services/scheduler/path_slo.py).
 
 The one subtle rule: the engine thread writes and the loop reads, without a lock: every
 step replaces `current` whole (one reference assignment) with a frozen `StepCosts`.
@@ -15,11 +19,13 @@ step replaces `current` whole (one reference assignment) with a frozen `StepCost
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from shared.engine.stats import StepCosts
 
 ALPHA = 0.2  # weight of the newest step in each average: about the last ten steps count
+STALL_HORIZON_S = 10.0  # a stall's weight falls by e over this much step time (a stream's life)
 
 
 @dataclass(slots=True)
@@ -42,6 +48,7 @@ class StepTimer:
         self._decode_seconds = Ewma(alpha)
         self._decode_rows = Ewma(alpha)
         self._busy = 0.0
+        self._stall = 0.0
         self.current = StepCosts()
 
     def observe(self, seconds: float, prompt_tokens: int, decode_rows: int) -> None:
@@ -49,6 +56,9 @@ class StepTimer:
         if not (prompt_tokens or decode_rows):
             return
         self._busy += seconds
+        self._stall *= math.exp(-seconds / STALL_HORIZON_S)
+        if prompt_tokens and decode_rows:
+            self._stall += max(0.0, seconds - self._decode_seconds.value)
         if prompt_tokens:
             self._prompt_tokens.add(prompt_tokens)
             self._prompt_seconds.add(seconds)
@@ -65,6 +75,7 @@ class StepTimer:
             decode_step_s=self._decode_seconds.value,
             decode_batch=self._decode_rows.value,
             busy_seconds=self._busy,
+            stall_s=self._stall,
         )
 
 

@@ -39,7 +39,13 @@ from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
 from shared.engine.spec_decode.ngram import NgramProposer
 from shared.engine.spec_decode.proposer import Proposer
-from shared.engine.stats import EngineStats, KVCacheEvents, queued_prompt_tokens, step_shape
+from shared.engine.stats import (
+    EngineStats,
+    KVCacheEvents,
+    min_stream_tokens,
+    queued_prompt_tokens,
+    step_shape,
+)
 from shared.engine.stopping import StopRules
 from shared.engine.structured_output import GrammarCompilers
 
@@ -174,6 +180,7 @@ class LLMEngine:
             num_preemptions=scheduler.num_preemptions,
             spec_decode=replace(scheduler.spec_stats),
             queued_prompt_tokens=queued_prompt_tokens(scheduler.waiting, scheduler.running),
+            min_stream_tokens=min_stream_tokens(scheduler.running),
         )
 
     @property

@@ -26,6 +26,7 @@ class StepCosts:
     decode_step_s: float = 0.0  # seconds per step without prompt tokens (EWMA)
     decode_batch: float = 0.0  # decode rows of those steps (EWMA)
     busy_seconds: float = 0.0  # since start: time spent in steps
+    stall_s: float = 0.0  # running streams held by prompt work, recent seconds (decayed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class EngineStats:
     num_preemptions: int  # since start: running sequences sent back to recompute
     spec_decode: SpecDecodeStats  # since start: a copy, so later steps do not change it
     queued_prompt_tokens: int = 0  # prompt tokens of waiting and prefilling sequences not computed
+    min_stream_tokens: int = 0  # the fewest max_tokens of a running sequence (0: none runs)
     costs: StepCosts = StepCosts()  # the engine thread's timings (the engine has no clock)
 
 
@@ -55,6 +57,11 @@ def queued_prompt_tokens(waiting: Iterable[Sequence], running: Iterable[Sequence
         for seq in running
         if seq.num_computed_tokens < seq.num_prompt_tokens
     )
+
+
+def min_stream_tokens(running: Iterable[Sequence]) -> int:
+    """The shortest output a running sequence may have: the stream a stall hurts most."""
+    return min((seq.params.max_tokens for seq in running), default=0)
 
 
 def step_shape(chunks: Iterable[ScheduledChunk]) -> tuple[int, int]:

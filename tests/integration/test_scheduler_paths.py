@@ -36,6 +36,8 @@ class MeasuredWorker(FakeWorker):
     """A fake worker whose heartbeats carry measured costs and the first tokens it streamed."""
 
     running: int = 0
+    queued: int = 0  # prompt tokens it has yet to compute
+    stall_s: float = 0.0  # what its streams waited on prompt work lately
     peers: list[KVPeer] = dataclasses.field(default_factory=list)
     first_tokens: list[FirstToken] = dataclasses.field(default_factory=list)
 
@@ -45,18 +47,20 @@ class MeasuredWorker(FakeWorker):
             self.worker_id, self.role, "m", self.running, 0, self.free_blocks, 200, 16,
             prefill_rate=RATE, decode_step_s=0.02, block_bytes=BLOCK_BYTES,
             kv_peers=self.peers, first_tokens=self.first_tokens,
+            queued_prompt_tokens=self.queued, stall_s=self.stall_s,
         )  # fmt: skip
         self.first_tokens = []
         await self.bus.publish(self.subjects.heartbeat, heartbeat)
 
 
 @asynccontextmanager
-async def scheduler(url: str, namespace: str, workers: list[FakeWorker], exporter: object):
+async def scheduler(
+    url: str, namespace: str, workers: list[FakeWorker], exporter: object, **config_fields: str
+):
     """A scheduler whose spans go to `exporter`, and the workers; yields (service, client)."""
     common = CommonConfig(url, namespace)
-    config = SchedulerConfig(
-        common=common, heartbeat_timeout=1.0, sweep_interval=0.1, path_choice="cost"
-    )
+    fields = {"path_choice": "cost"} | config_fields
+    config = SchedulerConfig(common=common, heartbeat_timeout=1.0, sweep_interval=0.1, **fields)
     bus = await Bus.connect(url, "scheduler")
     service = SchedulerService(config, bus)
     provider = TracerProvider()
@@ -155,5 +159,29 @@ def test_an_untimed_submit_is_placed_without_keeping_a_prediction(nats_server):
             ack = await place(client, "untimed", submit("r1"))  # submitted_at 0
             assert ack.accepted and ack.predicted_ttft > 0
             assert len(service.predictions) == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("stall_s", "path"), [(0.0, "decode_only"), (3.0, "disaggregated")])
+def test_the_slo_choice_reads_the_stall_a_decode_worker_reports(nats_server, stall_s, path):
+    """p1 is 2000 tokens behind (1.3 s): only a local prefill keeps the 1 s TTFT, and it does
+    while d1's streams can absorb the stall (20 + 320 / 127 ms); after 3 s of stalls lately
+    they cannot (20 + 3320 / 127 ms > 40), so the request splits: the streams keep theirs."""
+
+    async def scenario() -> None:
+        d1 = MeasuredWorker("d1", "decode", running=4, stall_s=stall_s)
+        p1 = MeasuredWorker("p1", "prefill", queued=2000, peers=[LINK])
+        namespace = f"slo{int(stall_s)}"
+        objectives = {"path_choice": "slo", "path_slo": "ttft=1s,tpot=40ms"}
+        workers = [d1, p1]
+        async with scheduler(
+            nats_server.url, namespace, workers, InMemorySpanExporter(), **objectives
+        ) as (_, client):
+            request = timed("r1")
+            request.sampling = dataclasses.replace(request.sampling, max_tokens=128)
+            ack = await place(client, namespace, request)
+            assert ack.accepted
+            assert (ack.prefill_worker == "p1") == (path == "disaggregated")
 
     asyncio.run(scenario())

@@ -23,6 +23,7 @@ from services.scheduler.path_cost import (
     choose,
     transfer_s,
 )
+from services.scheduler.path_slo import Objectives
 from services.scheduler.registry import Registry
 from shared.errors import ConfigError
 from shared.protocol import Heartbeat, KVPeer
@@ -34,11 +35,17 @@ FAST = KVPeer("d1", "nixl", 640, 10, mean_bytes=64 * BLOCK_BYTES, mean_seconds=0
 PROMPT = 1024
 
 
-def decode_beat(running: int = 0, rate: float = RATE, step_s: float = 0.015) -> Heartbeat:
+def decode_beat(
+    running: int = 0,
+    rate: float = RATE,
+    step_s: float = 0.015,
+    stall_s: float = 0.0,
+    stream_tokens: int = 0,
+) -> Heartbeat:
     return Heartbeat(
         "d1", "decode", "m", running, 0, 900, 1000, BS,
         prefill_rate=rate, decode_step_s=step_s, decode_batch=float(running),
-        block_bytes=BLOCK_BYTES,
+        block_bytes=BLOCK_BYTES, stall_s=stall_s, stream_tokens=stream_tokens,
     )  # fmt: skip
 
 
@@ -166,3 +173,44 @@ def test_scheduler_path_flags_are_checked():
         SchedulerConfig(path_choice="sometimes")
     with pytest.raises(ConfigError, match="stall_weight"):
         SchedulerConfig(stall_weight=-1.0)
+
+
+# --path-choice slo (path_slo.py). Figures: a 1024-token prompt is ~0.39 s at RATE, so its
+# local prefill adds 0.39 / 63 = 6.2 ms to the TPOT of a running 64-token stream.
+SLO = Objectives(ttft_s=1.0, tpot_s=0.040, stream_tokens=64)
+
+
+def test_slo_prefills_locally_when_the_split_would_miss_the_ttft():
+    # p1 is 2000 tokens behind (~1.2 s): only the local path keeps the 1 s TTFT.
+    beats = [decode_beat(running=30, step_s=0.030), prefill_beat(queued=2000)]
+    assert decide(beats).path is Path.SPLIT  # the cost rule weighs the stall more
+    assert decide(beats, objectives=SLO).path is Path.LOCAL
+
+
+def test_slo_splits_when_the_stall_would_break_the_streams_tpot():
+    # Neither path keeps both objectives, and the streams running need not be late too.
+    # Streams that took 1.5 s of stalls lately: 30 + (1500 + 390) / 63 ms > 40 ...
+    stalled = [decode_beat(running=4, step_s=0.030, stall_s=1.5), prefill_beat(queued=5000)]
+    assert decide(stalled, objectives=SLO).path is Path.SPLIT
+    # ... or a running stream of 16 tokens: 30 + 390 / 16 ms > 40
+    short = [decode_beat(running=4, step_s=0.030, stream_tokens=16), prefill_beat(queued=5000)]
+    assert decide(short, objectives=SLO).path is Path.SPLIT
+
+
+def test_slo_paths_that_both_keep_the_objectives_are_left_to_the_cost_rule():
+    # 40 streams absorb the stall (30 + 6.2 ms <= 40) and p1 keeps the TTFT: the cost rule
+    # splits; with nothing running it stays local, objectives or not.
+    busy = [decode_beat(running=40, step_s=0.030), prefill_beat()]
+    assert decide(busy, objectives=SLO).path is decide(busy).path is Path.SPLIT
+    idle = [decode_beat(running=0), prefill_beat()]
+    assert decide(idle, objectives=SLO).path is decide(idle).path is Path.LOCAL
+
+
+def test_slo_path_choice_needs_its_objectives():
+    with pytest.raises(ConfigError, match="--path-slo"):
+        SchedulerConfig(path_choice="slo")
+    with pytest.raises(ConfigError, match="--path-slo"):
+        SchedulerConfig(path_choice="slo", path_slo="ttft=1s")
+    config = SchedulerConfig(path_choice="slo", path_slo="ttft=2,tpot=50ms")
+    assert config.objectives == pytest.approx((2.0, 0.05))
+    assert SchedulerConfig().objectives == (0.0, 0.0)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from services.planner.config import PlannerConfig, PlannerServiceConfig, parse_slo
+from services.planner.config import PlannerConfig, PlannerServiceConfig
 from services.planner.service import PlannerService
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.service import SchedulerService
@@ -30,6 +30,7 @@ from shared.protocol import (
     decode,
     encode,
 )
+from shared.slo import parse_slo
 
 POLICY = PlannerConfig(hold=2, cooldown=0.0, min_samples=3)
 

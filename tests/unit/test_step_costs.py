@@ -5,6 +5,7 @@ link, and the TTFT of each first token it streams (reported in its next heartbea
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 
@@ -15,14 +16,14 @@ from services.worker.config import WorkerConfig
 from services.worker.engine_thread import EngineThread
 from services.worker.prefill import PeerStats
 from services.worker.requests import RequestState, Trace, WorkerRequest
-from services.worker.step_costs import BusyShare, StepTimer
+from services.worker.step_costs import STALL_HORIZON_S, BusyShare, StepTimer
 from services.worker.telemetry import WorkerTelemetry
 from shared.engine.engine_config import EngineConfig
 from shared.engine.outputs import RequestOutput, StepOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.sequence import Sequence
-from shared.engine.stats import KVCacheEvents, queued_prompt_tokens, step_shape
+from shared.engine.stats import KVCacheEvents, min_stream_tokens, queued_prompt_tokens, step_shape
 from shared.protocol import SubmitRequest
 
 
@@ -63,6 +64,25 @@ def test_step_timer_averages_prompt_rate_and_decode_steps():
     assert (timer.current.decode_step_s, timer.current.decode_batch) == pytest.approx((0.03, 6))
     timer.observe(5.0, prompt_tokens=0, decode_rows=0)  # scheduled nothing: no measure
     assert timer.current.busy_seconds == pytest.approx(0.1 + 0.3 + 0.02 + 0.04)
+
+
+def test_the_stall_streams_took_is_summed_and_fades_over_a_streams_life():
+    timer = StepTimer(alpha=1.0)
+    timer.observe(0.02, prompt_tokens=0, decode_rows=4)  # a plain decode step: no stall
+    timer.observe(1.0, prompt_tokens=512, decode_rows=0)  # no stream waited on it
+    assert timer.current.stall_s == 0.0
+    timer.observe(1.02, prompt_tokens=512, decode_rows=4)  # streams held 1 s past a step
+    assert timer.current.stall_s == pytest.approx(1.0)
+    timer.observe(STALL_HORIZON_S, prompt_tokens=0, decode_rows=4)  # time passes: it fades
+    assert timer.current.stall_s == pytest.approx(1.0 / math.e)
+
+
+def test_the_shortest_running_stream_is_the_one_a_stall_hurts_most():
+    def running(max_tokens: int) -> Sequence:
+        return Sequence("r", [1, 2, 3], 3, SamplingParams(max_tokens=max_tokens), seed=0)
+
+    assert min_stream_tokens([running(256), running(64), running(128)]) == 64
+    assert min_stream_tokens([]) == 0
 
 
 def test_busy_share_of_each_interval():
