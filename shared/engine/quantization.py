@@ -72,7 +72,13 @@ def shipped_quantization(model_dir: Path, quantization: str | None, device: str)
 
 def describe_shipped(formats: list[str]) -> str:
     """The start-up log's words for a checkpoint's own quantization and its kernel."""
-    kernel = "dequantized per call through torch"
+    kernels = native.load()
+    if kernels is None:
+        kernel = "dequantized per call through torch (the C++ kernels are not built)"
+    elif kernels.group_quant_kernel():
+        kernel = "the group-quant kernel, AVX-512, dequantizing in registers (batch-invariant)"
+    else:
+        kernel = "the group-quant kernel's generic path (no AVX-512; batch-invariant, slow)"
     return f"GGUF {', '.join(formats)} kept quantized: {kernel}"
 
 

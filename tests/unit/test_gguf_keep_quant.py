@@ -80,7 +80,8 @@ def _logits(model_dir, **config) -> torch.Tensor:
 
 
 def test_the_engine_on_kept_weights_gives_the_float_conversions_logits(dirs):
-    kept, floats = _logits(dirs / "kept"), _logits(dirs / "float", dtype="float32")
+    kept = _logits(dirs / "kept", dtype="float32")
+    floats = _logits(dirs / "float", dtype="float32")
     assert kept.shape == floats.shape == (6, floats.shape[1])
     # the same weight values; only the order of the sums differs
     torch.testing.assert_close(kept, floats, rtol=0, atol=1e-5)

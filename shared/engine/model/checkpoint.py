@@ -99,8 +99,8 @@ class Checkpoint:
         tensor = handle.get_tensor(name)
         if offset:
             tensor = tensor.float() + offset
-        # beside quantized matrices the residual stream is fp32: the float tensors load fp32
-        dtype = torch.float32 if self._formats else self.dtype
+        # beside quantized matrices the residual stream is fp32: norms and biases load fp32
+        dtype = torch.float32 if self._formats and tensor.dim() == 1 else self.dtype
         return tensor.to(device=self.device, dtype=dtype)
 
     def discard(self, name: str) -> None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from shared.engine import native
+
 ARRAY_NAMES = ("codes", "low", "high", "super_scale", "sub_scale", "super_min", "sub_min")
 _PARAMS = ("format", "bits", "group", "per_super", "zero")
 
@@ -154,8 +156,29 @@ class GroupQuantLinear:
         return q.reshape(r, self.in_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, K] -> [T, N] in x's dtype, through the dequantized matrix."""
-        return torch.nn.functional.linear(x, self.dequantize().to(x.device, x.dtype))
+        """x: [T, K] fp32 or bf16 -> [T, N] fp32 (the kernel's) or x's dtype (the fallback)."""
+        kernels = native.load()
+        if kernels is None or x.device.type != "cpu":
+            return torch.nn.functional.linear(x, self.dequantize().to(x.device, x.dtype))
+        return kernels.linear_group_quant(x, *self.kernel_args())
+
+    def kernel_args(self) -> tuple:
+        """linear_group_quant's arguments after x (an absent part: an empty tensor)."""
+        empty = torch.empty(0)
+        return (
+            self.codes if self.codes is not None else empty,
+            self.low if self.low is not None else empty,
+            self.high if self.high is not None else empty,
+            self.super_scale,
+            self.sub_scale if self.sub_scale is not None else empty,
+            self.super_min if self.super_min is not None else empty,
+            self.sub_min if self.sub_min is not None else empty,
+            self.bits,
+            self.group,
+            self.per_super,
+            self.zero,
+            self.out_features,
+        )
 
 
 @dataclass(slots=True, frozen=True)
