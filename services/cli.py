@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from shared.flags import add_flags
 from shared.models.registry import DEFAULT_MODEL
 
 
@@ -13,7 +14,7 @@ def _pull(args: argparse.Namespace) -> None:
     from shared.models.pull import PullError, pull_model
 
     try:
-        print(pull_model(args.name, args.home))
+        print(pull_model(args.name, args.home, args.keep_quant))
     except PullError as exc:
         sys.exit(f"splitserve pull: {exc}")
 
@@ -21,7 +22,7 @@ def _pull(args: argparse.Namespace) -> None:
 def _convert(args: argparse.Namespace) -> None:
     from shared.models.gguf_convert import convert_gguf
 
-    convert_gguf(args.gguf, args.out_dir)
+    convert_gguf(args.gguf, args.out_dir, args.keep_quant)
     print(args.out_dir)
 
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     from services.planner import cli as planner_cli
     from services.scheduler import cli as scheduler_cli
     from services.worker import cli as worker_cli
+    from shared.models.pull import PullOptions
 
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -65,11 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pull.add_argument("name", nargs="?", default=DEFAULT_MODEL)
     pull.add_argument("--home", type=Path, help="default: $SPLITSERVE_HOME or ~/.cache/splitserve")
+    add_flags(pull, PullOptions)
     pull.set_defaults(func=_pull)
 
     convert = commands.add_parser("convert", help="convert a GGUF file to HF layout")
     convert.add_argument("gguf", type=Path)
     convert.add_argument("out_dir", type=Path)
+    add_flags(convert, PullOptions)
     convert.set_defaults(func=_convert)
 
     generate = commands.add_parser("generate", help="answer one chat message in-process")

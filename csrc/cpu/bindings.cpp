@@ -1,5 +1,6 @@
 // Python bindings of the CPU kernels; the GIL is released while they run.
 #include "decoder_layer.h"
+#include "group_quant.h"
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -23,6 +24,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("colsums"),
         py::arg("out_features"), py::arg("bias") = py::none(), py::arg("kernel") = "auto",
         py::call_guard<py::gil_scoped_release>());
+  m.def("group_quant_kernel", &group_quant_kernel,
+        "whether this build has the AVX-512 group-quantized linear");
+  m.def("linear_group_quant", &linear_group_quant,
+        "batch-invariant x @ w.T over group-quantized weights, dequantized in registers",
+        py::arg("x"), py::arg("codes"), py::arg("low"), py::arg("high"), py::arg("super_scale"),
+        py::arg("sub_scale"), py::arg("super_min"), py::arg("sub_min"), py::arg("bits"),
+        py::arg("group"), py::arg("per_super"), py::arg("zero"), py::arg("out_features"),
+        py::arg("kernel") = "auto", py::call_guard<py::gil_scoped_release>());
   m.def("bf16_dot_product_kernel", &bf16_dot_product_kernel,
         "whether this build has the AVX512-BF16 dot-product kernel");
   m.def("amx_tiles", &amx_tiles,

@@ -77,21 +77,27 @@ def pack_weights(weights: ModelWeights, silu_mlp: bool = False) -> ModelWeights:
             attn_out_norm=_fp32(layer.attn_out_norm),
             mlp_out_norm=_fp32(layer.mlp_out_norm),
             qkv_bias=_fp32(layer.qkv_bias),
-            qkv=PackedLinear.pack(layer.qkv),
-            o_proj=PackedLinear.pack(layer.o_proj),
+            qkv=_pack(layer.qkv),
+            o_proj=_pack(layer.o_proj),
             gate_up=_pack_gate_up(layer.gate_up, silu_mlp),
-            down=layer.down if layer.down is None else PackedLinear.pack(layer.down),
+            down=layer.down if layer.down is None else _pack(layer.down),
             experts=layer.experts and layer.experts.map(PackedLinear.pack),  # MoE layers
         )
     weights.norm = weights.norm.float()
-    head = PackedLinear.pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows
+    head = _pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows
     weights.lm_head = weights.lm_head_column_major = head
     return weights
 
 
-def _pack_gate_up(w: torch.Tensor | None, silu_mlp: bool) -> LinearWeight | None:
-    if w is None:
-        return None
+def _pack(w: LinearWeight) -> LinearWeight:
+    """A float matrix packed; one kept quantized (model/group_quant.py) runs its own
+    batch-invariant kernel as it is."""
+    return PackedLinear.pack(w) if isinstance(w, torch.Tensor) else w
+
+
+def _pack_gate_up(w: LinearWeight | None, silu_mlp: bool) -> LinearWeight | None:
+    if w is None or not isinstance(w, torch.Tensor):
+        return w
     return PackedGateUp.pack(w) if silu_mlp and PackedGateUp.fits(w) else PackedLinear.pack(w)
 
 

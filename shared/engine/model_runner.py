@@ -20,7 +20,7 @@ from shared.engine.model.families import model_class
 from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
-from shared.engine.quantization import quantize_weights
+from shared.engine.quantization import describe_shipped, quantize_weights, shipped_quantization
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.spec_decode.verify import verify_drafts
@@ -58,6 +58,7 @@ class ModelRunner:
                 f"quantization {config.quantization} is not supported for MoE models: "
                 "serve them without --quantization"
             )
+        shipped = shipped_quantization(model_dir, config.quantization, device.type)
         weights = load_weights(model_dir, model_config, config.torch_dtype, device)
         vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
         packed = not config.quantization and batch_invariant.resolve(config)
@@ -66,7 +67,8 @@ class ModelRunner:
         elif packed:
             weights = batch_invariant.pack_weights(weights, model_config.hidden_act == "silu")
         if device.type == "cpu":
-            log.info("CPU matmuls: %s", batch_invariant.describe_matmuls(config, packed))
+            matmuls = describe_shipped(shipped) if shipped else None
+            log.info("CPU matmuls: %s", matmuls or batch_invariant.describe_matmuls(config, packed))
             moved, advised = move_onto_huge_pages(tensors_in(weights))
             log.info(
                 "weights: %s (transparent huge pages: %s)",

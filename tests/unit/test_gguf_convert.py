@@ -2,7 +2,8 @@
 
 The files mimic llama.cpp's converter: Q/K rows permuted for llama (not for qwen2),
 quantized tensors (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), a byte-level BPE vocabulary with merges
-and control tokens. Conversion must give back the original weights under HF names.
+and control tokens. Conversion to float32 (keep_quant=False) must give back the original
+weights under HF names; test_gguf_keep_quant.py converts the same files keeping quantization.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def write_tiny_gguf(
 def converted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp(request.param)
     model = write_tiny_gguf(root / "tiny.gguf", arch=request.param)
-    convert_gguf(model.path, root / "hf")
+    convert_gguf(model.path, root / "hf", keep_quant=False)  # every tensor float32
     return request.param, model, root / "hf"
 
 

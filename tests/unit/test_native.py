@@ -6,6 +6,9 @@ here: the sources and the library are stand-ins."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -70,3 +73,12 @@ def test_a_killed_builds_torch_lock_does_not_block_the_next_build(fake_build, mo
     native.build()
     assert seen == [False]
     assert native.is_current()
+
+
+def test_the_build_directory_follows_splitserve_native_dir(tmp_path):
+    """A checkout that changes csrc builds into a directory of its own, not the venv's."""
+    env = {**os.environ, "SPLITSERVE_NATIVE_DIR": str(tmp_path / "mine")}
+    code = "from shared.engine import native; print(native.library_path())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(str(tmp_path / "mine" / native.NAME))

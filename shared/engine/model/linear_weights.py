@@ -8,7 +8,8 @@ fp32, or for bf16 weights on a CPU with AVX512-BF16 AMX tiles or bf16 dot produc
 activations quantized per row, int32 sums), batch-invariant too; `Int8Linear` and
 `Int4Linear` are weight-only quantized matrices through torch's kernels (see
 quantization.py). Every one but PackedGateUp (`w.silu_mul(x)`) is called as `w(x)`:
-x [T, K] -> [T, N]. They live here, apart from the code that makes them, so the weight
+x [T, K] -> [T, N]; so is a `GroupQuant` (group_quant.py: GGUF's formats as the checkpoint
+shipped them). They live here, apart from the code that makes them, so the weight
 layout (model/weights.py) can name them without importing that code.
 
 Quantized kernels:
@@ -31,6 +32,7 @@ from types import ModuleType
 import torch
 
 from shared.engine import native
+from shared.engine.model.group_quant import GroupQuant
 
 INT4_GROUP_SIZES = (32, 64)
 PANEL = 64  # columns per panel of the packed kernels (csrc/cpu/linear_tiles.h)
@@ -220,4 +222,5 @@ class Int4Linear:
 
 
 QuantizedLinear = Int8DotLinear | Int8Linear | Int4Linear
-LinearWeight = torch.Tensor | PackedLinear | PackedGateUp | QuantizedLinear  # a layer's matrix
+# a layer's matrix; GroupQuant: as the checkpoint shipped it (group_quant.py)
+LinearWeight = torch.Tensor | PackedLinear | PackedGateUp | QuantizedLinear | GroupQuant

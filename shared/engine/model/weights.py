@@ -4,18 +4,22 @@ Every family lands in the same `LayerWeights`: q, k, v fused (q and k rows inter
 rope), gate and up fused, the family's extra norms, and for MoE layers the router and the
 experts instead of the dense MLP. Names differ per family (Phi-3 stores qkv and gate_up
 fused already; Mixtral calls its experts w1/w3/w2); the checkpoint files come from
-checkpoint.py (sharded or not, any float dtype, cast to the engine's).
+checkpoint.py (sharded or not, any float dtype, cast to the engine's). Matrices a pull kept
+quantized load as `GroupQuantLinear`s (group_quant.py): the same row operations (rope
+interleave, fusing) on whole quantized rows, the embedding too (read by rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import torch
 
 from shared.engine.model.checkpoint import Checkpoint
+from shared.engine.model.group_quant import GroupQuant, GroupQuantLinear, stack_rows
 from shared.engine.model.linear_weights import LinearWeight
 from shared.engine.model.rope import interleave_permutation
 from shared.engine.model_config import ModelConfig
@@ -23,14 +27,26 @@ from shared.engine.model_config import ModelConfig
 CPU = torch.device("cpu")
 
 
-def column_major(w: torch.Tensor) -> torch.Tensor:
+Matrix = torch.Tensor | GroupQuant  # a matrix as the checkpoint holds it
+
+
+def column_major(w: Matrix) -> Matrix:
     """The same [out, in] matrix stored as [in, out]: F.linear then streams it in the order
-    that is fastest for the few-row products of decoding (docs/ARCHITECTURE.md, "Model")."""
-    return w.t().contiguous().t()
+    that is fastest for the few-row products of decoding (docs/ARCHITECTURE.md, "Model").
+    A quantized one has its kernel's layout already."""
+    return w.t().contiguous().t() if isinstance(w, torch.Tensor) else w
 
 
-def _same(w: torch.Tensor) -> torch.Tensor:
+def _same(w: Matrix) -> Matrix:
     return w
+
+
+def _rows(w: Matrix, rows: torch.Tensor) -> Matrix:
+    """Rows `rows` [R] int64 of a float or quantized matrix."""
+    if isinstance(w, GroupQuantLinear):
+        return w.take_rows(rows)
+    assert isinstance(w, torch.Tensor), "row blocks of a single layout"
+    return w[rows]
 
 
 @dataclass(slots=True)
@@ -67,7 +83,7 @@ class LayerWeights:
 
 @dataclass(slots=True)
 class ModelWeights:
-    embed: torch.Tensor  # [vocab, hidden]
+    embed: torch.Tensor | GroupQuantLinear  # [vocab, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
     lm_head: LinearWeight  # [vocab, hidden]; tied: the embedding
@@ -88,8 +104,10 @@ def load_weights(
     layout = column_major if device.type == "cpu" else _same
     offset = config.norm_offset
 
-    def interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
-        return w.view(heads, d, -1)[:, perm].reshape(w.shape)
+    def interleave(w: Matrix, heads: int) -> Matrix:
+        if isinstance(w, torch.Tensor):
+            return w.view(heads, d, -1)[:, perm].reshape(w.shape)
+        return _rows(w, (torch.arange(heads)[:, None] * d + perm.cpu()).reshape(-1))
 
     def norm(name: str) -> torch.Tensor:
         return ckpt.take(name, offset)
@@ -110,16 +128,16 @@ def load_weights(
         layers.append(
             LayerWeights(
                 input_norm=norm(p + "input_layernorm.weight"),
-                qkv=layout(torch.cat([q, k, v])),
+                qkv=layout(stack_rows([q, k, v])),
                 qkv_bias=bias,
-                o_proj=layout(ckpt.take(p + "self_attn.o_proj.weight")),
+                o_proj=layout(ckpt.take_linear(p + "self_attn.o_proj.weight")),
                 post_norm=norm(
                     p
                     + ("pre_feedforward_layernorm" if gemma else "post_attention_layernorm")
                     + ".weight"
                 ),
                 gate_up=None if gate_up is None else layout(gate_up),
-                down=None if experts else layout(ckpt.take(p + "mlp.down_proj.weight")),
+                down=None if experts else layout(ckpt.take_linear(p + "mlp.down_proj.weight")),
                 q_norm=norm(p + "self_attn.q_norm.weight")[perm] if config.qk_norm else None,
                 k_norm=norm(p + "self_attn.k_norm.weight")[perm] if config.qk_norm else None,
                 attn_out_norm=norm(p + "post_attention_layernorm.weight") if gemma else None,
@@ -127,9 +145,9 @@ def load_weights(
                 experts=experts,
             )
         )
-    embed = ckpt.take("model.embed_tokens.weight")
+    embed = ckpt.take_linear("model.embed_tokens.weight")
     tied = config.tie_word_embeddings or not ckpt.has("lm_head.weight")
-    lm_head = embed if tied else ckpt.take("lm_head.weight")
+    lm_head = embed if tied else ckpt.take_linear("lm_head.weight")
     ckpt.discard("lm_head.weight")  # some tied checkpoints store the copy anyway
     weights = ModelWeights(
         embed=embed,
@@ -142,23 +160,23 @@ def load_weights(
     return weights
 
 
-def _qkv(
-    ckpt: Checkpoint, config: ModelConfig, p: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _qkv(ckpt: Checkpoint, config: ModelConfig, p: str) -> tuple[Matrix, Matrix, Matrix]:
     """[heads * d, hidden], [kv_heads * d, hidden] twice: Phi-3's fused qkv_proj split."""
     if ckpt.has(p + "qkv_proj.weight"):
-        qkv = ckpt.take(p + "qkv_proj.weight")
+        qkv = ckpt.take_linear(p + "qkv_proj.weight")
         q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        q, k, v = qkv.split([q_rows, kv_rows, kv_rows])
+        edges = [0, q_rows, q_rows + kv_rows, q_rows + 2 * kv_rows]
+        q, k, v = (_rows(qkv, torch.arange(a, b)) for a, b in pairwise(edges))
         return q, k, v
-    return tuple(ckpt.take(p + f"{x}_proj.weight") for x in "qkv")  # type: ignore[return-value]
+    return tuple(ckpt.take_linear(p + f"{x}_proj.weight") for x in "qkv")  # type: ignore[return-value]
 
 
-def _gate_up(ckpt: Checkpoint, config: ModelConfig, p: str) -> torch.Tensor:
+def _gate_up(ckpt: Checkpoint, config: ModelConfig, p: str) -> Matrix:
     """[2 * intermediate, hidden]: gate rows then up rows (Phi-3 stores them so)."""
     if ckpt.has(p + "gate_up_proj.weight"):
-        return ckpt.take(p + "gate_up_proj.weight")
-    return torch.cat([ckpt.take(p + "gate_proj.weight"), ckpt.take(p + "up_proj.weight")])
+        return ckpt.take_linear(p + "gate_up_proj.weight")
+    gate, up = ckpt.take_linear(p + "gate_proj.weight"), ckpt.take_linear(p + "up_proj.weight")
+    return stack_rows([gate, up])
 
 
 def _experts(

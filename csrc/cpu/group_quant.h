@@ -1,0 +1,19 @@
+// linear_group_quant.cpp's entry points (kept apart from ops.h, which every kernel includes).
+//
+// linear_group_quant: y [M, N] fp32 = x [M, K] (fp32 or bf16) @ w.T for a group-quantized w
+// (shared/models/gguf_quant.py's layout; an absent part is an empty tensor), dequantized in
+// registers; batch-invariant. kernel: "auto" (AVX-512 where built) or "generic" (any CPU, the
+// same bits). group_quant_kernel(): whether this build has the AVX-512 path.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+
+bool group_quant_kernel();
+torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Tensor low,
+                                 torch::Tensor high, torch::Tensor super_scale,
+                                 torch::Tensor sub_scale, torch::Tensor super_min,
+                                 torch::Tensor sub_min, int64_t bits, int64_t group,
+                                 int64_t per_super, int64_t zero, int64_t out_features,
+                                 const std::string& kernel);

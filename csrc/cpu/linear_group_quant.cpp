@@ -1,0 +1,270 @@
+// Batch-invariant linear over group-quantized weights as checkpoints ship them (GGUF Q4_0 ...
+// Q6_K, unpacked at pull into shared/models/gguf_quant.py's layout), dequantized in registers.
+//
+//   w[n, k] = fma(q[n, k] - zero, scale[n, g], min[n, g])        g = k / group
+//   scale = super_scale[n, g / per_super] * sub_scale[n, g]        (sub_scale absent: 1)
+//   min   = super_min[n, g / per_super] * sub_min[n, g]            (absent: 0, resp. 1)
+//   acc[m, n][l] = fma chain over k = 16 c + l, c = 0, 1, ...      (16 lanes, in k order)
+//   y[m, n] = the lanes summed by a fixed tree (hsum16)
+// Every y[m, n] is that one sequence whatever M, the blocking, the threads or the path: the
+// AVX-512 path (dequantizing 16 weights per register, or for many rows into a per-thread
+// scratch panel first: the same values) and the generic one (scalar code doing the same
+// operations lane by lane; any CPU, and the tests' model of the vector path) give the same
+// bits. Columns are split across threads, in blocks of kCols.
+//
+// Codes: bits 8: int8 [N, K]. Bits 4-6: low nibbles [N, K / 2], per 32 weights 16 bytes with
+// weight j in byte j's low nibble and weight j + 16 in its high one, and bit planes
+// [N, bits - 4, K / 8], per 16 weights a little-endian uint16 whose bit l is weight l's.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "group_quant.h"
+
+bool group_quant_kernel() {
+#ifdef __AVX512F__
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+constexpr int kCols = 4;  // columns per block (and per register tile)
+constexpr int kRows = 6;  // rows per register tile
+constexpr int64_t kScratchRows = 4;  // more rows than this: dequantize a panel once
+
+struct Layout {
+  const int8_t* codes;
+  const uint8_t* low;
+  const uint8_t* high;
+  const float* super_scale;
+  const int8_t* sub_scale;  // nullptr: 1
+  const float* super_min;   // nullptr: 0
+  const int8_t* sub_min;    // nullptr: 1
+  int64_t K, bits, group, per_super, zero, planes, supers, groups;
+
+  // scale and min of row n's group g
+  void factors(int64_t n, int64_t g, float& scale, float& min) const {
+    const int64_t s = n * supers + g / per_super;
+    scale = super_scale[s];
+    if (sub_scale) scale *= static_cast<float>(sub_scale[n * groups + g]);
+    min = 0.f;
+    if (super_min) {
+      min = super_min[s];
+      if (sub_min) min *= static_cast<float>(sub_min[n * groups + g]);
+    }
+  }
+
+  uint16_t plane_bits(int64_t n, int64_t p, int64_t c) const {
+    uint16_t bits16;
+    std::memcpy(&bits16, high + (n * planes + p) * (K / 8) + c * 2, sizeof(bits16));
+    return bits16;
+  }
+
+  // weights 16 c .. 16 c + 15 of row n, scalar (the generic path)
+  void dequant16(int64_t n, int64_t c, float* w) const {
+    float scale, min;
+    factors(n, c * kLanes / group, scale, min);
+    int32_t q[kLanes];
+    if (bits == 8) {
+      for (int l = 0; l < kLanes; ++l) q[l] = codes[n * K + c * kLanes + l];
+    } else {
+      const uint8_t* bytes = low + n * (K / 2) + (c / 2) * kLanes;
+      for (int l = 0; l < kLanes; ++l) q[l] = c % 2 ? bytes[l] >> 4 : bytes[l] & 0x0F;
+      for (int64_t p = 0; p < planes; ++p) {
+        const uint16_t b = plane_bits(n, p, c);
+        for (int l = 0; l < kLanes; ++l) q[l] |= ((b >> l) & 1) << (4 + p);
+      }
+    }
+    for (int l = 0; l < kLanes; ++l) w[l] = std::fma(static_cast<float>(q[l] - zero), scale, min);
+  }
+};
+
+// The lanes' sum, in the tree hsum16 (AVX-512) takes: halves, quarters, pairs, the last two.
+float hsum16_generic(const float* a) {
+  float s8[8], s4[4], s2[2];
+  for (int i = 0; i < 8; ++i) s8[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+  return s2[0] + s2[1];
+}
+
+void run_generic(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
+  at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(L.K * kCols);
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
+      for (int64_t j = 0; j < nb; ++j) {
+        for (int64_t c = 0; c < L.K / kLanes; ++c) L.dequant16(n0 + j, c, &w[j * L.K + c * kLanes]);
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t j = 0; j < nb; ++j) {
+          float acc[kLanes] = {};
+          for (int64_t c = 0; c < L.K / kLanes; ++c) {
+            for (int l = 0; l < kLanes; ++l) {
+              const int64_t k = c * kLanes + l;
+              acc[l] = std::fma(w[j * L.K + k], x[m * L.K + k], acc[l]);
+            }
+          }
+          y[m * N + n0 + j] = hsum16_generic(acc);
+        }
+      }
+    }
+  });
+}
+
+#ifdef __AVX512F__
+
+float hsum16(__m512 a) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+__m512 dequant16(const Layout& L, int64_t n, int64_t c) {
+  float scale, min;
+  L.factors(n, c * kLanes / L.group, scale, min);
+  __m512i q;
+  if (L.bits == 8) {
+    q = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(L.codes + n * L.K + c * kLanes)));
+  } else {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(L.low + n * (L.K / 2) + (c / 2) * kLanes)));
+    q = c % 2 ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
+    for (int64_t p = 0; p < L.planes; ++p) {
+      q = _mm512_mask_add_epi32(q, L.plane_bits(n, p, c), q, _mm512_set1_epi32(16 << p));
+    }
+  }
+  q = _mm512_sub_epi32(q, _mm512_set1_epi32(static_cast<int32_t>(L.zero)));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale), _mm512_set1_ps(min));
+}
+
+// rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: NB dequantized rows of w
+// ([NB, K]), or nullptr to dequantize in registers
+template <int MR, int NB>
+void tile(const Layout& L, const float* panel, const float* x, float* y, int64_t m0, int64_t n0,
+          int64_t N) {
+  __m512 acc[MR][NB];
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < L.K / kLanes; ++c) {
+    __m512 w[NB];
+    for (int j = 0; j < NB; ++j) {
+      w[j] = panel ? _mm512_loadu_ps(panel + j * L.K + c * kLanes) : dequant16(L, n0 + j, c);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + (m0 + r) * L.K + c * kLanes);
+      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_fmadd_ps(w[j], xv, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NB; ++j) y[(m0 + r) * N + n0 + j] = hsum16(acc[r][j]);
+  }
+}
+
+template <int NB>
+void rows_tile(int64_t mr, const Layout& L, const float* panel, const float* x, float* y,
+               int64_t m0, int64_t n0, int64_t N) {
+  switch (mr) {
+    case 1: return tile<1, NB>(L, panel, x, y, m0, n0, N);
+    case 2: return tile<2, NB>(L, panel, x, y, m0, n0, N);
+    case 3: return tile<3, NB>(L, panel, x, y, m0, n0, N);
+    case 4: return tile<4, NB>(L, panel, x, y, m0, n0, N);
+    case 5: return tile<5, NB>(L, panel, x, y, m0, n0, N);
+    default: return tile<kRows, NB>(L, panel, x, y, m0, n0, N);
+  }
+}
+
+void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
+  at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(M > kScratchRows ? L.K * kCols : 0);
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
+      const float* panel = nullptr;
+      if (M > kScratchRows) {
+        for (int64_t j = 0; j < nb; ++j) {
+          for (int64_t c = 0; c < L.K / kLanes; ++c) {
+            _mm512_storeu_ps(&scratch[j * L.K + c * kLanes], dequant16(L, n0 + j, c));
+          }
+        }
+        panel = scratch.data();
+      }
+      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+        const int64_t mr = std::min<int64_t>(kRows, M - m0);
+        switch (nb) {
+          case 1: rows_tile<1>(mr, L, panel, x, y, m0, n0, N); break;
+          case 2: rows_tile<2>(mr, L, panel, x, y, m0, n0, N); break;
+          case 3: rows_tile<3>(mr, L, panel, x, y, m0, n0, N); break;
+          default: rows_tile<kCols>(mr, L, panel, x, y, m0, n0, N); break;
+        }
+      }
+    }
+  });
+}
+
+#endif
+
+template <typename T>
+const T* optional_data(const torch::Tensor& t, torch::ScalarType type, int64_t numel,
+                       const char* name) {
+  if (t.numel() == 0) return nullptr;
+  TORCH_CHECK(t.scalar_type() == type && t.is_contiguous() && t.numel() == numel, name,
+              " does not fit the layout");
+  return t.data_ptr<T>();
+}
+
+}  // namespace
+
+torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Tensor low,
+                                 torch::Tensor high, torch::Tensor super_scale,
+                                 torch::Tensor sub_scale, torch::Tensor super_min,
+                                 torch::Tensor sub_min, int64_t bits, int64_t group,
+                                 int64_t per_super, int64_t zero, int64_t out_features,
+                                 const std::string& kernel) {
+  TORCH_CHECK(x.dim() == 2, "x: [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  TORCH_CHECK(K % 32 == 0 && (group == 16 || group == 32) && per_super >= 1,
+              "K a multiple of 32, group 16 or 32");
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits: 4, 5, 6 or 8");
+  const int64_t groups = K / group, supers = groups / per_super;
+  TORCH_CHECK(groups % per_super == 0, "whole super-blocks per row");
+  Layout L{};
+  L.K = K, L.bits = bits, L.group = group, L.per_super = per_super, L.zero = zero;
+  L.planes = bits == 8 ? 0 : bits - 4, L.supers = supers, L.groups = groups;
+  if (bits == 8) {
+    L.codes = optional_data<int8_t>(codes, torch::kChar, N * K, "codes");
+    TORCH_CHECK(L.codes, "8-bit weights need their codes");
+  } else {
+    L.low = optional_data<uint8_t>(low, torch::kByte, N * K / 2, "low");
+    TORCH_CHECK(L.low, "4-6 bit weights need their low nibbles");
+    L.high = optional_data<uint8_t>(high, torch::kByte, N * L.planes * K / 8, "high");
+    TORCH_CHECK(L.planes == 0 || L.high, "5-6 bit weights need their bit planes");
+  }
+  L.super_scale = optional_data<float>(super_scale, torch::kFloat, N * supers, "super_scale");
+  TORCH_CHECK(L.super_scale, "super_scale is required");
+  L.sub_scale = optional_data<int8_t>(sub_scale, torch::kChar, N * groups, "sub_scale");
+  L.super_min = optional_data<float>(super_min, torch::kFloat, N * supers, "super_min");
+  L.sub_min = optional_data<int8_t>(sub_min, torch::kChar, N * groups, "sub_min");
+  TORCH_CHECK(kernel == "auto" || kernel == "generic", "kernel: auto or generic");
+
+  auto x32 = x.to(torch::kFloat).contiguous();
+  auto y = torch::empty({M, N}, x32.options());
+  if (M == 0 || N == 0) return y;
+#ifdef __AVX512F__
+  if (kernel == "auto") {
+    run_avx512(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N);
+    return y;
+  }
+#endif
+  run_generic(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N);
+  return y;
+}

@@ -1,0 +1,249 @@
+"""Group-quantized matrices as a checkpoint ships them (GGUF Q4_0 ... Q6_K), kept quantized.
+
+The layout is shared/models/gguf_quant.py's (`pull` writes it): per weight a code of 4, 5, 6
+or 8 bits, per group of 16 or 32 weights a scale and a min made of an fp32 super-block factor
+times an int8 group factor, w = (q - zero) * scale + min. `GroupQuantLinear(x)` runs the C++
+kernel (csrc/cpu/linear_group_quant.cpp), which dequantizes 16 weights at a time in registers
+with that same arithmetic, so it multiplies by exactly `dequantize()`'s values; each output is
+one k-ordered chain of fma in 16 lanes and a fixed lane sum, whatever the number of rows,
+which makes it batch-invariant (on a CPU without AVX-512 the kernel's generic path gives
+the same bits, slowly). Without the kernels the matrix is dequantized per call.
+
+A matrix whose rows came from tensors of different formats (a fused qkv whose v is Q6_K and
+q, k Q5_0) is a `GroupQuantParts`: its parts' outputs side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from shared.engine import native
+
+ARRAY_NAMES = ("codes", "low", "high", "super_scale", "sub_scale", "super_min", "sub_min")
+_PARAMS = ("format", "bits", "group", "per_super", "zero")
+
+
+@dataclass(slots=True, frozen=True)
+class GroupQuantLinear:
+    format: str  # the checkpoint's own name for it ("Q4_K"), for the log
+    out_features: int
+    in_features: int
+    bits: int  # 4, 5, 6 or 8
+    group: int  # weights per scale: 16 or 32
+    per_super: int  # groups per super-block factor
+    zero: int  # subtracted from every code
+    super_scale: torch.Tensor  # [N, K / (group * per_super)] float32
+    codes: torch.Tensor | None = None  # [N, K] int8 (bits 8)
+    low: torch.Tensor | None = None  # [N, K / 2] uint8: per 32 weights j | j + 16 << 4
+    high: torch.Tensor | None = None  # [N, bits - 4, K / 8] uint8 bit planes
+    sub_scale: torch.Tensor | None = None  # [N, K / group] int8; None: 1
+    super_min: torch.Tensor | None = None  # [N, K / (group * per_super)] float32; None: 0
+    sub_min: torch.Tensor | None = None  # [N, K / group] int8; None: 1
+
+    @classmethod
+    def from_tensors(cls, params: dict[str, int | str], arrays: dict[str, torch.Tensor]):
+        """From a checkpoint's tensors (`ARRAY_NAMES`) and parameters; checks their shapes
+        against each other, so a file with a missing or mis-sized part is refused by name."""
+        listed = set(str(params.get("parts", "")).split(",")) - {""}
+        missing = sorted(listed - set(arrays)) + sorted(set(_PARAMS) - set(params))
+        unknown = sorted(set(arrays) - listed - set(ARRAY_NAMES))
+        if missing or unknown or "super_scale" not in arrays:
+            raise ValueError(f"missing parts {missing or ['super_scale']}, unknown {unknown}")
+        n = arrays["super_scale"].shape[0]
+        bits, group, per_super = int(params["bits"]), int(params["group"]), int(params["per_super"])
+        k = arrays["codes"].shape[1] if bits == 8 and "codes" in arrays else None
+        if k is None and "low" in arrays:
+            k = arrays["low"].shape[1] * 2
+        if k is None:
+            raise ValueError(f"no codes for {bits}-bit weights")
+        want = {
+            "super_scale": ((n, k // (group * per_super)), torch.float32),
+            "sub_scale": ((n, k // group), torch.int8),
+            "super_min": ((n, k // (group * per_super)), torch.float32),
+            "sub_min": ((n, k // group), torch.int8),
+        }
+        if bits == 8:
+            want["codes"] = ((n, k), torch.int8)
+        else:
+            want["low"] = ((n, k // 2), torch.uint8)
+            if bits > 4:
+                want["high"] = ((n, bits - 4, k // 8), torch.uint8)
+        required = {"super_scale", "codes", "low", "high"} & set(want)
+        missing = sorted(required - set(arrays))
+        extra = sorted(set(arrays) - set(want))
+        if bits not in (4, 5, 6, 8) or group not in (16, 32) or k % 32 or missing or extra:
+            raise ValueError(
+                f"not a {bits}-bit group-{group} layout of {k} columns "
+                f"(missing {missing}, unexpected {extra})"
+            )
+        if per_super != 1 and "sub_scale" not in arrays:
+            raise ValueError("super-blocks without their group scales (sub_scale)")
+        for name, tensor in arrays.items():
+            shape, dtype = want[name]
+            if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+                raise ValueError(
+                    f"{name} is {tuple(tensor.shape)} {tensor.dtype}, expected {shape} {dtype}"
+                )
+        return cls(
+            format=str(params["format"]),
+            out_features=n,
+            in_features=k,
+            bits=bits,
+            group=group,
+            per_super=per_super,
+            zero=int(params["zero"]),
+            **{name: t.contiguous() for name, t in arrays.items()},
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+    @property
+    def device(self) -> torch.device:
+        return self.super_scale.device
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (getattr(self, name) for name in ARRAY_NAMES) if t is not None]
+
+    def take_rows(self, rows: torch.Tensor) -> GroupQuantLinear:
+        """The matrix of rows `rows` [R] int64 (a permutation or a selection)."""
+        picked = {
+            name: getattr(self, name)[rows].contiguous()
+            for name in ARRAY_NAMES
+            if getattr(self, name) is not None
+        }
+        return replace(self, out_features=rows.shape[0], **picked)
+
+    def stacks_with(self, other: GroupQuantLinear) -> bool:
+        """Whether `other`'s rows can join this matrix's (the same layout and columns)."""
+        same = [getattr(self, n) == getattr(other, n) for n in (*_PARAMS, "in_features")]
+        present = [(getattr(self, n) is None) == (getattr(other, n) is None) for n in ARRAY_NAMES]
+        return all(same) and all(present)
+
+    def codes_of_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[R, K] int32: q - zero of the rows `rows` (None: all)."""
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        if self.bits == 8:
+            q = pick(self.codes).to(torch.int32)
+        else:
+            low = pick(self.low).view(-1, self.in_features // 32, 1, 16).to(torch.int32)
+            q = torch.cat([low & 0x0F, low >> 4], dim=2).reshape(-1, self.in_features)
+            if self.high is not None:
+                planes = pick(self.high)  # [R, P, K / 8]
+                for p in range(planes.shape[1]):
+                    bytes_ = planes[:, p].to(torch.int32).unsqueeze(-1)  # [R, K / 8, 1]
+                    bits = (bytes_ >> torch.arange(8, dtype=torch.int32)) & 1
+                    q = q | (bits.reshape(q.shape) << (4 + p))
+        return q - self.zero
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[R, K] float32 (rows `rows`, None: all): (q - zero) * scale + min, per group."""
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        q = self.codes_of_rows(rows).float()
+        r = q.shape[0]
+        scale = pick(self.super_scale).repeat_interleave(self.per_super, dim=1)
+        if self.sub_scale is not None:
+            scale = scale * pick(self.sub_scale).float()
+        q = q.view(r, -1, self.group) * scale.unsqueeze(-1)
+        if self.super_min is not None:
+            low = pick(self.super_min).repeat_interleave(self.per_super, dim=1)
+            if self.sub_min is not None:
+                low = low * pick(self.sub_min).float()
+            q = q + low.unsqueeze(-1)
+        return q.reshape(r, self.in_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, K] fp32 or bf16 -> [T, N] fp32 (the kernel's) or x's dtype (the fallback)."""
+        kernels = native.load()
+        if kernels is None or x.device.type != "cpu":
+            return torch.nn.functional.linear(x, self.dequantize().to(x.device, x.dtype))
+        return kernels.linear_group_quant(x, *self.kernel_args())
+
+    def kernel_args(self) -> tuple:
+        """linear_group_quant's arguments after x (an absent part: an empty tensor)."""
+        empty = torch.empty(0)
+        return (
+            self.codes if self.codes is not None else empty,
+            self.low if self.low is not None else empty,
+            self.high if self.high is not None else empty,
+            self.super_scale,
+            self.sub_scale if self.sub_scale is not None else empty,
+            self.super_min if self.super_min is not None else empty,
+            self.sub_min if self.sub_min is not None else empty,
+            self.bits,
+            self.group,
+            self.per_super,
+            self.zero,
+            self.out_features,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class GroupQuantParts:
+    """Row blocks of different layouts, one matrix: outputs side by side, in order. A float
+    block (a GGUF tensor stored F16/F32 beside quantized ones) runs through torch's matmul."""
+
+    parts: tuple[GroupQuantLinear | torch.Tensor, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[0]
+
+    @property
+    def format(self) -> str:
+        return "+".join(
+            p.format if isinstance(p, GroupQuantLinear) else "float" for p in self.parts
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for p in self.parts for t in (p.tensors() if _quant(p) else [p])]
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() if _quant(p) else p.float() for p in self.parts])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [
+            p(x) if _quant(p) else torch.nn.functional.linear(x.to(p.dtype), p) for p in self.parts
+        ]
+        return torch.cat([y.to(outs[0].dtype) for y in outs], dim=1)
+
+
+def _quant(part: GroupQuantLinear | torch.Tensor) -> bool:
+    return isinstance(part, GroupQuantLinear)
+
+
+GroupQuant = GroupQuantLinear | GroupQuantParts
+
+
+def stack_rows(blocks: list[torch.Tensor | GroupQuant]) -> torch.Tensor | GroupQuant:
+    """Row blocks -> one matrix: float ones concatenated, quantized ones stacked where their
+    layouts agree, else kept as parts."""
+    if all(isinstance(b, torch.Tensor) for b in blocks):
+        return torch.cat(blocks)  # type: ignore[arg-type]
+    parts: list[GroupQuantLinear | torch.Tensor] = []
+    for block in blocks:
+        for part in block.parts if isinstance(block, GroupQuantParts) else (block,):
+            last = parts[-1] if parts else None
+            if _quant(part) and isinstance(last, GroupQuantLinear) and last.stacks_with(part):
+                parts[-1] = _cat(last, part)
+            elif isinstance(part, torch.Tensor) and isinstance(last, torch.Tensor):
+                parts[-1] = torch.cat([last, part])
+            else:
+                parts.append(part)
+    return parts[0] if len(parts) == 1 else GroupQuantParts(tuple(parts))  # type: ignore[return-value]
+
+
+def _cat(a: GroupQuantLinear, b: GroupQuantLinear) -> GroupQuantLinear:
+    joined = {
+        name: torch.cat([getattr(a, name), getattr(b, name)])
+        for name in ARRAY_NAMES
+        if getattr(a, name) is not None
+    }
+    return replace(a, out_features=a.out_features + b.out_features, **joined)
