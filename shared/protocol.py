@@ -127,6 +127,11 @@ class Heartbeat:
     # Time per output token after the first (seconds) of each stream that finished here since
     # the last beat, as its client saw them: the planner's TPOT (services/planner/window.py).
     stream_tpots: list[float] = field(default_factory=list)
+    # LoRA (shared/lora_messages.py): adapters it serves, those in its slots now (the
+    # scheduler's affinity), and slots it has filled since start
+    adapters: list[str] = field(default_factory=list)
+    adapters_loaded: list[str] = field(default_factory=list)
+    adapter_swap_ins: int = 0
 
 
 @dataclass(slots=True)

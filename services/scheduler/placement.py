@@ -105,7 +105,8 @@ class Placer:
         cfg = self.config
         tokens = request.prompt_token_ids + request.delivered_token_ids
         model_id = self.registry.model_id(request.model, cfg.model_id)
-        plan = plan_route(self.registry.views(request.model), tokens, model_id, request.model, cfg)
+        views, adapter = self.registry.views(request.model), request.sampling.adapter
+        plan = plan_route(views, tokens, model_id, request.model, cfg, adapter)
         if not plan.decodes:
             return NoRoom(plan.no_room, asked=False)
         hashes, prefills = plan.hashes, plan.prefills

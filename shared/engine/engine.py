@@ -186,6 +186,7 @@ class LLMEngine:
             num_preemptions=scheduler.num_preemptions,
             spec_decode=replace(scheduler.spec_stats),
             queued_prompt_tokens=queued_prompt_tokens(scheduler.waiting, scheduler.running),
+            **_adapter_stats(self.runner.adapters),
         )
 
     @property
@@ -332,3 +333,13 @@ class LLMEngine:
             runner = ModelRunner(config, draft_config, num_blocks, max_len, config.draft_model_dir)
             return DraftProposer(k, max_len, runner, self.runner.sampler)
         return None
+
+
+def _adapter_stats(bank: AdapterBank | None) -> dict[str, object]:
+    if bank is None:
+        return {}
+    return {
+        "adapters": tuple(bank.paths),
+        "adapters_loaded": tuple(bank.in_slots),
+        "adapter_swap_ins": bank.stats.swap_ins,
+    }

@@ -111,7 +111,9 @@ class EngineConfig:
     # LoRA adapters (shared/engine/lora/): on with enable_lora or any lora_modules
     enable_lora: bool = flag(False, help="serve LoRA adapters (on when --lora-modules names one)")
     lora_modules: tuple[str, ...] = flag(
-        (), help="PEFT adapters known from the start: name=path (the variable: comma-separated)"
+        (),
+        help="PEFT adapters served from the start: name=path … (the variable: comma-separated)",
+        spaced=True,
     )
     max_loras: int = flag(4, help="LoRA adapters one step may use (slots the matmuls read)")
     max_lora_rank: int = flag(16, help="the highest LoRA rank accepted")

@@ -44,6 +44,9 @@ class EngineStats:
     spec_decode: SpecDecodeStats  # since start: a copy, so later steps do not change it
     queued_prompt_tokens: int = 0  # prompt tokens of waiting and prefilling sequences not computed
     costs: StepCosts = StepCosts()  # the engine thread's timings (the engine has no clock)
+    adapters: tuple[str, ...] = ()  # LoRA adapters it serves (shared/engine/lora/)
+    adapters_loaded: tuple[str, ...] = ()  # of those, in a slot now
+    adapter_swap_ins: int = 0  # since start: slots filled
 
 
 def queued_prompt_tokens(waiting: Iterable[Sequence], running: Iterable[Sequence]) -> int:

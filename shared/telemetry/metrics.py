@@ -102,6 +102,7 @@ class SchedulerMetrics:
     workers: Gauge = field(init=False)
     waiting: Gauge = field(init=False)
     placements: Counter = field(init=False)
+    adapter_placements: Counter = field(init=False)
     queue_wait: Histogram = field(init=False)
     ttft_error: Histogram = field(init=False)
 
@@ -115,6 +116,11 @@ class SchedulerMetrics:
         self.placements = Counter(
             P + "placements", "Submits answered, by model, outcome and path",
             ["model", "outcome", "path"], registry=r,
+        )  # fmt: skip
+        self.adapter_placements = Counter(
+            P + "adapter_placements", "LoRA requests placed, per worker they went to, by model, "
+            "adapter and whether it was in a slot there (loaded) or the worker loads it (load)",
+            ["model", "adapter", "affinity"], registry=r,
         )  # fmt: skip
         self.queue_wait = Histogram(
             P + "scheduler_queue_wait_seconds",
