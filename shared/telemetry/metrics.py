@@ -46,6 +46,8 @@ class GatewayMetrics:
     http_duration: Histogram = field(init=False)
     fallbacks: Counter = field(init=False)
     scheduler_waits: Histogram = field(init=False)
+    lora_requests: Counter = field(init=False)
+    lora_tokens: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -64,6 +66,14 @@ class GatewayMetrics:
             P + "gateway_fallbacks", "Requests a model could not serve that went on down its "
             "fallback chain, by that model and the status it answered",
             ["model", "status", "traffic"], registry=r,
+        )  # fmt: skip
+        self.lora_requests = Counter(
+            P + "lora_requests", "Generation requests (each choice) of a LoRA adapter",
+            ["adapter"], registry=r,
+        )  # fmt: skip
+        self.lora_tokens = Counter(
+            P + "lora_tokens", "Tokens of LoRA adapters' requests, by kind (prompt, generation)",
+            ["adapter", "kind"], registry=r,
         )  # fmt: skip
         self.scheduler_waits = Histogram(
             P + "gateway_scheduler_wait_seconds", "How long a submit that found no scheduler "
