@@ -9,7 +9,7 @@ the arguments of a child process (how `splitserve up` configures its services).
 
 The flag's type comes from the field's annotation: `int`, `float`, `str`, `Path`, `bool`
 (`--x` / `--no-x`), `X | None` (unset: None) and `tuple[str, ...]` (comma-separated,
-repeatable; the variable is comma-separated too).
+repeatable, with `spaced` space-separated too; the variable is comma-separated).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Flag:
     unset: object = None
     has_unset: bool = False
     variable: str | None = ""  # the environment variable; "": SPLITSERVE_<FIELD>; None: none
+    spaced: bool = False  # a tuple flag that takes space-separated values too (`--x a b`)
 
     def option(self, field_name: str) -> str:
         return self.name or "--" + field_name.replace("_", "-")
@@ -56,9 +57,10 @@ def flag(
     name: str = "",
     unset: object = MISSING,
     variable: str | None = "",
+    spaced: bool = False,
 ) -> Any:
     """A dataclass field that is also a command-line flag (and a `SPLITSERVE_*` variable)."""
-    spec = Flag(help, choices, name, unset, unset is not MISSING, variable)
+    spec = Flag(help, choices, name, unset, unset is not MISSING, variable, spaced)
     return dataclasses.field(default=default, metadata={_KEY: spec})
 
 
@@ -142,6 +144,7 @@ def add_flags(
             options["action"] = argparse.BooleanOptionalAction
         elif setting.kind is tuple:
             options["action"] = _Items
+            options["nargs"] = "+" if setting.spec.spaced else None
         else:
             options |= {"type": setting.kind, "choices": setting.spec.choices}
         if setting.kind is not bool and not setting.spec.choices:
@@ -219,4 +222,5 @@ class _Items(argparse.Action):
     ) -> None:
         current = getattr(namespace, self.dest)
         current = () if current is self.default else current
-        setattr(namespace, self.dest, (*current, *_items(str(values))))
+        given = values if isinstance(values, list) else [str(values)]
+        setattr(namespace, self.dest, (*current, *(i for v in given for i in _items(v))))

@@ -6,13 +6,14 @@ connection uses: shared/nats_options.py) and answer the requests it receives (NA
 with `*` in place of a worker's or gateway's id, so the table cannot drift from it.
 
 role       publishes                                   subscribes to
-gateway    sched.submit, sched.status, cancel          gateway.*.tokens, events
-scheduler  worker.*.reserve|prefill|decode|role,       sched.submit, sched.status,
-           events, cancel                              workers.heartbeat, kv.events, cancel,
-                                                       planner.report
-prefill    workers.heartbeat, kv.events,               worker.*.prefill|role, cancel, events
-           gateway.*.tokens, worker.*.kv
-decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role,
+gateway    sched.submit, sched.status, sched.adapters, gateway.*.tokens, events
+           cancel
+scheduler  worker.*.reserve|prefill|decode|role|adapters, sched.submit, sched.status,
+           events, cancel                              sched.adapters, workers.heartbeat,
+                                                       kv.events, cancel, planner.report
+prefill    workers.heartbeat, kv.events,               worker.*.prefill|role|adapters, cancel,
+           gateway.*.tokens, worker.*.kv               events
+decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role|adapters,
            gateway.*.tokens                            cancel, events
 both       prefill's and decode's                      prefill's and decode's
 planner    worker.*.role, pool.target, planner.report, workers.heartbeat
@@ -74,13 +75,16 @@ def _table(subjects: Subjects) -> dict[str, Permissions]:
         return build(_ID).replace(f".{_ID}.", ".*.")
 
     workers_report = (s.heartbeat, s.kv_events, any_id(s.tokens))
-    workers_hear = (any_id(s.role), s.cancel, s.events)
+    workers_hear = (any_id(s.role), any_id(s.worker_adapters), s.cancel, s.events)
     to_workers = (any_id(s.reserve), any_id(s.prefill), any_id(s.decode), any_id(s.role))
+    to_workers += (any_id(s.worker_adapters),)
     table = {
-        "gateway": Permissions((s.submit, s.status, s.cancel), (any_id(s.tokens), s.events)),
+        "gateway": Permissions(
+            (s.submit, s.status, s.cancel, s.adapters), (any_id(s.tokens), s.events)
+        ),
         "scheduler": Permissions(
             (*to_workers, s.events, s.cancel),
-            (s.submit, s.status, s.heartbeat, s.kv_events, s.cancel, s.planner_report),
+            (s.submit, s.status, s.heartbeat, s.kv_events, s.cancel, s.planner_report, s.adapters),
         ),
         "prefill": Permissions((*workers_report, any_id(s.kv)), (any_id(s.prefill), *workers_hear)),
         "decode": Permissions(

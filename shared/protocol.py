@@ -129,6 +129,11 @@ class Heartbeat:
     stream_tpots: list[float] = field(default_factory=list)
     stall_s: float = 0.0  # recent seconds its streams waited on prompt work (step_costs.py)
     stream_tokens: int = 0  # the fewest max_tokens among its running streams (0: none)
+    # LoRA (shared/lora_messages.py): adapters it serves, those in its slots now (the
+    # scheduler's affinity), and slots it has filled since start
+    adapters: list[str] = field(default_factory=list)
+    adapters_loaded: list[str] = field(default_factory=list)
+    adapter_swap_ins: int = 0
 
 
 @dataclass(slots=True)

@@ -31,6 +31,10 @@ class Subjects:
         return f"{self.namespace}.sched.status"
 
     @property
+    def adapters(self) -> str:  # gateway → scheduler, request/reply: AdapterCommand
+        return f"{self.namespace}.sched.adapters"
+
+    @property
     def heartbeat(self) -> str:  # worker → scheduler
         return f"{self.namespace}.workers.heartbeat"
 
@@ -65,6 +69,9 @@ class Subjects:
 
     def role(self, worker_id: str) -> str:  # scheduler (planner, admin) → worker: SetRole
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.role"
+
+    def worker_adapters(self, worker_id: str) -> str:  # scheduler → worker: AdapterCommand
+        return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.adapters"
 
     def kv(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.kv"

@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from shared.engine.lora.modules import adapter_name_error
+from shared.lora_messages import AdapterCommand
 from shared.planner_messages import MAX_REPORTED, PlannerReport
 from shared.pool_messages import PoolTarget
 from shared.protocol import (
@@ -113,6 +115,18 @@ def _submit(m: SubmitRequest, where: str = "SubmitRequest") -> None:
     _require(math.isfinite(m.deadline), f"{where}.deadline: not a finite time")
     _measure(m.submitted_at, f"{where}.submitted_at")
     _count(m.attempt, f"{where}.attempt", 1 << 16)
+    _adapter(m.sampling.adapter, f"{where}.sampling.adapter", empty=True)
+
+
+def _adapter(name: str, where: str, empty: bool = False) -> None:
+    """A LoRA adapter's name (shared/engine/lora/modules.py); "" where `empty` allows it."""
+    _require((empty and not name) or adapter_name_error(name) is None, f"{where}: not a name")
+
+
+def _adapter_command(m: AdapterCommand) -> None:
+    _adapter(m.name, "AdapterCommand.name")
+    _require(len(m.path) <= MAX_REASON_CHARS, "AdapterCommand.path: too long")
+    _require(len(m.model) <= MAX_ID_CHARS, "AdapterCommand.model: too long")
 
 
 def _heartbeat(m: Heartbeat) -> None:
@@ -243,4 +257,5 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     RequestFailed: lambda m: _request_id(m.request_id, "RequestFailed.request_id"),
     PlannerReport: _planner_report,
     PoolTarget: _pool_target,
+    AdapterCommand: _adapter_command,
 }

@@ -18,6 +18,7 @@ from aiohttp import web
 from opentelemetry.trace import SpanKind
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.gateway.adapters import ADAPTERS, setup_adapters
 from services.gateway.chain import chat_completions, completions
 from services.gateway.config import GatewayConfig
 from services.gateway.cors import cors_headers, cors_preflight
@@ -88,6 +89,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/ping", ping)
     app.router.add_post("/ping", ping)
     setup_pages(app)
+    setup_adapters(app)
 
 
 def create_runner(config: GatewayConfig) -> web.AppRunner:
@@ -126,8 +128,11 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
+    """Every model (and route) the gateway serves, then each LoRA adapter with its parent."""
+    adapters = await request.app[ADAPTERS].cards(request.app[CLIENT])
     if ROUTING in request.app:  # a mesh config: every model and route
-        return web.json_response({"object": "list", "data": request.app[ROUTING].cards()})
+        cards = request.app[ROUTING].cards() + adapters
+        return web.json_response({"object": "list", "data": cards})
     config = request.app[CONFIG]
     card = {
         "id": config.served_model_name,
@@ -136,7 +141,7 @@ async def models(request: web.Request) -> web.Response:
         "owned_by": "splitserve",
         "max_model_len": config.max_model_len,
     }
-    return web.json_response({"object": "list", "data": [card]})
+    return web.json_response({"object": "list", "data": [card, *adapters]})
 
 
 @web.middleware

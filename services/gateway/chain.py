@@ -59,7 +59,7 @@ async def _serve(request: web.Request, kind: Kind) -> web.StreamResponse:
         body = await RequestBody.read(request, kind)
         routing, called = request.app.get(ROUTING), body.model
         if routing is None or called is None or not routing.router.knows(called):
-            response = await generate(request, own_model(request, body), body)
+            response = await generate(request, await own_model(request, body), body)
         else:
             decision = routing.router.decide(
                 called, lambda: routing.prompt_tokens(body, called), traffic

@@ -13,6 +13,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
+from services.gateway.adapters import adapter_client
 from services.gateway.beam_search import beam_search
 from services.gateway.choices import Choices, merged_events
 from services.gateway.errors import ApiError, api_error
@@ -27,6 +28,7 @@ from services.gateway.responses import ResponseBuilder, total_usage
 from services.gateway.sse import SSEWriter
 from services.gateway.token_events import Delta, Finish, Usage
 from services.gateway.tool_stream import ToolCallStream
+from shared.engine.lora.modules import adapter_name_error
 
 
 async def generate(
@@ -63,15 +65,19 @@ async def generate(
         await client.abandon(first)  # a no-op unless its events never ran to their end
 
 
-def own_model(request: web.Request, body: RequestBody) -> ModelClient:
-    """The gateway's own model, which the body must call (400 naming `model` otherwise)."""
+async def own_model(request: web.Request, body: RequestBody) -> ModelClient:
+    """The gateway's own model, or one of its LoRA adapters (adapters.py), which the body
+    must call (400 naming `model` otherwise)."""
     client = request.app[CLIENT]
     model = body.parsed().model
-    if model != client.config.served_model_name:
+    if model == client.config.served_model_name:
+        return client
+    adapter = await adapter_client(request, model) if adapter_name_error(model) is None else None
+    if adapter is None:
         raise ApiError(
             400, f"model {model!r} does not exist", param="model", code="model_not_found"
         )
-    return client
+    return adapter
 
 
 def prepare(

@@ -62,6 +62,14 @@ class ModelClient:
         self.subjects = Subjects(config.common.namespace)
         self.streams = streams
         self.text = text
+        self.adapter = ""  # a LoRA adapter's client (for_adapter): every request uses it
+
+    def for_adapter(self, adapter: str) -> ModelClient:
+        """The same model's client for requests of LoRA `adapter`; its answers name it."""
+        config = dataclasses.replace(self.config, served_model_name=adapter)
+        client = ModelClient(config, self.bus, self.streams, self.text, self.metrics, self.model)
+        client.adapter = adapter
+        return client
 
     @property
     def name(self) -> str:
@@ -82,6 +90,11 @@ class ModelClient:
         if spec.sampling.seed is None:  # fixed here, so that a migrated request draws the same
             seeded = dataclasses.replace(spec.sampling, seed=secrets.randbits(63))
             spec = dataclasses.replace(spec, sampling=seeded)
+        if self.adapter:  # every attempt (migration too) carries it
+            adapted = dataclasses.replace(spec.sampling, adapter=self.adapter)
+            spec = dataclasses.replace(spec, sampling=adapted)
+            self.metrics.lora_requests.labels(self.adapter).inc()
+            self.metrics.lora_tokens.labels(self.adapter, "prompt").inc(len(spec.prompt_ids))
         timeout = self.config.request_timeout
         job = GatewayRequest(spec, loop.time() + timeout, time.time() + timeout, submitted)
         job.stream = await retrying(lambda: self._open(job), loop.time() + retry_for)

@@ -42,7 +42,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     except ApiError as exc:
         exc.param = CHAT_TO_RESPONSES.get(exc.param or "", exc.param)
         raise
-    client = own_model(request, chat)
+    client = await own_model(request, chat)
     parsed, choices = prepare(client, chat)
     shape = ResponseShape(
         f"resp_{choices.request_id}",

@@ -121,6 +121,8 @@ def _account(client: ModelClient, outcome: str, completion_tokens: int) -> None:
     metrics.running.dec()
     metrics.requests.labels(outcome).inc()
     metrics.generation_tokens.inc(completion_tokens)
+    if client.adapter:
+        metrics.lora_tokens.labels(client.adapter, "generation").inc(completion_tokens)
     trace.get_current_span().set_attributes(
         {
             "gen_ai.usage.output_tokens": completion_tokens,

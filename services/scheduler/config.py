@@ -62,6 +62,11 @@ class SchedulerConfig:
     load_penalty: float = flag(
         1.0, help="cached prefix blocks that one queued or running request on a worker outweighs"
     )
+    lora_affinity: float = flag(
+        4.0,
+        help="cached prefix blocks that a worker with the request's LoRA adapter already in a "
+        "slot is worth (against --load-penalty per request: a busy worker loses it)",
+    )
     # 3 missed 1 s heartbeats: the worker is gone
     heartbeat_timeout: float = flag(
         3.0, help="seconds without a heartbeat before a worker counts as lost"

@@ -105,9 +105,9 @@ class Placer:
         cfg = self.config
         tokens = request.prompt_token_ids + request.delivered_token_ids
         model_id = self.registry.model_id(request.model, cfg.model_id)
-        views = self.registry.views(request.model)
+        views, adapter = self.registry.views(request.model), request.sampling.adapter
         max_tokens = request.sampling.max_tokens
-        plan = plan_route(views, tokens, model_id, request.model, cfg, max_tokens)
+        plan = plan_route(views, tokens, model_id, request.model, cfg, adapter, max_tokens)
         if not plan.decodes:
             return NoRoom(plan.no_room, asked=False)
         hashes, prefills = plan.hashes, plan.prefills

@@ -20,6 +20,9 @@ refills within one heartbeat interval).
   behind it (the sibling choices of an `n` > 1 request) goes where the blocks will be.
 - A worker changing its role (its heartbeat's `next_role`) is in the views as `changing`
   (never placed on); its heartbeats name its new role once the change is over.
+- LoRA: a view carries the adapters a worker serves and those in its slots, the latter
+  with the adapters of requests placed on it since its heartbeat (`place_adapter`), so
+  a burst of one adapter keeps to the worker that loaded it (routing.py).
 - One engine per model: a worker whose heartbeat names another engine (native, vllm) than
   the registered workers of its model is refused (never placed on; logged once), since the
   two cannot hand KV to each other.
@@ -48,6 +51,7 @@ class WorkerState:
     blocks_since_heartbeat: int = 0
     tokens_since_heartbeat: int = 0  # prompt tokens placed on it to compute
     links: dict[str, Link] = field(default_factory=dict)  # decode id → measured link
+    adapters_placed: set[str] = field(default_factory=set)  # LoRA, since its last heartbeat
 
 
 class Registry:
@@ -91,6 +95,7 @@ class Registry:
         state.placed_since_heartbeat = 0
         state.blocks_since_heartbeat = 0
         state.tokens_since_heartbeat = 0
+        state.adapters_placed.clear()
         state.links = links_of(heartbeat)
         return more_room
 
@@ -144,6 +149,16 @@ class Registry:
         if state is not None:
             state.cached.update(block_hashes)
 
+    def place_adapter(self, worker_id: str, adapter: str) -> bool:
+        """A request of LoRA `adapter` was placed on the worker: it has the adapter in a slot
+        from now on (until its next heartbeat says). Whether it had before (affinity)."""
+        state = self._workers.get(worker_id)
+        if state is None:
+            return False
+        loaded = adapter in state.heartbeat.adapters_loaded or adapter in state.adapters_placed
+        state.adapters_placed.add(adapter)
+        return loaded
+
     def forget(self, request_id: str) -> None:
         for state in self._workers.values():
             state.assigned.pop(request_id, None)
@@ -181,6 +196,8 @@ class Registry:
                     s.heartbeat, s.links, s.placed_since_heartbeat, s.tokens_since_heartbeat
                 ),
                 changing=bool(s.heartbeat.next_role),
+                adapters=frozenset(s.heartbeat.adapters),
+                adapters_loaded=frozenset(s.heartbeat.adapters_loaded) | s.adapters_placed,
             )
             for worker_id, s in self._workers.items()
             if model in ("", s.heartbeat.model)

@@ -25,7 +25,7 @@ from services.scheduler.routing import (
     rank_decode,
     rank_prefill,
 )
-from shared.engine.block_hash import hash_full_blocks
+from shared.engine.block_hash import cache_key, hash_full_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,21 +64,28 @@ def plan_route(
     model_id: str,
     model: str,
     config: SchedulerConfig,
+    adapter: str = "",
     output_tokens: int = 0,
 ) -> RoutePlan:
     """Rank `views` (the workers of the request's `model`) for a request of `tokens` whose
-    blocks hash with `model_id`, that emits at most `output_tokens`."""
-    hashes = hash_full_blocks(tokens, config.block_size, model_id)
-    decodes = rank_decode(views, hashes, len(tokens), config.block_size, config.load_penalty)
+    blocks hash with `model_id` (and its LoRA `adapter`: shared/engine/block_hash.py), that
+    emits at most `output_tokens`."""
+    hashes = hash_full_blocks(tokens, config.block_size, cache_key(model_id, adapter))
+    lora = adapter, config.lora_affinity
+    size, penalty = config.block_size, config.load_penalty
+    decodes = rank_decode(views, hashes, len(tokens), size, penalty, *lora)
     no_room = ""
     if not decodes:
-        has_decode = any(v.role in DECODE_ROLES and not v.draining for v in views)
+        has_decode = any(
+            v.role in DECODE_ROLES and not v.draining and v.takes(adapter) for v in views
+        )
         of_model = f" of model {model}" if model else ""
+        of_model += f" with adapter {adapter}" if adapter else ""
         no_room = (
             "no decode worker with enough free KV blocks"
             if has_decode
             else f"no worker{of_model} for role decode"
         )
-    prefills = {c.worker_id: c for c in rank_prefill(views, hashes, config.load_penalty)}
+    prefills = {c.worker_id: c for c in rank_prefill(views, hashes, penalty, *lora)}
     costs = {view.worker_id: view.costs for view in views}
     return RoutePlan(len(tokens), hashes, decodes, prefills, costs, no_room, output_tokens)

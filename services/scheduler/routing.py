@@ -2,6 +2,9 @@
 
 - Prefill: score = prefix overlap (how many of the prompt's leading block hashes the worker
   holds) − load_penalty × load. Highest first.
+- LoRA: a request with an adapter goes only to workers that serve it; one that has it in a
+  slot now scores `affinity` more (llm-d's loraaffinity), so it wins unless it is busier
+  by more than affinity / load_penalty requests; elsewhere the worker loads it.
 - Neither places on a worker draining or changing its role (mid-change: its heartbeat names
   the next role), whatever its role is now.
 - Decode: among workers of role decode|both, with enough free blocks for the
@@ -34,6 +37,16 @@ class WorkerView:
     cached: Set[int]  # block hashes in its prefix cache
     costs: WorkerCosts = field(default_factory=WorkerCosts)  # measured (path choice)
     changing: bool = False  # mid-change of its role: nothing is placed on it
+    adapters: frozenset[str] = frozenset()  # LoRA adapters it serves
+    adapters_loaded: frozenset[str] = frozenset()  # of those, in a slot now
+
+    def takes(self, adapter: str) -> bool:
+        """Serves requests of `adapter` ("": the base model: every worker does)."""
+        return not adapter or adapter in self.adapters
+
+    def affinity(self, adapter: str, bonus: float) -> float:
+        """`bonus` when `adapter` is in one of its slots, else 0."""
+        return bonus if adapter and adapter in self.adapters_loaded else 0.0
 
     @property
     def placeable(self) -> bool:
@@ -63,15 +76,20 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 def rank_prefill(
-    workers: Iterable[WorkerView], block_hashes: Sequence[int], load_penalty: float
+    workers: Iterable[WorkerView],
+    block_hashes: Sequence[int],
+    load_penalty: float,
+    adapter: str = "",
+    affinity: float = 0.0,
 ) -> list[Candidate]:
-    """Prefill workers (role "prefill", placeable), best first."""
+    """Prefill workers (role "prefill", placeable, serving `adapter`), best first."""
     ranked = []
     for worker in workers:
-        if worker.role != "prefill" or not worker.placeable:
+        if worker.role != "prefill" or not worker.placeable or not worker.takes(adapter):
             continue
         overlap = prefix_overlap(block_hashes, worker.cached)
-        ranked.append(Candidate(worker.worker_id, overlap, overlap - load_penalty * worker.load))
+        score = overlap - load_penalty * worker.load + worker.affinity(adapter, affinity)
+        ranked.append(Candidate(worker.worker_id, overlap, score))
     ranked.sort(key=lambda c: (-c.score, c.worker_id))
     return ranked
 
@@ -82,17 +100,20 @@ def rank_decode(
     num_tokens: int,
     block_size: int,
     load_penalty: float,
+    adapter: str = "",
+    affinity: float = 0.0,
 ) -> list[Candidate]:
-    """Decode-capable workers with room for `num_tokens` (+1 output token), best first."""
+    """Decode-capable workers serving `adapter` with room for `num_tokens` (+1 output
+    token), best first."""
     scored = []
     for worker in workers:
-        if worker.role not in DECODE_ROLES or not worker.placeable:
+        if worker.role not in DECODE_ROLES or not worker.placeable or not worker.takes(adapter):
             continue
         overlap = prefix_overlap(block_hashes, worker.cached)
         free_after = worker.free_blocks - (blocks_for(num_tokens + 1, block_size) - overlap)
         if free_after < 0:
             continue
-        score = overlap - load_penalty * worker.load
+        score = overlap - load_penalty * worker.load + worker.affinity(adapter, affinity)
         scored.append(
             (-score, -free_after, worker.worker_id, Candidate(worker.worker_id, overlap, score))
         )

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
+from services.scheduler.adapters import AdapterFanOut, count_placement
+from services.scheduler.adapters import refuse as refuse_adapters
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.path_cost import Path
 from services.scheduler.placement import RELEASED, BadSubmit, Placer
@@ -44,6 +46,7 @@ from services.scheduler.predictions import Prediction, PredictionBook
 from services.scheduler.registry import Registry
 from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
+from shared.lora_messages import AdapterCommand
 from shared.planner_messages import PlannerReport
 from shared.protocol import (
     Cancel,
@@ -104,6 +107,15 @@ class SchedulerService:
             concurrent=True,
         )
         await self.bus.serve(s.status, StatusQuery, self.on_status, _bad_status)
+        fan_out = AdapterFanOut(self.bus, self.registry, s)
+        await self.bus.serve(
+            s.adapters,
+            AdapterCommand,
+            fan_out.on_command,
+            refuse_adapters,
+            queue=SCHEDULER_QUEUE_GROUP,
+            concurrent=True,
+        )
         await self.bus.nc.flush()
         self._sweeper = asyncio.create_task(self._sweep_forever())
 
@@ -190,6 +202,7 @@ class SchedulerService:
             span.set_attribute("splitserve.request_id", request.request_id)
             span.set_attribute("gen_ai.request.model", request.model)
             ack = await self._admit(request, inject(span))
+            count_placement(self.registry, self.metrics, request, ack)
             span.set_attributes(
                 {
                     "splitserve.accepted": ack.accepted,

@@ -105,6 +105,13 @@ class EngineClient(Protocol):
     def take_kv_events(self) -> KVCacheEvents:
         """Prefix-cache blocks stored and removed since the last call."""
 
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Read, check and serve a LoRA adapter as `name` (shared/engine/lora/): BadAdapter
+        or InvalidRequest saying why not; the engine serves on either way."""
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter `name` (InvalidRequest while requests use it)."""
+
     async def drain(self, timeout: float) -> bool:
         """Wait until the engine holds no request; False when `timeout` passed first."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from services.worker.core_lease import CoreLease
 from services.worker.engine_client import EngineEvents
@@ -19,6 +20,7 @@ from services.worker.engine_thread import EngineThread
 from services.worker.native_kv import NativeKV
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
+from shared.engine.errors import InvalidRequest
 from shared.engine.kv_handoff import KVHandOff
 from shared.engine.outputs import StepOutput
 from shared.engine.request_check import RequestChecker
@@ -53,6 +55,9 @@ class NativeEngineClient:
     async def submit(self, request: SubmitRequest, *, hold_kv: bool) -> None:
         checker = self._checker
         assert checker is not None, "start() first"
+        adapter, stats = request.sampling.adapter, self._thread.stats
+        if adapter and (stats is None or adapter not in stats.adapters):
+            raise InvalidRequest("model", f"no LoRA adapter {adapter!r} is loaded")
         await asyncio.to_thread(
             checker.check, request.prompt_token_ids, request.sampling, request.delivered_token_ids
         )
@@ -66,6 +71,12 @@ class NativeEngineClient:
                 hold_kv=hold_kv,
             ),
         )
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        await self._thread.call(lambda engine: engine.load_adapter(name, Path(path)))
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._thread.call(lambda engine: engine.unload_adapter(name))
 
     def abort(self, request_id: str) -> None:
         self.kv.let_go(request_id, lambda engine: engine.abort_request(request_id))

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 
+from services.worker.adapters import AdapterCommands
 from services.worker.config import WorkerConfig
 from services.worker.context import WorkerContext
 from services.worker.decode import DecodeSide
@@ -115,6 +116,7 @@ class Worker:
         await intake.serve(config.role)
         self.role_change = RoleChange(ctx, intake, self._beat)
         await self.role_change.start()
+        await AdapterCommands(ctx, self._beat).start()
         await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
@@ -292,6 +294,9 @@ class Worker:
             first_tokens=self.telemetry.take_first_tokens(),
             stream_tpots=self.telemetry.take_stream_tpots(),
             next_role=self.ctx.next_role,
+            adapters=list(stats.adapters),
+            adapters_loaded=list(stats.adapters_loaded),
+            adapter_swap_ins=stats.adapter_swap_ins,
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)

@@ -50,6 +50,8 @@ from shared.protocol import SubmitRequest
 
 log = logging.getLogger(__name__)
 
+_NO_LORA = "LoRA adapters are served by the native engine only (not --engine vllm yet)"
+
 
 class VllmEngineClient:
     def __init__(self, config: WorkerConfig) -> None:
@@ -136,6 +138,12 @@ class VllmEngineClient:
             spec_decode=SpecDecodeStats(),
         )
 
+    async def load_adapter(self, name: str, path: str) -> None:
+        raise InvalidRequest("lora_name", _NO_LORA)
+
+    async def unload_adapter(self, name: str) -> None:
+        raise InvalidRequest("lora_name", _NO_LORA)
+
     def take_kv_events(self) -> KVCacheEvents:
         """vLLM's KV cache events since the last take, as our block hashes."""
         if self._kv_events is None:
@@ -169,6 +177,8 @@ class VllmEngineClient:
     def _check(self, request: SubmitRequest) -> None:
         """InvalidRequest for what vLLM would refuse (its sampling, the context length)."""
         self._sampling(request)
+        if request.sampling.adapter:
+            raise InvalidRequest("model", _NO_LORA)
         max_len = self.engine_config.max_model_len
         num_tokens = len(request.prompt_token_ids) + len(request.delivered_token_ids)
         if not request.prompt_token_ids:

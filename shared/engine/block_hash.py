@@ -2,7 +2,9 @@
 
 hash(block i) = H(hash(block i-1), its token ids, model id). Two workers that hold a block
 with the same hash hold the same KV, so the hash travels between processes and must not
-depend on Python's per-process hash seed: it is a 63-bit blake2b digest.
+depend on Python's per-process hash seed: it is a 63-bit blake2b digest. A request served
+with a LoRA adapter hashes under `cache_key(model id, adapter)`, so its blocks never match
+the base model's or another adapter's.
 """
 
 from __future__ import annotations
@@ -11,6 +13,12 @@ import hashlib
 from array import array
 
 ROOT_HASH = 0  # the parent of a sequence's first block
+
+
+def cache_key(model_id: str, adapter: str) -> str:
+    """The `model_id` a request's blocks hash under: the base model's own, or with a LoRA
+    adapter its name joined by a byte no name holds (lora/modules.py)."""
+    return f"{model_id}\x00{adapter}" if adapter else model_id
 
 
 def hash_block(parent_hash: int, token_ids: list[int], model_id: str) -> int:

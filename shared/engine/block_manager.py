@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from shared.engine.block_hash import hash_full_blocks
+from shared.engine.block_hash import cache_key, hash_full_blocks
 from shared.engine.errors import OutOfBlocks
 from shared.engine.sequence import Sequence
 from shared.engine.stats import KVEventLog
@@ -62,7 +62,7 @@ class BlockManager:
         Changes nothing, so a refused admission leaves the cache and its counters alone."""
         # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
         reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
-        hits = self._lookup(seq.token_ids) if reuse else []
+        hits = self._lookup(seq) if reuse else []
         num_tokens = min(seq.num_tokens - len(hits) * self.block_size, token_budget)
         needed = self.blocks_for(len(hits) * self.block_size + num_tokens) - len(hits)
         reclaimed = sum(1 for block_id, _ in hits if self.ref_counts[block_id] == 0)
@@ -75,7 +75,7 @@ class BlockManager:
         assert not seq.block_table, "allocate() is for a sequence that holds no blocks"
         # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
         reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
-        hits = self._lookup(seq.token_ids) if reuse else []
+        hits = self._lookup(seq) if reuse else []
         for block_id, _ in hits:
             self._claim(block_id)
         seq.block_table = [block_id for block_id, _ in hits]
@@ -104,7 +104,7 @@ class BlockManager:
         seq.block_hashes = hash_full_blocks(
             seq.token_ids[: seq.num_computed_tokens],
             self.block_size,
-            self.model_id,
+            cache_key(self.model_id, seq.params.adapter),
             seq.block_hashes,
         )
         for index in range(known, len(seq.block_hashes)):
@@ -161,9 +161,10 @@ class BlockManager:
         return copies
 
     # -- internals --------------------------------------------------------------------------
-    def _lookup(self, token_ids: list[int]) -> list[tuple[int, int]]:
-        """(block id, hash) of the cached full blocks that prefix `token_ids[:-1]`."""
-        hashes = hash_full_blocks(token_ids[:-1], self.block_size, self.model_id)
+    def _lookup(self, seq: Sequence) -> list[tuple[int, int]]:
+        """(block id, hash) of the cached full blocks that prefix `seq.token_ids[:-1]`."""
+        key = cache_key(self.model_id, seq.params.adapter)
+        hashes = hash_full_blocks(seq.token_ids[:-1], self.block_size, key)
         hits = []
         for block_hash in hashes:
             block_id = self.cached.get(block_hash)

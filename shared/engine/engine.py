@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
-from shared.engine.block_hash import block_hashes
+from shared.engine.block_hash import block_hashes, cache_key
 from shared.engine.block_manager import BlockManager
 from shared.engine.engine_config import EngineConfig
 from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.kv_cache import KVCache
 from shared.engine.kv_handoff import HeldBlocks, KVBlocks, KVHandOff, PinKind, Reservation
+from shared.engine.lora.bank import AdapterBank, BankLimits
+from shared.engine.lora.modules import adapter_name_error, parse_lora_modules
 from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner
 from shared.engine.outputs import RequestOutput, StepOutput
@@ -74,7 +77,12 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.model_id, config.enable_prefix_caching
         )
-        self.runner = ModelRunner(config, self.model_config, num_blocks, self.max_model_len)
+        lora = None
+        if config.lora_enabled:
+            lora = BankLimits(config.max_loras, config.max_lora_rank, config.lora_host_slots)
+        self.runner = ModelRunner(
+            config, self.model_config, num_blocks, self.max_model_len, lora=lora
+        )
         self.proposer = self._proposer(draft_config, num_blocks)
         self.scheduler = BatchScheduler(
             self.block_manager,
@@ -82,6 +90,7 @@ class LLMEngine:
             config.max_num_seqs,
             StopRules(self.model_config.eos_token_ids, self.max_model_len),
             self.proposer,
+            max_adapters=config.max_loras if config.lora_enabled else 0,
         )
         self.requests = self.scheduler.requests  # request id -> sequence, any unfinished status
         grammars = GrammarCompilers(
@@ -98,6 +107,8 @@ class LLMEngine:
         self.last_step_num_tokens = 0  # tokens the last step scheduled; 0: nothing could run
         self._unstarted: set[str] = set()  # added, never scheduled yet
         self._ended: list[RequestOutput] = []  # finished outside a step, for the next report
+        for name, path in parse_lora_modules(config.lora_modules).items():
+            self.load_adapter(name, path)  # BadAdapter: a worker does not start with one
 
     # -- requests ---------------------------------------------------------------------------
     def check_request(
@@ -108,6 +119,7 @@ class LLMEngine:
     ) -> None:
         """Raise InvalidRequest unless the engine could ever serve this request. Safe from any
         thread: it reads only limits fixed at start and the lock-guarded grammar cache."""
+        self._check_adapter(params.adapter)
         self.checker.check(prompt_token_ids, params, output_token_ids)
 
     def add_request(
@@ -181,6 +193,7 @@ class LLMEngine:
             spec_decode=replace(scheduler.spec_stats),
             queued_prompt_tokens=queued_prompt_tokens(scheduler.waiting, scheduler.running),
             min_stream_tokens=min_stream_tokens(scheduler.running),
+            **_adapter_stats(self.runner.adapters),
         )
 
     @property
@@ -191,6 +204,31 @@ class LLMEngine:
     def take_kv_events(self) -> KVCacheEvents:
         """The prefix cache's net changes (block hashes stored, removed) since the last call."""
         return self.block_manager.events.take()
+
+    # -- LoRA adapters (shared/engine/lora/) ------------------------------------------------
+    @property
+    def adapters(self) -> AdapterBank | None:
+        """None: this engine serves no adapters (enable_lora off)."""
+        return self.runner.adapters
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        """Read and check a PEFT adapter and serve it as `name` (BadAdapter saying why not;
+        the engine serves on). A known name is read again from `path`."""
+        bank = self._bank()
+        if (reason := adapter_name_error(name)) is not None:
+            raise InvalidRequest("lora_name", reason)
+        if name in self._adapters_in_use():
+            raise InvalidRequest("lora_name", f"adapter {name!r} is serving requests")
+        bank.load(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving `name`; InvalidRequest while requests use it or when it is unknown."""
+        bank = self._bank()
+        if not bank.knows(name):
+            raise InvalidRequest("lora_name", f"no adapter {name!r} is loaded")
+        if name in self._adapters_in_use():
+            raise InvalidRequest("lora_name", f"adapter {name!r} is serving requests")
+        bank.unload(name)
 
     # -- KV hand-off: prefill side ----------------------------------------------------------
     def export_kv(
@@ -219,7 +257,8 @@ class LLMEngine:
         seq = self._new_sequence(request_id, prompt_token_ids, params, output_token_ids)
         num_cached = self.scheduler.reserve(seq)
         config, block_ids = self.config, list(seq.block_table)
-        hashes = block_hashes(seq.token_ids, config.block_size, config.model_id, len(block_ids))
+        key = cache_key(config.model_id, params.adapter)
+        hashes = block_hashes(seq.token_ids, config.block_size, key, len(block_ids))
         self.kv.pin(request_id, PinKind.RESERVED, HeldBlocks(block_ids, hashes))
         return Reservation(block_ids=list(seq.block_table), num_cached_blocks=num_cached)
 
@@ -256,12 +295,26 @@ class LLMEngine:
         if request_id in self.requests:
             reason = f"request id {request_id!r} is already in the engine"
             raise InvalidRequest("request_id", reason)
+        self._check_adapter(params.adapter)
         grammar = self.checker.check(prompt_token_ids, params, output_token_ids)
         tokens = [*prompt_token_ids, *output_token_ids]
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = Sequence(request_id, tokens, len(prompt_token_ids), params, seed)
         seq.grammar = grammar
         return seq
+
+    def _bank(self) -> AdapterBank:
+        if self.runner.adapters is None:
+            raise InvalidRequest("lora_name", "this engine serves no LoRA adapters (enable_lora)")
+        return self.runner.adapters
+
+    def _check_adapter(self, adapter: str) -> None:
+        bank = self.runner.adapters
+        if adapter and (bank is None or not bank.knows(adapter)):
+            raise InvalidRequest("model", f"no LoRA adapter {adapter!r} is loaded")
+
+    def _adapters_in_use(self) -> set[str]:
+        return {seq.params.adapter for seq in self.requests.values()}
 
     def _held_blocks(self, seq: Sequence) -> HeldBlocks:
         """A held request's prompt blocks: hash per block, None for a partly filled one."""
@@ -287,3 +340,13 @@ class LLMEngine:
             runner = ModelRunner(config, draft_config, num_blocks, max_len, config.draft_model_dir)
             return DraftProposer(k, max_len, runner, self.runner.sampler)
         return None
+
+
+def _adapter_stats(bank: AdapterBank | None) -> dict[str, object]:
+    if bank is None:
+        return {}
+    return {
+        "adapters": tuple(bank.paths),
+        "adapters_loaded": tuple(bank.in_slots),
+        "adapter_swap_ins": bank.stats.swap_ins,
+    }

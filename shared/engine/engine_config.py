@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shared.engine.lora.modules import parse_lora_modules
 from shared.errors import ConfigError
 from shared.flags import flag
 
@@ -107,6 +108,18 @@ class EngineConfig:
     draft_model_dir: Path | None = flag(
         None, name="--draft-model", help="--speculative draft: HF-layout dir, same vocabulary"
     )
+    # LoRA adapters (shared/engine/lora/): on with enable_lora or any lora_modules
+    enable_lora: bool = flag(False, help="serve LoRA adapters (on when --lora-modules names one)")
+    lora_modules: tuple[str, ...] = flag(
+        (),
+        help="PEFT adapters served from the start: name=path … (the variable: comma-separated)",
+        spaced=True,
+    )
+    max_loras: int = flag(4, help="LoRA adapters one step may use (slots the matmuls read)")
+    max_lora_rank: int = flag(16, help="the highest LoRA rank accepted")
+    max_cpu_loras: int | None = flag(
+        None, help="LoRA adapters kept read in host memory (default: max_loras)"
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *DTYPE_NAMES):
@@ -147,6 +160,20 @@ class EngineConfig:
             raise ConfigError('speculative="draft" needs a draft_model_dir, and only it takes one')
         if self.num_speculative_tokens < 1:
             raise ConfigError("num_speculative_tokens must be positive")
+        parse_lora_modules(self.lora_modules)
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ConfigError("max_loras and max_lora_rank must be positive")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ConfigError("max_cpu_loras must be >= max_loras")
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_modules)
+
+    @property
+    def lora_host_slots(self) -> int:
+        """Adapters kept read in host memory: max_cpu_loras, or max_loras when unset."""
+        return self.max_cpu_loras or self.max_loras
 
     @property
     def torch_dtype(self) -> torch.dtype:

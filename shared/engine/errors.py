@@ -28,3 +28,8 @@ class UnknownRequest(EngineError):
 
 class OutOfBlocks(EngineError):
     """The engine has too few free KV blocks for this request right now."""
+
+
+class BadAdapter(EngineError):
+    """A LoRA adapter that cannot be served (missing files, a corrupt or mismatched checkpoint,
+    a rank above the limit): the message says which and why; the engine serves on."""

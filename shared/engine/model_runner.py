@@ -16,6 +16,9 @@ from shared.engine.attention.metadata import AttentionMetadata, PrefillChunk
 from shared.engine.engine_config import EngineConfig
 from shared.engine.huge_pages import move_onto_huge_pages, tensors_in, thp_mode
 from shared.engine.kv_cache import KVCache
+from shared.engine.lora.bank import AdapterBank, BankLimits
+from shared.engine.lora.linear import attach
+from shared.engine.lora.step_rows import StepRows
 from shared.engine.model.families import model_class
 from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
@@ -37,6 +40,7 @@ class Span:
     start: int
     block_table: list[int]  # the sequence's blocks; slots for every new token are allocated
     num_logits: int  # logits of the last num_logits tokens are wanted (0: none)
+    adapter: str = ""  # the LoRA adapter its rows are multiplied by; "": the base model
 
 
 class ModelRunner:
@@ -47,6 +51,7 @@ class ModelRunner:
         num_blocks: int,
         max_len: int,
         model_dir: Path | None = None,  # default config.model_dir; a draft model passes its own
+        lora: BankLimits | None = None,  # serve LoRA adapters (`adapters`) with these limits
     ) -> None:
         self.block_size = config.block_size
         self.device = device = config.torch_device
@@ -64,8 +69,13 @@ class ModelRunner:
         packed = not config.quantization and batch_invariant.resolve(config)
         if config.quantization:
             weights = quantize_weights(weights, config.quantization)
-        elif packed:
-            weights = batch_invariant.pack_weights(weights, model_config.hidden_act == "silu")
+        elif packed:  # with adapters, gate_up stays a plain matrix (lora/linear.py)
+            silu_mlp = model_config.hidden_act == "silu" and lora is None
+            weights = batch_invariant.pack_weights(weights, silu_mlp)
+        self.adapters: AdapterBank | None = None
+        if lora is not None:
+            self.adapters = AdapterBank(model_config, lora, config.torch_dtype, device, packed)
+            weights = attach(weights, self.adapters)
         if device.type == "cpu":
             matmuls = describe_shipped(shipped) if shipped else None
             log.info("CPU matmuls: %s", matmuls or batch_invariant.describe_matmuls(config, packed))
@@ -168,6 +178,9 @@ class ModelRunner:
         """Compute `spans` (single-token ones first) into the KV cache. Returns the wanted
         logits, [sum of num_logits, V'], span after span."""
         input_ids, positions, meta, logits_rows = self._prepare(spans)
+        if self.adapters is not None:
+            by_span = [(span.adapter, len(span.token_ids), span.num_logits) for span in spans]
+            self.adapters.begin_step(StepRows.of(by_span, self.device))
         return self.model.forward(input_ids, positions, meta, self.kv_cache.layers, logits_rows)
 
     def _prepare(self, spans: list[Span]):
@@ -227,7 +240,7 @@ def _span(chunk: ScheduledChunk) -> Span:
     num_real = chunk.num_tokens - len(chunk.draft_token_ids)
     token_ids = seq.token_ids[start : start + num_real] + chunk.draft_token_ids
     num_logits = 1 + len(chunk.draft_token_ids) if chunk.completes else 0
-    return Span(token_ids, start, seq.block_table, num_logits)
+    return Span(token_ids, start, seq.block_table, num_logits, seq.params.adapter)
 
 
 def _pad_tables(tables: list[list[int]]) -> torch.Tensor:

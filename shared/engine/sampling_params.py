@@ -41,6 +41,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's plus the top k
     guided_kind: str = ""  # "" (free text) or a key of GUIDED_KINDS
     guided_spec: str = ""  # what GUIDED_KINDS[guided_kind] says
+    # "": the base model; else the LoRA adapter (shared/engine/lora/) the request is served
+    # with: its rows are multiplied by it, its KV blocks hash apart (block_hash.cache_key)
+    adapter: str = ""
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]")

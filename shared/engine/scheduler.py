@@ -43,12 +43,14 @@ class BatchScheduler:
         max_num_seqs: int,
         stop_rules: StopRules,
         proposer: Proposer | None = None,  # speculative decoding: draft tokens for decodes
+        max_adapters: int = 0,  # LoRA: adapters one step may use (its slots); 0: no limit
     ):
         self.block_manager = block_manager
         self.proposer = proposer
         self.stop_rules = stop_rules
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.max_adapters = max_adapters
         self.requests: dict[str, Sequence] = {}  # request id -> sequence, any unfinished status
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -116,9 +118,13 @@ class BatchScheduler:
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         speculating: list[ScheduledChunk] = []  # decodes with room reserved for drafts
+        adapters: set[str] = set()  # LoRA adapters of this step's chunks (max_adapters)
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            if not self._adapter_fits(seq, adapters):
+                index += 1  # its adapter has no slot this step: it waits a step
+                continue
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             num_drafts = 0
             if num_tokens == 1 and budget > 1 and self.proposer is not None:
@@ -147,7 +153,9 @@ class BatchScheduler:
             and not (out.preempted and chunks)
         ):
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq, budget):
+            if not self._adapter_fits(seq, adapters) or not self.block_manager.can_allocate(
+                seq, budget
+            ):
                 break
             self.block_manager.allocate(seq)  # claims its cached prefix
             num_tokens = min(seq.num_uncomputed_tokens, budget)
@@ -235,6 +243,17 @@ class BatchScheduler:
                 self.block_manager.truncate(seq, seq.num_computed_tokens + chunk.num_tokens)
                 given_back += unused
         return given_back
+
+    def _adapter_fits(self, seq: Sequence, adapters: set[str]) -> bool:
+        """Whether `seq` may join a step whose chunks use `adapters` (then it is added): a
+        step uses at most `max_adapters` LoRA adapters, the base model not counted."""
+        adapter = seq.params.adapter
+        if not adapter or not self.max_adapters or adapter in adapters:
+            return True
+        if len(adapters) >= self.max_adapters:
+            return False
+        adapters.add(adapter)
+        return True
 
     def _make_room(self, seq: Sequence, num_tokens: int, preempted: list[Sequence]) -> bool:
         """Preempt the newest running sequences until `seq` fits. False if `seq` went too."""

@@ -46,6 +46,9 @@ class EngineStats:
     queued_prompt_tokens: int = 0  # prompt tokens of waiting and prefilling sequences not computed
     min_stream_tokens: int = 0  # the fewest max_tokens of a running sequence (0: none runs)
     costs: StepCosts = StepCosts()  # the engine thread's timings (the engine has no clock)
+    adapters: tuple[str, ...] = ()  # LoRA adapters it serves (shared/engine/lora/)
+    adapters_loaded: tuple[str, ...] = ()  # of those, in a slot now
+    adapter_swap_ins: int = 0  # since start: slots filled
 
 
 def queued_prompt_tokens(waiting: Iterable[Sequence], running: Iterable[Sequence]) -> int:

@@ -46,6 +46,8 @@ class GatewayMetrics:
     http_duration: Histogram = field(init=False)
     fallbacks: Counter = field(init=False)
     scheduler_waits: Histogram = field(init=False)
+    lora_requests: Counter = field(init=False)
+    lora_tokens: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -64,6 +66,14 @@ class GatewayMetrics:
             P + "gateway_fallbacks", "Requests a model could not serve that went on down its "
             "fallback chain, by that model and the status it answered",
             ["model", "status", "traffic"], registry=r,
+        )  # fmt: skip
+        self.lora_requests = Counter(
+            P + "lora_requests", "Generation requests (each choice) of a LoRA adapter",
+            ["adapter"], registry=r,
+        )  # fmt: skip
+        self.lora_tokens = Counter(
+            P + "lora_tokens", "Tokens of LoRA adapters' requests, by kind (prompt, generation)",
+            ["adapter", "kind"], registry=r,
         )  # fmt: skip
         self.scheduler_waits = Histogram(
             P + "gateway_scheduler_wait_seconds", "How long a submit that found no scheduler "
@@ -102,6 +112,7 @@ class SchedulerMetrics:
     workers: Gauge = field(init=False)
     waiting: Gauge = field(init=False)
     placements: Counter = field(init=False)
+    adapter_placements: Counter = field(init=False)
     queue_wait: Histogram = field(init=False)
     ttft_error: Histogram = field(init=False)
 
@@ -115,6 +126,11 @@ class SchedulerMetrics:
         self.placements = Counter(
             P + "placements", "Submits answered, by model, outcome and path",
             ["model", "outcome", "path"], registry=r,
+        )  # fmt: skip
+        self.adapter_placements = Counter(
+            P + "adapter_placements", "LoRA requests placed, per worker they went to, by model, "
+            "adapter and whether it was in a slot there (loaded) or the worker loads it (load)",
+            ["model", "adapter", "affinity"], registry=r,
         )  # fmt: skip
         self.queue_wait = Histogram(
             P + "scheduler_queue_wait_seconds",

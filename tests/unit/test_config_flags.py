@@ -41,6 +41,11 @@ CHANGED = {
     "speculative": "draft",
     "num_speculative_tokens": 2,
     "draft_model_dir": Path("/draft"),
+    "enable_lora": True,
+    "lora_modules": ("a=/adapters/a", "b=/adapters/b"),
+    "max_loras": 2,
+    "max_lora_rank": 8,
+    "max_cpu_loras": 3,
 }
 
 

@@ -32,6 +32,7 @@ from services.scheduler.service import SchedulerService
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
 from shared.kvtransfer.nats_transport import serve_kv
+from shared.lora_messages import AdapterAction, AdapterAnswer, AdapterCommand, AdapterReport
 from shared.nats_options import NatsAuth
 from shared.planner_messages import PlannerReport, ReportedDecision
 from shared.pool_messages import PoolTarget
@@ -82,6 +83,9 @@ SAMPLES: list[Any] = [
     RequestFailed("r1", "x"),
     PlannerReport("planner", 1, 1.0, "replicas", "", 1.0, 0.04, 1, 1, 0, decisions=[DECIDED]),
     PoolTarget("planner-0", 3, "", 1, 2, 0, "queue"),
+    AdapterCommand(AdapterAction.LOAD, "sql-lora", "/adapters/sql", "m"),
+    AdapterAnswer("w1", Outcome.OK),
+    AdapterReport([AdapterAnswer("w1", Outcome.OK)]),
 ]
 SAMPLE = {type(m): m for m in SAMPLES}
 # Values out of range per message: (path of the field, a bad value). Paths go into nested
@@ -99,6 +103,7 @@ REQUEST_BOUNDS = {
     "submitted_at": st.sampled_from([float("nan"), float("-inf"), -1.0]),
     "sampling.temperature": st.floats(max_value=-0.01),
     "sampling.top_p": st.floats(min_value=1.01, max_value=1e9),
+    "sampling.adapter": st.sampled_from([" ", "a b", "x" * 300, "a\x00b"]),
 }
 DECISION = {"time": 1.0, "action": "add", "reason": "kv_full", "role": "decode"}
 DECISION |= {"worker_id": "", "detail": "", "outcome": ""}
@@ -169,6 +174,11 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "ttft_slo": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "decode": NEGATIVE | st.integers(1 << 16, 2**62),
         "decisions": st.lists(st.just(DECISION), min_size=21, max_size=22),  # > MAX_REPORTED
+    },
+    AdapterCommand: {
+        "name": st.sampled_from(["", "a b", "x" * 300, ".x"]),
+        "path": st.just("x" * 5000),
+        "model": st.just("x" * 300),
     },
     PoolTarget: {
         "publisher": st.sampled_from(["", "x" * 300]),
@@ -344,12 +354,20 @@ def worker_harness(loop) -> tuple[Harness, Callable[[], Any]]:
         harness.calls.append(("role", message))
         return TaskAck("", Outcome.OK)
 
+    async def adapter_command(message: AdapterCommand, headers: Any) -> AdapterAnswer:
+        harness.calls.append(("adapters", message))
+        return AdapterAnswer("w1", Outcome.OK)
+
+    def refuse_adapter(reason: str) -> AdapterAnswer:
+        return AdapterAnswer("w1", Outcome.INVALID, reason)
+
     async def subscribe() -> None:
         await bus.serve(s.reserve("w1"), Reserve, harness.record("reserve"), refuse_reserve)
         await bus.serve(s.prefill("w1"), PrefillTask, harness.record("prefill"), refuse)
         await bus.serve(s.decode("w1"), DecodeTask, harness.record("decode"), refuse)
         await serve_kv(bus, s.kv("w1"), KV())
         await bus.serve(s.role("w1"), SetRole, set_role, refuse)
+        await bus.serve(s.worker_adapters("w1"), AdapterCommand, adapter_command, refuse_adapter)
         await bus.subscribe(s.cancel, Cancel, harness.record("cancel"))
         await bus.subscribe(s.events, (RequestFailed, WorkerLost), harness.record("events"))
 
@@ -384,6 +402,7 @@ CASES = [
     Case("scheduler", "ss.kv.events", (KVEvents,)),
     Case("scheduler", "ss.cancel", (Cancel,)),
     Case("scheduler", "ss.planner.report", (PlannerReport,)),
+    Case("scheduler", "ss.sched.adapters", (AdapterCommand,), AdapterReport, control=False),
     Case("gateway", "ss.gateway.g1.tokens", (TokenChunk,)),
     Case("gateway", "ss.events", (RequestFailed, WorkerLost), control=False),
     Case("worker", "ss.worker.w1.reserve", (Reserve,), Reservation),
@@ -391,6 +410,7 @@ CASES = [
     Case("worker", "ss.worker.w1.decode", (DecodeTask,), TaskAck),
     Case("worker", "ss.worker.w1.kv", (KVChunk, KVDone, KVReady), TaskAck),
     Case("worker", "ss.worker.w1.role", (SetRole,), TaskAck),
+    Case("worker", "ss.worker.w1.adapters", (AdapterCommand,), AdapterAnswer),
     Case("worker", "ss.cancel", (Cancel,)),
     Case("worker", "ss.events", (RequestFailed, WorkerLost)),
     Case("launcher", "ss.pool.target", (PoolTarget,)),
@@ -410,7 +430,10 @@ def assert_refused(harness: Harness, case: Case, state: Callable[[], Any], frame
     assert harness.bus.rejections.count(case.subject) == count + 1
     if case.reply is not None:
         answer = decode(reply, case.reply)
-        assert case.reply is MeshStatus or answer.outcome != Outcome.OK
+        if case.reply is AdapterReport:
+            assert not answer.ok
+        else:
+            assert case.reply is MeshStatus or answer.outcome != Outcome.OK
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

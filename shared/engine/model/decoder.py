@@ -13,6 +13,7 @@ from shared.engine.attention import AttentionBackend
 from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.metadata import AttentionMetadata
 from shared.engine.model.group_quant import GroupQuantLinear
+from shared.engine.lora.linear import LoraLinear
 from shared.engine.model.layer_ops import LayerOps, StepRope, layer_ops
 from shared.engine.model.linear_weights import LinearWeight, PackedGateUp, PackedLinear
 from shared.engine.model.native_layer import NativeLayers
@@ -152,13 +153,16 @@ def gated_mlp(
 
 def linear(
     x: torch.Tensor,
-    w: LinearWeight,
+    w: LinearWeight | LoraLinear,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, in] -> [T, out]. `w` is a float matrix (torch's matmul), one packed by
     `batch_invariant.pack_weights` (the batch-invariant C++ kernel: fp32 out, the residual
-    stream's dtype beside packed weights, whether x's rows are fp32 or bf16), or an int8 /
-    int4 one made by `quantization.quantize_weights`, which runs its own kernel."""
+    stream's dtype beside packed weights, whether x's rows are fp32 or bf16), an int8 /
+    int4 one made by `quantization.quantize_weights`, which runs its own kernel, or one of
+    those with LoRA adapters beside it (lora/linear.py: each row's product added after)."""
+    if isinstance(w, LoraLinear):
+        return w.add_products(x, linear(x, w.base, bias))
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, bias)
     if isinstance(w, PackedLinear):
