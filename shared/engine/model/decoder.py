@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from shared.engine.attention import AttentionBackend
 from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.metadata import AttentionMetadata
-from shared.engine.model.group_quant import GroupQuantLinear
 from shared.engine.lora.linear import LoraLinear
+from shared.engine.model.group_quant import GroupQuantLinear
 from shared.engine.model.layer_ops import LayerOps, StepRope, layer_ops
 from shared.engine.model.linear_weights import LinearWeight, PackedGateUp, PackedLinear
 from shared.engine.model.native_layer import NativeLayers
