@@ -191,6 +191,7 @@ class EngineThread:
             log.exception("engine thread failed")
             self._fail(exc)
         finally:
+            engine.close()
             if self.lease is not None:
                 self.lease.close()
 
@@ -215,6 +216,7 @@ class EngineThread:
         step = engine.run_step()
         seconds = time.perf_counter() - began
         self.timer.observe(seconds, step.num_prompt_tokens, step.num_decode_rows)
+        engine.observe_costs(self.timer.current)  # the tier weighs loads by the prefill rate
         return step
 
     def _apply_commands(self, engine: LLMEngine, wait: bool) -> bool:

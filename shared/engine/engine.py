@@ -27,6 +27,8 @@ from shared.engine.engine_config import EngineConfig
 from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.kv_cache import KVCache
 from shared.engine.kv_handoff import HeldBlocks, KVBlocks, KVHandOff, PinKind, Reservation
+from shared.engine.kv_tier.tier import open_tier
+from shared.engine.kv_tier.tier_stats import TierStats
 from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner
 from shared.engine.outputs import RequestOutput, StepOutput
@@ -39,7 +41,13 @@ from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
 from shared.engine.spec_decode.ngram import NgramProposer
 from shared.engine.spec_decode.proposer import Proposer
-from shared.engine.stats import EngineStats, KVCacheEvents, queued_prompt_tokens, step_shape
+from shared.engine.stats import (
+    EngineStats,
+    KVCacheEvents,
+    StepCosts,
+    queued_prompt_tokens,
+    step_shape,
+)
 from shared.engine.stopping import StopRules
 from shared.engine.structured_output import GrammarCompilers
 
@@ -65,10 +73,11 @@ class LLMEngine:
             if model is not None
         )
         num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 // bytes_per_block)
-        self.block_manager = BlockManager(
-            num_blocks, config.block_size, config.model_id, config.enable_prefix_caching
-        )
         self.runner = ModelRunner(config, self.model_config, num_blocks, self.max_model_len)
+        self.tier = open_tier(config, self.runner.kv_cache)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.model_id, config.enable_prefix_caching, self.tier
+        )
         self.proposer = self._proposer(draft_config, num_blocks)
         self.scheduler = BatchScheduler(
             self.block_manager,
@@ -174,7 +183,19 @@ class LLMEngine:
             num_preemptions=scheduler.num_preemptions,
             spec_decode=replace(scheduler.spec_stats),
             queued_prompt_tokens=queued_prompt_tokens(scheduler.waiting, scheduler.running),
+            tier=self.tier.stats() if self.tier is not None else TierStats(),
         )
+
+    def observe_costs(self, costs: StepCosts) -> None:
+        """The steps' measured costs (the engine has no clock): the tier weighs loading a
+        block against recomputing it by the prefill rate."""
+        if self.tier is not None:
+            self.tier.policy.prefill_rate = costs.prefill_rate
+
+    def close(self) -> None:
+        """Stop the tier's writer and remove its entries. The engine takes no more steps."""
+        if self.tier is not None:
+            self.tier.close()
 
     @property
     def spec_stats(self) -> SpecDecodeStats:

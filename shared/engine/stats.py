@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from shared.engine.kv_tier.tier_stats import TierStats
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.sequence import Sequence
 from shared.engine.spec_decode import SpecDecodeStats
@@ -44,6 +45,7 @@ class EngineStats:
     spec_decode: SpecDecodeStats  # since start: a copy, so later steps do not change it
     queued_prompt_tokens: int = 0  # prompt tokens of waiting and prefilling sequences not computed
     costs: StepCosts = StepCosts()  # the engine thread's timings (the engine has no clock)
+    tier: TierStats = field(default_factory=TierStats)  # the second KV tier's counters (kv_tier/)
 
 
 def queued_prompt_tokens(waiting: Iterable[Sequence], running: Iterable[Sequence]) -> int:
