@@ -12,6 +12,7 @@ from enum import IntEnum
 
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import FinishReason
+from shared.kv_tier_messages import TierCounters
 from shared.planner_messages import PlannerReport
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
 
@@ -127,6 +128,7 @@ class Heartbeat:
     # Time per output token after the first (seconds) of each stream that finished here since
     # the last beat, as its client saw them: the planner's TPOT (services/planner/window.py).
     stream_tpots: list[float] = field(default_factory=list)
+    kv_tier: TierCounters = field(default_factory=TierCounters)  # its second KV tier
 
 
 @dataclass(slots=True)

@@ -115,16 +115,22 @@ def _submit(m: SubmitRequest, where: str = "SubmitRequest") -> None:
     _count(m.attempt, f"{where}.attempt", 1 << 16)
 
 
+def _counts_and_measures(m: Any, where: str) -> None:
+    """Every int field of `m` is a count, every float a measure."""
+    for field in dataclasses.fields(m):
+        value = getattr(m, field.name)
+        if isinstance(value, float):
+            _measure(value, f"{where}.{field.name}")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            _count(value, f"{where}.{field.name}")
+
+
 def _heartbeat(m: Heartbeat) -> None:
     _subject_token(m.worker_id, "Heartbeat.worker_id")
     _require(m.role in ROLES, f"Heartbeat.role: {m.role[:20]!r} is none of {ROLES}")
     _role(m.next_role, "Heartbeat.next_role", ("", *ROLES))  # "": not changing
-    for field in dataclasses.fields(m):  # every int is a count, every float a measure
-        value = getattr(m, field.name)
-        if isinstance(value, float):
-            _measure(value, f"Heartbeat.{field.name}")
-        elif isinstance(value, int) and not isinstance(value, bool):
-            _count(value, f"Heartbeat.{field.name}")
+    _counts_and_measures(m, "Heartbeat")
+    _counts_and_measures(m.kv_tier, "Heartbeat.kv_tier")
     _require(m.free_blocks <= m.total_blocks, "Heartbeat.free_blocks: more than total_blocks")
     _require(0 < m.block_size <= 4096, "Heartbeat.block_size: out of (0, 4096]")
     _count(m.metrics_port, "Heartbeat.metrics_port", 1 << 16)

@@ -25,6 +25,7 @@ from services.worker.prefill import PrefillSide
 from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
 from services.worker.role_change import Intake, RoleChange
 from services.worker.telemetry import WorkerTelemetry
+from services.worker.tier_metrics import tier_counters
 from shared.bus import Bus, Headers
 from shared.engine.outputs import StepOutput
 from shared.kvtransfer.link import KVLink
@@ -290,6 +291,7 @@ class Worker:
             first_tokens=self.telemetry.take_first_tokens(),
             stream_tpots=self.telemetry.take_stream_tpots(),
             next_role=self.ctx.next_role,
+            kv_tier=tier_counters(stats.tier),
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)

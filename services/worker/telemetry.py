@@ -33,6 +33,7 @@ from prometheus_client import Counter
 from services.worker.config import WorkerConfig
 from services.worker.requests import RECEIVES, RequestState, WorkerRequest
 from services.worker.step_costs import BusyShare
+from services.worker.tier_metrics import TierMetrics
 from shared.engine.outputs import RequestOutput
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.stats import EngineStats
@@ -57,6 +58,7 @@ class WorkerTelemetry:
     _first_tokens: list[FirstToken] = field(default_factory=list)  # since the last heartbeat
     _busy: BusyShare = field(default_factory=BusyShare)
     _stream_tpots: list[float] = field(default_factory=list)  # since the last heartbeat
+    tier_metrics: TierMetrics = field(init=False)  # the second KV tier's, read at each scrape
 
     def __post_init__(self) -> None:
         role = self.config.role
@@ -66,6 +68,8 @@ class WorkerTelemetry:
         )
         self.metrics = WorkerMetrics(role, self.config.model_name)
         self._sampled = self.metrics.generation_tokens.labels(role)
+        self.tier_metrics = TierMetrics(role, self.config.model_name)
+        self.metrics.registry.register(self.tier_metrics)
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -87,6 +91,7 @@ class WorkerTelemetry:
         metrics.spec_verify_steps.labels(role).inc(spec.verify_steps - counted.verify_steps)
         metrics.spec_acceptance.labels(role).set(spec.acceptance_rate)
         self._spec_counted = replace(spec)
+        self.tier_metrics.update(stats.tier)
 
     def busy_share(self, stats: EngineStats, now: float) -> float:
         """The share of the time since the last call the engine spent in steps."""
