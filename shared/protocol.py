@@ -88,6 +88,7 @@ class FirstToken:
 
     request_id: str
     ttft: float  # seconds
+    cached_tokens: int = 0  # prompt tokens its engine found cached (pool or second tier)
 
 
 @dataclass(slots=True)
@@ -137,6 +138,8 @@ class KVEvents:
     seq_no: int  # per worker, +1 each message; a gap means the scheduler missed some
     stored: list[int] = field(default_factory=list)  # block hashes now in its prefix cache
     removed: list[int] = field(default_factory=list)  # block hashes evicted
+    tier_stored: list[int] = field(default_factory=list)  # now in its second KV tier
+    tier_removed: list[int] = field(default_factory=list)  # no longer in it
 
 
 # -- scheduler → workers ------------------------------------------------------------------

@@ -142,6 +142,7 @@ def _heartbeat(m: Heartbeat) -> None:
     for first in m.first_tokens:
         _request_id(first.request_id, "Heartbeat.first_tokens.request_id")
         _measure(first.ttft, "Heartbeat.first_tokens.ttft")
+        _count(first.cached_tokens, "Heartbeat.first_tokens.cached_tokens", MAX_TOKENS)
     _items(m.stream_tpots, "Heartbeat.stream_tpots", MAX_ITEMS)
     for tpot in m.stream_tpots:
         _measure(tpot, "Heartbeat.stream_tpots")
@@ -165,9 +166,11 @@ def _planner_report(m: PlannerReport) -> None:
 def _kv_events(m: KVEvents) -> None:
     _subject_token(m.worker_id, "KVEvents.worker_id")
     _count(m.seq_no, "KVEvents.seq_no")
-    _items(m.stored + m.removed, "KVEvents: hashes")
+    _items(m.stored + m.removed + m.tier_stored + m.tier_removed, "KVEvents: hashes")
     _all_below(m.stored, HASH_LIMIT, "KVEvents.stored")
     _all_below(m.removed, HASH_LIMIT, "KVEvents.removed")
+    _all_below(m.tier_stored, HASH_LIMIT, "KVEvents.tier_stored")
+    _all_below(m.tier_removed, HASH_LIMIT, "KVEvents.tier_removed")
 
 
 def _prefill_task(m: PrefillTask) -> None:

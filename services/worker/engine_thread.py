@@ -263,21 +263,30 @@ class EngineThread:
 
 
 class _SharedEventLog:
-    """A `KVEventLog` the engine thread fills after each step and the loop takes from."""
+    """`KVEventLog`s (the pool's, the second tier's) the engine thread fills after each step
+    and the loop takes from."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._log = KVEventLog()
+        self._pool = KVEventLog()
+        self._tier = KVEventLog()
 
     def add(self, events: KVCacheEvents) -> None:
-        if not (events.stored or events.removed):
+        if not events:
             return
         with self._lock:
-            for block_hash in events.removed:
-                self._log.removed(block_hash)
-            for block_hash in events.stored:
-                self._log.stored(block_hash)
+            _apply(self._pool, events.stored, events.removed)
+            _apply(self._tier, events.tier_stored, events.tier_removed)
 
     def take(self) -> KVCacheEvents:
         with self._lock:
-            return self._log.take()
+            events, tier = self._pool.take(), self._tier.take()
+        events.tier_stored, events.tier_removed = tier.stored, tier.removed
+        return events
+
+
+def _apply(log: KVEventLog, stored: list[int], removed: list[int]) -> None:
+    for block_hash in removed:
+        log.removed(block_hash)
+    for block_hash in stored:
+        log.stored(block_hash)

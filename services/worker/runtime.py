@@ -296,7 +296,14 @@ class Worker:
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)
         events = self.engine.take_kv_events()
-        if events.stored or events.removed:
+        if events:
             self._seq_no += 1
-            message = KVEvents(config.worker_id, self._seq_no, events.stored, events.removed)
+            message = KVEvents(
+                config.worker_id,
+                self._seq_no,
+                events.stored,
+                events.removed,
+                events.tier_stored,
+                events.tier_removed,
+            )
             await bus.publish(subjects.kv_events, message)

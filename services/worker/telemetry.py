@@ -128,7 +128,7 @@ class WorkerTelemetry:
             }
         )
         span.end(ns(now))
-        self._first_token(request, now)
+        self._first_token(request, now, output.num_cached_tokens)
 
     def on_output(self, request: WorkerRequest, output: RequestOutput, step_started: float) -> None:
         self._sampled.inc(len(output.new_token_ids))
@@ -138,7 +138,7 @@ class WorkerTelemetry:
         if not request.trace.tokens:
             request.trace.first_output = time.time()
             if not request.num_blocks:  # a DecodeTask's first token
-                self._first_token(request, request.trace.first_output)
+                self._first_token(request, request.trace.first_output, output.num_cached_tokens)
         request.trace.tokens += len(output.new_token_ids)
         request.trace.steps += 1
 
@@ -182,11 +182,11 @@ class WorkerTelemetry:
         span.end()
 
     # -- internals --------------------------------------------------------------------------
-    def _first_token(self, request: WorkerRequest, now: float) -> None:
+    def _first_token(self, request: WorkerRequest, now: float, cached_tokens: int) -> None:
         submitted = request.request.submitted_at
         if submitted > 0 and len(self._first_tokens) < MAX_FIRST_TOKENS:
             ttft = max(0.0, now - submitted)
-            self._first_tokens.append(FirstToken(request.request_id, ttft))
+            self._first_tokens.append(FirstToken(request.request_id, ttft, cached_tokens))
 
     def _stream_tpot(self, request: WorkerRequest, now: float) -> None:
         record = request.trace

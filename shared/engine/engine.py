@@ -203,8 +203,13 @@ class LLMEngine:
         return self.scheduler.spec_stats
 
     def take_kv_events(self) -> KVCacheEvents:
-        """The prefix cache's net changes (block hashes stored, removed) since the last call."""
-        return self.block_manager.events.take()
+        """The prefix cache's net changes (block hashes stored, removed) since the last call,
+        and the second tier's."""
+        events = self.block_manager.events.take()
+        if self.tier is not None:
+            tier = self.tier.store.take_events()
+            events.tier_stored, events.tier_removed = tier.stored, tier.removed
+        return events
 
     # -- KV hand-off: prefill side ----------------------------------------------------------
     def export_kv(

@@ -76,6 +76,11 @@ def step_shape(chunks: Iterable[ScheduledChunk]) -> tuple[int, int]:
 class KVCacheEvents:
     stored: list[int] = field(default_factory=list)  # hashes now in the prefix cache
     removed: list[int] = field(default_factory=list)  # hashes no longer in it
+    tier_stored: list[int] = field(default_factory=list)  # hashes now in the second tier
+    tier_removed: list[int] = field(default_factory=list)  # hashes no longer in it
+
+    def __bool__(self) -> bool:
+        return bool(self.stored or self.removed or self.tier_stored or self.tier_removed)
 
 
 class KVEventLog:

@@ -54,6 +54,7 @@ def test_evicted_blocks_reload_bit_for_bit(tiny_model_dir, tmp_path):
     engine = make_engine(tiny_model_dir, tmp_path, kv_offloading_size=0.01)
     hashes = evict_prompt(engine)
     assert engine.tier.held_run(hashes) == len(hashes)
+    assert set(hashes) <= set(engine.take_kv_events().tier_stored)  # the scheduler hears it
     recorder = LogitsRecorder(engine)
     assert run(engine, "again", PROMPT) == tokens
     assert rows.keys() == recorder.rows.keys()

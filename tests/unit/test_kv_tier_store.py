@@ -71,6 +71,10 @@ def test_the_store_keeps_the_most_recently_used_under_its_size(tmp_path):
     assert store.evictions == 1 and store.stored_bytes == 2 * entry_size
     assert len(list(store.path.glob("*.kv"))) == 2
     assert not store.put(3, encode_entry(LAYOUT, 3, PAYLOAD))  # already stored
+    events = store.take_events()  # 2 was stored and evicted since the last take: never heard of
+    assert (sorted(events.stored), events.removed) == ([1, 3], [])
+    store.discard(1)
+    assert store.take_events().removed == [1]
 
 
 def test_a_file_removed_under_the_store_is_a_miss(tmp_path):

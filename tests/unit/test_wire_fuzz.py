@@ -126,6 +126,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "seq_no": NEGATIVE | HUGE,
         "stored": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
         "removed": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
+        "tier_stored": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
     },
     Reserve: {f"request.{k}": v for k, v in REQUEST_BOUNDS.items()},
     PrefillTask: {

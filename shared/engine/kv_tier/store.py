@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shared.engine.kv_tier.entry import TierLayout
+from shared.engine.stats import KVCacheEvents, KVEventLog
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class TierStore:
         self._lock = threading.Lock()
         self.stored_bytes = 0
         self.evictions = 0  # since start: entries dropped to stay under the capacity
+        self._events = KVEventLog()  # hashes stored and removed since the last take
 
     def holds(self, block_hash: int) -> bool:
         with self._lock:
@@ -72,11 +74,13 @@ class TierStore:
         with self._lock:
             self._index[block_hash] = len(data)
             self.stored_bytes += len(data)
+            self._events.stored(block_hash)
             victims = []
             while self.stored_bytes > self.capacity_bytes:
                 victim, size = self._index.popitem(last=False)
                 self.stored_bytes -= size
                 self.evictions += 1
+                self._events.removed(victim)
                 victims.append(victim)
         for victim in victims:
             self._file(victim).unlink(missing_ok=True)
@@ -99,7 +103,13 @@ class TierStore:
             size = self._index.pop(block_hash, None)
             if size is not None:
                 self.stored_bytes -= size
+                self._events.removed(block_hash)
         self._file(block_hash).unlink(missing_ok=True)
+
+    def take_events(self) -> KVCacheEvents:
+        """The hashes stored and removed since the last call (as `stored`, `removed`)."""
+        with self._lock:
+            return self._events.take()
 
     def close(self) -> None:
         """Remove this store's directory (its entries die with the engine)."""
