@@ -71,6 +71,7 @@ def _serve(args: argparse.Namespace) -> None:
         vocab_size=args.vocab_size,
         prefix_len=args.prefix_len,
         num_prefixes=args.num_prefixes,
+        num_turns=args.num_turns,
         path=args.dataset_path,
         block_size=args.block_size,
         seed=args.seed,
@@ -159,8 +160,13 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
         help="max_tokens (sharegpt: 0 = the reference reply's length)",
     )
     serve.add_argument("--vocab-size", type=int, default=32000, help="random token id range")
-    serve.add_argument("--prefix-len", type=int, default=512)
+    serve.add_argument(
+        "--prefix-len", type=int, default=512, help="shared-prefix, multi-turn: shared tokens"
+    )
     serve.add_argument("--num-prefixes", type=int, default=4)
+    serve.add_argument(
+        "--num-turns", type=int, default=8, help="multi-turn: turns per conversation"
+    )
     serve.add_argument("--block-size", type=int, default=512, help="mooncake tokens per hash id")
     serve.add_argument("--request-rate", type=float, default=math.inf)
     serve.add_argument("--burstiness", type=float, default=1.0)

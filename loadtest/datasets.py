@@ -4,6 +4,11 @@
 - shared-prefix: groups of requests that share a random prefix, then a random suffix.
 - sharegpt: a ShareGPT-format JSON file (first human turn as prompt, the reply's length
   as output length unless one is given).
+- multi-turn: conversations of `num_turns` turns over one long shared system prompt
+  (`prefix_len` tokens); turn t re-sends the system prompt and every earlier turn (user
+  `input_len` tokens, a stand-in reply of `output_len` tokens) then its own user turn, as a
+  chat client does. Requests come turn by turn (every conversation's turn 1, then turn 2...),
+  so with `--max-concurrency` a turn's history was served before it.
 - mooncake: trace replay from JSONL lines `{timestamp (ms), input_length, output_length,
   hash_ids}`; each hash id stands for one block of `block_size` tokens, equal ids give
   equal tokens, so the trace's prefix sharing is kept.
@@ -23,13 +28,14 @@ LOW_TOKEN_ID = 100  # tokenizers keep their special tokens among the low ids
 
 @dataclass(slots=True, frozen=True)
 class DatasetConfig:
-    name: str = "random"  # random | shared-prefix | sharegpt | mooncake
+    name: str = "random"  # random | shared-prefix | multi-turn | sharegpt | mooncake
     num_prompts: int = 100
     input_len: int = 128
     output_len: int = 128
     vocab_size: int = 32000
     prefix_len: int = 512  # shared-prefix: tokens of each group's prefix
     num_prefixes: int = 4  # shared-prefix: groups
+    num_turns: int = 8  # multi-turn: turns per conversation (num_prompts in all)
     path: Path | None = None  # sharegpt / mooncake file
     block_size: int = 512  # mooncake: tokens per hash id
     seed: int = 0
@@ -39,6 +45,8 @@ class DatasetConfig:
             raise ValueError(f"unknown dataset {self.name!r}; choose from {sorted(LOADERS)}")
         if self.name in ("sharegpt", "mooncake") and self.path is None:
             raise ValueError(f"dataset {self.name} needs a file (--dataset-path)")
+        if self.num_turns < 1:
+            raise ValueError("num_turns must be positive")
         if self.vocab_size <= LOW_TOKEN_ID:
             raise ValueError("vocab_size must exceed 100")
 
@@ -72,6 +80,20 @@ def shared_prefix_requests(cfg: DatasetConfig) -> list[BenchRequest]:
     for i in range(cfg.num_prompts):
         prompt = prefixes[i % cfg.num_prefixes] + _tokens(rng, cfg.input_len, cfg.vocab_size)
         out.append(BenchRequest(prompt, len(prompt), cfg.output_len, label="shared-prefix"))
+    return out
+
+
+def multi_turn_requests(cfg: DatasetConfig) -> list[BenchRequest]:
+    rng = random.Random(cfg.seed)
+    system = _tokens(rng, cfg.prefix_len, cfg.vocab_size)
+    num_conversations = max(1, cfg.num_prompts // cfg.num_turns)
+    histories = [list(system) for _ in range(num_conversations)]
+    out = []
+    for _ in range(cfg.num_turns):
+        for history in histories:
+            prompt = history + _tokens(rng, cfg.input_len, cfg.vocab_size)
+            out.append(BenchRequest(prompt, len(prompt), cfg.output_len, label="multi-turn"))
+            history[:] = prompt + _tokens(rng, cfg.output_len, cfg.vocab_size)  # the reply
     return out
 
 
@@ -126,6 +148,7 @@ def mooncake_requests(cfg: DatasetConfig) -> list[BenchRequest]:
 LOADERS = {
     "random": random_requests,
     "shared-prefix": shared_prefix_requests,
+    "multi-turn": multi_turn_requests,
     "sharegpt": sharegpt_requests,
     "mooncake": mooncake_requests,
 }

@@ -12,6 +12,7 @@ from enum import IntEnum
 
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import FinishReason
+from shared.kv_tier_messages import TierCounters
 from shared.planner_messages import PlannerReport
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
 
@@ -87,6 +88,7 @@ class FirstToken:
 
     request_id: str
     ttft: float  # seconds
+    cached_tokens: int = 0  # prompt tokens its engine found cached (pool or second tier)
 
 
 @dataclass(slots=True)
@@ -134,6 +136,7 @@ class Heartbeat:
     adapters: list[str] = field(default_factory=list)
     adapters_loaded: list[str] = field(default_factory=list)
     adapter_swap_ins: int = 0
+    kv_tier: TierCounters = field(default_factory=TierCounters)  # its second KV tier
 
 
 @dataclass(slots=True)
@@ -142,6 +145,8 @@ class KVEvents:
     seq_no: int  # per worker, +1 each message; a gap means the scheduler missed some
     stored: list[int] = field(default_factory=list)  # block hashes now in its prefix cache
     removed: list[int] = field(default_factory=list)  # block hashes evicted
+    tier_stored: list[int] = field(default_factory=list)  # now in its second KV tier
+    tier_removed: list[int] = field(default_factory=list)  # no longer in it
 
 
 # -- scheduler → workers ------------------------------------------------------------------

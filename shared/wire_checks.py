@@ -129,16 +129,22 @@ def _adapter_command(m: AdapterCommand) -> None:
     _require(len(m.model) <= MAX_ID_CHARS, "AdapterCommand.model: too long")
 
 
+def _counts_and_measures(m: Any, where: str) -> None:
+    """Every int field of `m` is a count, every float a measure."""
+    for field in dataclasses.fields(m):
+        value = getattr(m, field.name)
+        if isinstance(value, float):
+            _measure(value, f"{where}.{field.name}")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            _count(value, f"{where}.{field.name}")
+
+
 def _heartbeat(m: Heartbeat) -> None:
     _subject_token(m.worker_id, "Heartbeat.worker_id")
     _require(m.role in ROLES, f"Heartbeat.role: {m.role[:20]!r} is none of {ROLES}")
     _role(m.next_role, "Heartbeat.next_role", ("", *ROLES))  # "": not changing
-    for field in dataclasses.fields(m):  # every int is a count, every float a measure
-        value = getattr(m, field.name)
-        if isinstance(value, float):
-            _measure(value, f"Heartbeat.{field.name}")
-        elif isinstance(value, int) and not isinstance(value, bool):
-            _count(value, f"Heartbeat.{field.name}")
+    _counts_and_measures(m, "Heartbeat")
+    _counts_and_measures(m.kv_tier, "Heartbeat.kv_tier")
     _require(m.free_blocks <= m.total_blocks, "Heartbeat.free_blocks: more than total_blocks")
     _require(0 < m.block_size <= 4096, "Heartbeat.block_size: out of (0, 4096]")
     _count(m.metrics_port, "Heartbeat.metrics_port", 1 << 16)
@@ -150,6 +156,7 @@ def _heartbeat(m: Heartbeat) -> None:
     for first in m.first_tokens:
         _request_id(first.request_id, "Heartbeat.first_tokens.request_id")
         _measure(first.ttft, "Heartbeat.first_tokens.ttft")
+        _count(first.cached_tokens, "Heartbeat.first_tokens.cached_tokens", MAX_TOKENS)
     _items(m.stream_tpots, "Heartbeat.stream_tpots", MAX_ITEMS)
     for tpot in m.stream_tpots:
         _measure(tpot, "Heartbeat.stream_tpots")
@@ -173,9 +180,11 @@ def _planner_report(m: PlannerReport) -> None:
 def _kv_events(m: KVEvents) -> None:
     _subject_token(m.worker_id, "KVEvents.worker_id")
     _count(m.seq_no, "KVEvents.seq_no")
-    _items(m.stored + m.removed, "KVEvents: hashes")
+    _items(m.stored + m.removed + m.tier_stored + m.tier_removed, "KVEvents: hashes")
     _all_below(m.stored, HASH_LIMIT, "KVEvents.stored")
     _all_below(m.removed, HASH_LIMIT, "KVEvents.removed")
+    _all_below(m.tier_stored, HASH_LIMIT, "KVEvents.tier_stored")
+    _all_below(m.tier_removed, HASH_LIMIT, "KVEvents.tier_removed")
 
 
 def _prefill_task(m: PrefillTask) -> None:

@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,7 @@ def _worker(worker: WorkerStatus) -> dict[str, Any]:
         "last_seen": worker.last_seen,
         "kv_transports": list(beat.kv_transports),
         "kv_peers": [_peer(p) for p in sorted(beat.kv_peers, key=lambda p: p.worker_id)],
+        "kv_tier": asdict(beat.kv_tier),  # its second KV tier (docs/kv_tier.md)
     }
 
 

@@ -5,6 +5,7 @@ The one subtle rule: a link's bandwidth is measured on whole transfers, which in
 link's fixed cost; once small transfers have measured that cost (`KVPeer.latency`) it is
 taken out of the mean transfer before its bytes are divided, so it is not counted twice.
 A pair with no transfer yet has no link (path_cost borrows the mesh's typical one).
+A block in a worker's second KV tier is worth `tier_weight` of one in its pool.
 """
 
 from __future__ import annotations
@@ -53,6 +54,22 @@ def links_of(beat: Heartbeat) -> dict[str, Link]:
         if link is not None:
             links[peer.worker_id] = link
     return links
+
+
+UNMEASURED_TIER_WEIGHT = 0.5  # a tier block's worth before its loads are measured
+
+
+def tier_weight(beat: Heartbeat) -> float:
+    """What a block in the worker's second KV tier is worth to a prompt against one in its
+    pool (1): the share of the block's recompute time that loading it saves (0: no tier, or
+    loading costs more, so the worker recomputes it)."""
+    tier = beat.kv_tier
+    if tier.capacity_bytes == 0:
+        return 0.0
+    if tier.hits == 0 or beat.prefill_rate <= 0 or beat.block_size <= 0:
+        return UNMEASURED_TIER_WEIGHT
+    recompute_s = beat.block_size / beat.prefill_rate
+    return max(0.0, 1.0 - (tier.load_seconds / tier.hits) / recompute_s)
 
 
 def worker_costs(

@@ -12,6 +12,8 @@ given up at once when the sweeper finds the worker it waits on lost (`worker_los
   no candidate left (none in the registry, or all BUSY, UNAVAILABLE, FAILED or lost) → no room
 A worker that does not answer, or is lost, counts as FAILED. An INVALID answer from any
 worker raises `BadSubmit`: the request itself is bad and no other worker would take it.
+Each placement records the prefix hit it predicted for the worker computing the prompt, and
+on a split path compares the decode worker's reservation with its prediction (hit_check.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from nats.errors import Error as NatsError
 from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.hit_check import HitBook, predicted_tokens
 from services.scheduler.path_cost import Path, uncached_tokens
 from services.scheduler.registry import Registry
 from services.scheduler.route_plan import plan_route
@@ -83,12 +86,15 @@ class Placer:
         registry: Registry,
         clock: Callable[[], float],
         is_cancelled: Callable[[str], bool],
+        hits: HitBook | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
         self.registry = registry
         self.clock = clock
         self.is_cancelled = is_cancelled
+        # predicted against actual prefix hits (an empty book is falsy: no `or` here)
+        self.hits = hits if hits is not None else HitBook(config.block_size)
         self.subjects = Subjects(config.common.namespace)
         # Requests to workers in flight (worker id -> their tasks): cancelled when the worker
         # is lost, so a placement moves on without waiting out `reserve_timeout`.
@@ -120,6 +126,7 @@ class Placer:
             if choice.path is Path.LOCAL:
                 ack = await self._decode_only(request, decode, headers, give_up)
                 if ack.ok:
+                    self._predict_hit(request, decode, len(tokens))
                     computed = uncached_tokens(len(tokens), decode.overlap, cfg.block_size)
                     self._assign(request, decode.worker_id, len(tokens), computed)
                     self.registry.expect_cached(decode.worker_id, hashes)
@@ -135,6 +142,7 @@ class Placer:
             if not reservation.ok:
                 refusal = _refusal(decode.worker_id, reservation.outcome, reservation.error)
                 continue
+            self._check_reservation(request, decode, reservation, len(tokens))
             for prefill_id, predicted_ttft in choice.prefills:
                 prefill = prefills[prefill_id]
                 if self.is_cancelled(request.request_id):  # Cancel frees the reservation too
@@ -143,6 +151,7 @@ class Placer:
                     )
                 ack = await self._prefill(request, prefill, decode, reservation, headers, give_up)
                 if ack.ok:
+                    self._predict_hit(request, prefill, len(tokens))
                     self._assign(request, decode.worker_id, len(tokens))
                     computed = uncached_tokens(len(tokens), prefill.overlap, cfg.block_size)
                     self._assign(request, prefill.worker_id, 0, computed)
@@ -161,6 +170,28 @@ class Placer:
             )
             return NoRoom(f"no prefill worker took the request (last: {refusal})", asked=True)
         return NoRoom(f"no decode worker took the request (last: {refusal})", asked=True)
+
+    def _predict_hit(self, request: SubmitRequest, worker: Candidate, num_tokens: int) -> None:
+        """`worker` computes the prompt: its predicted hit on the route span and in the book,
+        for its first token's report to be compared with."""
+        span = trace.get_current_span()
+        span.set_attribute("splitserve.prefix_predicted_blocks", worker.overlap)
+        span.set_attribute("splitserve.prefix_tier_blocks", worker.tier_blocks)
+        predicted = predicted_tokens(worker.overlap, num_tokens, self.config.block_size)
+        route = trace.set_span_in_context(span)
+        self.hits.remember(request.request_id, worker.worker_id, predicted, route)
+
+    def _check_reservation(
+        self, request: SubmitRequest, decode: Candidate, reservation: Reservation, num_tokens: int
+    ) -> None:
+        """The decode worker's reservation says what it holds: against what was predicted."""
+        block_size = self.config.block_size
+        trace.get_current_span().set_attribute(
+            "splitserve.reserve_cached_blocks", reservation.num_cached_blocks
+        )
+        predicted = predicted_tokens(decode.overlap, num_tokens, block_size)
+        actual = reservation.num_cached_blocks * block_size
+        self.hits.compare("reserve", request.request_id, decode.worker_id, predicted, actual)
 
     def _assign(
         self, request: SubmitRequest, worker_id: str, num_tokens: int, computed: int = 0

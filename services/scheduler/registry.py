@@ -4,9 +4,10 @@ refills within one heartbeat interval).
 - Heartbeats register a worker and refresh it, and say when it may have new room (the
   scheduler's waiting line tries again then); one silent for `heartbeat_timeout` (3 missed
   1 s beats) is expired and handed back to the caller with the requests placed on it.
-- KV events keep a set of cached block hashes per worker. They apply in seq order; anything
-  but the next seq no. (a gap: events were lost, or a lower one: the worker restarted)
-  clears the set first, so the set can under-report but never invent blocks.
+- KV events keep a set of cached block hashes per worker, and one of those in its second KV
+  tier. They apply in seq order; anything but the next seq no. (a gap: events were lost, or
+  a lower one: the worker restarted) clears both sets first, so they can under-report but
+  never invent blocks.
 - Each worker serves one model (its heartbeat's `model`, the served name): a request that
   names a model is placed only on that model's workers, and its blocks hash with that name,
   so prefix hashes never match across models.
@@ -33,7 +34,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from services.scheduler.measures import Link, links_of, worker_costs
+from services.scheduler.measures import Link, links_of, tier_weight, worker_costs
 from services.scheduler.routing import WorkerView, blocks_for
 from shared.protocol import Heartbeat, KVEvents, WorkerStatus
 
@@ -45,6 +46,7 @@ class WorkerState:
     heartbeat: Heartbeat
     last_seen: float
     cached: set[int] = field(default_factory=set)
+    in_tier: set[int] = field(default_factory=set)  # block hashes in its second KV tier
     kv_seq: int = -1  # last KV event seq no. applied; -1 before the first
     assigned: dict[str, float] = field(default_factory=dict)  # request id → deadline
     placed_since_heartbeat: int = 0
@@ -109,9 +111,12 @@ class Registry:
             return
         if events.seq_no != state.kv_seq + 1:
             state.cached.clear()
+            state.in_tier.clear()
         state.kv_seq = events.seq_no
         state.cached.difference_update(events.removed)
         state.cached.update(events.stored)
+        state.in_tier.difference_update(events.tier_removed)
+        state.in_tier.update(events.tier_stored)
 
     def touch_all(self, now: float) -> None:
         """After the scheduler's own NATS outage, its silence is not the workers' fault."""
@@ -198,6 +203,8 @@ class Registry:
                 changing=bool(s.heartbeat.next_role),
                 adapters=frozenset(s.heartbeat.adapters),
                 adapters_loaded=frozenset(s.heartbeat.adapters_loaded) | s.adapters_placed,
+                in_tier=s.in_tier,
+                tier_weight=tier_weight(s.heartbeat),
             )
             for worker_id, s in self._workers.items()
             if model in ("", s.heartbeat.model)

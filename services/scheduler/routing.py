@@ -5,6 +5,9 @@
 - LoRA: a request with an adapter goes only to workers that serve it; one that has it in a
   slot now scores `affinity` more (llm-d's loraaffinity), so it wins unless it is busier
   by more than affinity / load_penalty requests; elsewhere the worker loads it.
+  holds) − load_penalty × load. Highest first. A block held in the worker's second KV tier
+  (not its pool) counts `tier_weight` (measures.py: the share of its recompute that loading
+  saves) in the score, and as a whole block in `overlap` (it is not computed).
 - Neither places on a worker draining or changing its role (mid-change: its heartbeat names
   the next role), whatever its role is now.
 - Decode: among workers of role decode|both, with enough free blocks for the
@@ -47,6 +50,8 @@ class WorkerView:
     def affinity(self, adapter: str, bonus: float) -> float:
         """`bonus` when `adapter` is in one of its slots, else 0."""
         return bonus if adapter and adapter in self.adapters_loaded else 0.0
+    in_tier: Set[int] = frozenset()  # block hashes in its second KV tier
+    tier_weight: float = 0.0  # a tier block's worth against a pool block's (0: not loaded)
 
     @property
     def placeable(self) -> bool:
@@ -56,19 +61,26 @@ class WorkerView:
 @dataclass(frozen=True, slots=True)
 class Candidate:
     worker_id: str
-    overlap: int  # leading prompt blocks it already holds
+    overlap: int  # leading prompt blocks it already holds (pool or second tier)
     score: float
+    tier_blocks: int = 0  # of those, held in its second tier
 
 
-def prefix_overlap(block_hashes: Sequence[int], cached: Set[int]) -> int:
-    """How many of the prompt's leading full blocks are in `cached` (stops at the first miss:
-    a block's hash chains its parent's, so a later hit without its parent cannot be reused)."""
-    count = 0
+def held_prefix(block_hashes: Sequence[int], worker: WorkerView) -> tuple[int, int, float]:
+    """(blocks, of those in the tier, worth) of the prompt's leading blocks the worker holds
+    in its pool or, when loading pays there, its second tier; worth counts a pool block 1.
+    Stops at the first block it lacks: a block's hash chains its parent's, so a later hit
+    without its parent cannot be reused."""
+    blocks = in_tier = 0
     for block_hash in block_hashes:
-        if block_hash not in cached:
+        if block_hash in worker.cached:
+            blocks += 1
+        elif worker.tier_weight > 0 and block_hash in worker.in_tier:
+            blocks += 1
+            in_tier += 1
+        else:
             break
-        count += 1
-    return count
+    return blocks, in_tier, blocks - in_tier * (1.0 - worker.tier_weight)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -87,9 +99,9 @@ def rank_prefill(
     for worker in workers:
         if worker.role != "prefill" or not worker.placeable or not worker.takes(adapter):
             continue
-        overlap = prefix_overlap(block_hashes, worker.cached)
-        score = overlap - load_penalty * worker.load + worker.affinity(adapter, affinity)
-        ranked.append(Candidate(worker.worker_id, overlap, score))
+        overlap, in_tier, worth = held_prefix(block_hashes, worker)
+        score = worth - load_penalty * worker.load + worker.affinity(adapter, affinity)
+        ranked.append(Candidate(worker.worker_id, overlap, score, in_tier))
     ranked.sort(key=lambda c: (-c.score, c.worker_id))
     return ranked
 
@@ -109,14 +121,15 @@ def rank_decode(
     for worker in workers:
         if worker.role not in DECODE_ROLES or not worker.placeable or not worker.takes(adapter):
             continue
-        overlap = prefix_overlap(block_hashes, worker.cached)
-        free_after = worker.free_blocks - (blocks_for(num_tokens + 1, block_size) - overlap)
+        overlap, in_tier, worth = held_prefix(block_hashes, worker)
+        # A tier block is loaded into a free block: only pool blocks save room.
+        held = overlap - in_tier
+        free_after = worker.free_blocks - (blocks_for(num_tokens + 1, block_size) - held)
         if free_after < 0:
             continue
-        score = overlap - load_penalty * worker.load + worker.affinity(adapter, affinity)
-        scored.append(
-            (-score, -free_after, worker.worker_id, Candidate(worker.worker_id, overlap, score))
-        )
+        score = worth - load_penalty * worker.load + worker.affinity(adapter, affinity)
+        candidate = Candidate(worker.worker_id, overlap, score, in_tier)
+        scored.append((-score, -free_after, worker.worker_id, candidate))
     scored.sort(key=lambda entry: entry[:3])
     return [entry[3] for entry in scored]
 

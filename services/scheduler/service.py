@@ -22,7 +22,8 @@ first, until it is placed, cancelled, or its give-up time passes (UNAVAILABLE, 5
 retry_after and the last reason). A submit that arrives while others wait queues behind them.
 
 Each placement's path and predicted TTFT go on its `scheduler.route` span and in its ack;
-the observed TTFT comes back in a worker's heartbeat and is compared (predictions.py).
+the observed TTFT comes back in a worker's heartbeat and is compared (predictions.py), as is
+the prefix hit the computing worker found against the one predicted (hit_check.py).
 The planner's newest report (planner.report) rides along in the status, for /mesh.
 """
 
@@ -40,6 +41,7 @@ from opentelemetry.trace import Span, SpanKind
 from services.scheduler.adapters import AdapterFanOut, count_placement
 from services.scheduler.adapters import refuse as refuse_adapters
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.hit_check import HitBook
 from services.scheduler.path_cost import Path
 from services.scheduler.placement import RELEASED, BadSubmit, Placer
 from services.scheduler.predictions import Prediction, PredictionBook
@@ -87,7 +89,10 @@ class SchedulerService:
         # Request ids cancelled lately (id -> when): a placement still in progress for one
         # stops instead of starting work nobody will read (the gateway migrated it).
         self.cancelled: dict[str, float] = {}
-        self.placer = Placer(config, bus, self.registry, clock, self._is_cancelled)
+        self.hits = HitBook(
+            config.block_size, self.metrics.registry, self.tracing.tracer, clock=clock
+        )
+        self.placer = Placer(config, bus, self.registry, clock, self._is_cancelled, self.hits)
         self.predictions = PredictionBook(self.tracing.tracer, self.metrics.ttft_error)
         self.planner_report: PlannerReport | None = None  # the newest (services/planner/)
 
@@ -142,6 +147,7 @@ class SchedulerService:
             self.lines.wake()
         for first in heartbeat.first_tokens:
             self.predictions.observe(first, heartbeat.worker_id)
+            self.hits.observe(first, heartbeat.worker_id)
 
     async def _on_kv_events(self, events: KVEvents, headers: Headers) -> None:
         self.registry.on_kv_events(events)
@@ -175,6 +181,7 @@ class SchedulerService:
             await self.bus.publish(self.subjects.events, WorkerLost(worker_id, lost))
         self.registry.forget_past_deadline(now)
         self.predictions.forget_older(now)
+        self.hits.forget_older(now)
         horizon = now - CANCEL_MEMORY_S
         self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
         self.lines.wake()  # the backoff: waiters try again at least once a sweep

@@ -191,6 +191,7 @@ class EngineThread:
             log.exception("engine thread failed")
             self._fail(exc)
         finally:
+            engine.close()
             if self.lease is not None:
                 self.lease.close()
 
@@ -215,6 +216,7 @@ class EngineThread:
         step = engine.run_step()
         seconds = time.perf_counter() - began
         self.timer.observe(seconds, step.num_prompt_tokens, step.num_decode_rows)
+        engine.observe_costs(self.timer.current)  # the tier weighs loads by the prefill rate
         return step
 
     def _apply_commands(self, engine: LLMEngine, wait: bool) -> bool:
@@ -261,21 +263,30 @@ class EngineThread:
 
 
 class _SharedEventLog:
-    """A `KVEventLog` the engine thread fills after each step and the loop takes from."""
+    """`KVEventLog`s (the pool's, the second tier's) the engine thread fills after each step
+    and the loop takes from."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._log = KVEventLog()
+        self._pool = KVEventLog()
+        self._tier = KVEventLog()
 
     def add(self, events: KVCacheEvents) -> None:
-        if not (events.stored or events.removed):
+        if not events:
             return
         with self._lock:
-            for block_hash in events.removed:
-                self._log.removed(block_hash)
-            for block_hash in events.stored:
-                self._log.stored(block_hash)
+            _apply(self._pool, events.stored, events.removed)
+            _apply(self._tier, events.tier_stored, events.tier_removed)
 
     def take(self) -> KVCacheEvents:
         with self._lock:
-            return self._log.take()
+            events, tier = self._pool.take(), self._tier.take()
+        events.tier_stored, events.tier_removed = tier.stored, tier.removed
+        return events
+
+
+def _apply(log: KVEventLog, stored: list[int], removed: list[int]) -> None:
+    for block_hash in removed:
+        log.removed(block_hash)
+    for block_hash in stored:
+        log.stored(block_hash)

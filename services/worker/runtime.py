@@ -26,6 +26,7 @@ from services.worker.prefill import PrefillSide
 from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
 from services.worker.role_change import Intake, RoleChange
 from services.worker.telemetry import WorkerTelemetry
+from services.worker.tier_metrics import tier_counters
 from shared.bus import Bus, Headers
 from shared.engine.outputs import StepOutput
 from shared.kvtransfer.link import KVLink
@@ -297,11 +298,19 @@ class Worker:
             adapters=list(stats.adapters),
             adapters_loaded=list(stats.adapters_loaded),
             adapter_swap_ins=stats.adapter_swap_ins,
+            kv_tier=tier_counters(stats.tier),
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)
         events = self.engine.take_kv_events()
-        if events.stored or events.removed:
+        if events:
             self._seq_no += 1
-            message = KVEvents(config.worker_id, self._seq_no, events.stored, events.removed)
+            message = KVEvents(
+                config.worker_id,
+                self._seq_no,
+                events.stored,
+                events.removed,
+                events.tier_stored,
+                events.tier_removed,
+            )
             await bus.publish(subjects.kv_events, message)

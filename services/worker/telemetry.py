@@ -33,6 +33,7 @@ from prometheus_client import Counter
 from services.worker.config import WorkerConfig
 from services.worker.requests import RECEIVES, RequestState, WorkerRequest
 from services.worker.step_costs import BusyShare
+from services.worker.tier_metrics import TierMetrics
 from shared.engine.outputs import RequestOutput
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.stats import EngineStats
@@ -57,6 +58,7 @@ class WorkerTelemetry:
     _first_tokens: list[FirstToken] = field(default_factory=list)  # since the last heartbeat
     _busy: BusyShare = field(default_factory=BusyShare)
     _stream_tpots: list[float] = field(default_factory=list)  # since the last heartbeat
+    tier_metrics: TierMetrics = field(init=False)  # the second KV tier's, read at each scrape
 
     def __post_init__(self) -> None:
         role = self.config.role
@@ -66,6 +68,8 @@ class WorkerTelemetry:
         )
         self.metrics = WorkerMetrics(role, self.config.model_name)
         self._sampled = self.metrics.generation_tokens.labels(role)
+        self.tier_metrics = TierMetrics(role, self.config.model_name)
+        self.metrics.registry.register(self.tier_metrics)
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -87,6 +91,7 @@ class WorkerTelemetry:
         metrics.spec_verify_steps.labels(role).inc(spec.verify_steps - counted.verify_steps)
         metrics.spec_acceptance.labels(role).set(spec.acceptance_rate)
         self._spec_counted = replace(spec)
+        self.tier_metrics.update(stats.tier)
 
     def busy_share(self, stats: EngineStats, now: float) -> float:
         """The share of the time since the last call the engine spent in steps."""
@@ -123,7 +128,7 @@ class WorkerTelemetry:
             }
         )
         span.end(ns(now))
-        self._first_token(request, now)
+        self._first_token(request, now, output.num_cached_tokens)
 
     def on_output(self, request: WorkerRequest, output: RequestOutput, step_started: float) -> None:
         self._sampled.inc(len(output.new_token_ids))
@@ -133,7 +138,7 @@ class WorkerTelemetry:
         if not request.trace.tokens:
             request.trace.first_output = time.time()
             if not request.num_blocks:  # a DecodeTask's first token
-                self._first_token(request, request.trace.first_output)
+                self._first_token(request, request.trace.first_output, output.num_cached_tokens)
         request.trace.tokens += len(output.new_token_ids)
         request.trace.steps += 1
 
@@ -177,11 +182,11 @@ class WorkerTelemetry:
         span.end()
 
     # -- internals --------------------------------------------------------------------------
-    def _first_token(self, request: WorkerRequest, now: float) -> None:
+    def _first_token(self, request: WorkerRequest, now: float, cached_tokens: int) -> None:
         submitted = request.request.submitted_at
         if submitted > 0 and len(self._first_tokens) < MAX_FIRST_TOKENS:
             ttft = max(0.0, now - submitted)
-            self._first_tokens.append(FirstToken(request.request_id, ttft))
+            self._first_tokens.append(FirstToken(request.request_id, ttft, cached_tokens))
 
     def _stream_tpot(self, request: WorkerRequest, now: float) -> None:
         record = request.trace

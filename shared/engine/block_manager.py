@@ -7,21 +7,33 @@ A block is in exactly one of three states:
 - free and empty: ref_count == 0, no hash; handed out before any cached block is evicted.
 Only full blocks whose KV has been computed are registered in the cache. Every hash
 registered or evicted is recorded as it happens (`events`, see stats.KVEventLog).
+With a second tier (kv_tier/), an evicted cached block is copied there as it is evicted, and
+an admission that misses the pool loads the run of blocks that follows its pool hits from
+the tier into fresh blocks, when loading pays; they are then cached like computed ones.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from shared.engine.block_hash import cache_key, hash_full_blocks
 from shared.engine.errors import OutOfBlocks
 from shared.engine.sequence import Sequence
 from shared.engine.stats import KVEventLog
 
+if TYPE_CHECKING:
+    from shared.engine.kv_tier.tier import KVTier
+
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, model_id: str = "", enable_prefix_caching=True
+        self,
+        num_blocks: int,
+        block_size: int,
+        model_id: str = "",
+        enable_prefix_caching=True,
+        tier: KVTier | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -36,6 +48,7 @@ class BlockManager:
         self.prefix_hits = 0  # of those, tokens served from it
         self.evictions = 0
         self.events = KVEventLog()  # hashes registered and evicted since the last take
+        self.tier = tier  # where evicted cached blocks go, and come back from
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -57,30 +70,40 @@ class BlockManager:
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
 
+    def room(self, seq: Sequence) -> int:
+        """How many more tokens `seq` could get slots for now."""
+        slots = (len(seq.block_table) + self.num_free_blocks) * self.block_size
+        return slots - seq.num_computed_tokens
+
     def can_allocate(self, seq: Sequence, token_budget: int) -> bool:
         """Would `allocate` then `allocate_slots` for up to `token_budget` new tokens fit?
         Changes nothing, so a refused admission leaves the cache and its counters alone."""
         # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
         reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
-        hits = self._lookup(seq) if reuse else []
-        num_tokens = min(seq.num_tokens - len(hits) * self.block_size, token_budget)
-        needed = self.blocks_for(len(hits) * self.block_size + num_tokens) - len(hits)
+        hits, hashes = self._lookup(seq) if reuse else ([], [])
         reclaimed = sum(1 for block_id, _ in hits if self.ref_counts[block_id] == 0)
+        loads = self._tier_run(hashes[len(hits) :], self.num_free_blocks - reclaimed)
+        cached_tokens = (len(hits) + loads) * self.block_size
+        num_tokens = min(seq.num_tokens - cached_tokens, token_budget)
+        needed = self.blocks_for(cached_tokens + num_tokens) - len(hits)
         return needed <= self.num_free_blocks - reclaimed
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, seq: Sequence) -> None:
         """Admit `seq`: claim the longest cached prefix of its tokens (never all of them, so at
-        least one token is computed and yields logits). Sets the computed and cached counts."""
+        least one token is computed and yields logits), from the pool then the tier. Sets
+        the computed and cached counts. A tier load may fill fewer blocks than `can_allocate`
+        planned for: `room` then bounds the tokens to compute."""
         assert not seq.block_table, "allocate() is for a sequence that holds no blocks"
         # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
         reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
-        hits = self._lookup(seq) if reuse else []
+        hits, hashes = self._lookup(seq) if reuse else ([], [])
         for block_id, _ in hits:
             self._claim(block_id)
         seq.block_table = [block_id for block_id, _ in hits]
         seq.block_hashes = [block_hash for _, block_hash in hits]
-        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        self._load_from_tier(seq, hashes[len(hits) :])
+        seq.num_computed_tokens = seq.num_cached_tokens = len(seq.block_table) * self.block_size
         self.prefix_queries += seq.num_tokens
         self.prefix_hits += seq.num_cached_tokens
 
@@ -161,8 +184,9 @@ class BlockManager:
         return copies
 
     # -- internals --------------------------------------------------------------------------
-    def _lookup(self, seq: Sequence) -> list[tuple[int, int]]:
-        """(block id, hash) of the cached full blocks that prefix `seq.token_ids[:-1]`."""
+    def _lookup(self, seq: Sequence) -> tuple[list[tuple[int, int]], list[int]]:
+        """(block id, hash) of the cached full blocks that prefix `seq.token_ids[:-1]`, and
+        the hashes of all its full blocks (keyed by its adapter too: block_hash.cache_key)."""
         key = cache_key(self.model_id, seq.params.adapter)
         hashes = hash_full_blocks(seq.token_ids[:-1], self.block_size, key)
         hits = []
@@ -171,7 +195,36 @@ class BlockManager:
             if block_id is None:
                 break
             hits.append((block_id, block_hash))
-        return hits
+        return hits, hashes
+
+    def _tier_run(self, hashes: list[int], num_free: int) -> int:
+        """How many of `hashes` (those past the pool hits) to load from the tier: the run it
+        holds that no pool block holds, leaving a free block for the token computed after
+        them; 0 when loading costs more than recomputing."""
+        if self.tier is None or not self.tier.pays():
+            return 0
+        in_pool = next((i for i, h in enumerate(hashes) if h in self.cached), len(hashes))
+        return max(0, min(self.tier.held_run(hashes[:in_pool]), num_free - 1))
+
+    def _load_from_tier(self, seq: Sequence, hashes: list[int]) -> None:
+        """Append to `seq` the blocks of `hashes` that the tier fills, cached as computed."""
+        if self.tier is None or not hashes:
+            return
+        run = self._tier_run(hashes, self.num_free_blocks)
+        if run == 0:
+            if not self.tier.pays():
+                self.tier.skip(self.tier.held_run(hashes))
+            return
+        block_ids = [self._pop_free() for _ in range(run)]
+        loaded = self.tier.load(block_ids, hashes[:run])
+        self._empty.extend(reversed(block_ids[loaded:]))
+        for block_id, block_hash in zip(block_ids[:loaded], hashes, strict=False):
+            self.ref_counts[block_id] = 1
+            self.cached[block_hash] = block_id
+            self.block_hashes[block_id] = block_hash
+            self.events.stored(block_hash)
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(block_hash)
 
     def _claim(self, block_id: int) -> None:
         if self.ref_counts[block_id] == 0:
@@ -184,6 +237,8 @@ class BlockManager:
         block_id, _ = self._evictable.popitem(last=False)
         block_hash = self.block_hashes[block_id]
         assert block_hash is not None, "an evictable block has a hash"
+        if self.tier is not None:
+            self.tier.save(block_id, block_hash)  # before the block is written again
         del self.cached[block_hash]
         self.block_hashes[block_id] = None
         self.events.removed(block_hash)

@@ -28,6 +28,8 @@ from shared.engine.engine_config import EngineConfig
 from shared.engine.errors import InvalidRequest, UnknownRequest
 from shared.engine.kv_cache import KVCache
 from shared.engine.kv_handoff import HeldBlocks, KVBlocks, KVHandOff, PinKind, Reservation
+from shared.engine.kv_tier.tier import open_tier
+from shared.engine.kv_tier.tier_stats import TierStats
 from shared.engine.lora.bank import AdapterBank, BankLimits
 from shared.engine.lora.modules import adapter_name_error, parse_lora_modules
 from shared.engine.model_config import ModelConfig
@@ -45,6 +47,7 @@ from shared.engine.spec_decode.proposer import Proposer
 from shared.engine.stats import (
     EngineStats,
     KVCacheEvents,
+    StepCosts,
     min_stream_tokens,
     queued_prompt_tokens,
     step_shape,
@@ -74,14 +77,15 @@ class LLMEngine:
             if model is not None
         )
         num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 // bytes_per_block)
-        self.block_manager = BlockManager(
-            num_blocks, config.block_size, config.model_id, config.enable_prefix_caching
-        )
         lora = None
         if config.lora_enabled:
             lora = BankLimits(config.max_loras, config.max_lora_rank, config.lora_host_slots)
         self.runner = ModelRunner(
             config, self.model_config, num_blocks, self.max_model_len, lora=lora
+        )
+        self.tier = open_tier(config, self.runner.kv_cache)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.model_id, config.enable_prefix_caching, self.tier
         )
         self.proposer = self._proposer(draft_config, num_blocks)
         self.scheduler = BatchScheduler(
@@ -194,7 +198,19 @@ class LLMEngine:
             queued_prompt_tokens=queued_prompt_tokens(scheduler.waiting, scheduler.running),
             min_stream_tokens=min_stream_tokens(scheduler.running),
             **_adapter_stats(self.runner.adapters),
+            tier=self.tier.stats() if self.tier is not None else TierStats(),
         )
+
+    def observe_costs(self, costs: StepCosts) -> None:
+        """The steps' measured costs (the engine has no clock): the tier weighs loading a
+        block against recomputing it by the prefill rate."""
+        if self.tier is not None:
+            self.tier.policy.prefill_rate = costs.prefill_rate
+
+    def close(self) -> None:
+        """Stop the tier's writer and remove its entries. The engine takes no more steps."""
+        if self.tier is not None:
+            self.tier.close()
 
     @property
     def spec_stats(self) -> SpecDecodeStats:
@@ -202,8 +218,13 @@ class LLMEngine:
         return self.scheduler.spec_stats
 
     def take_kv_events(self) -> KVCacheEvents:
-        """The prefix cache's net changes (block hashes stored, removed) since the last call."""
-        return self.block_manager.events.take()
+        """The prefix cache's net changes (block hashes stored, removed) since the last call,
+        and the second tier's."""
+        events = self.block_manager.events.take()
+        if self.tier is not None:
+            tier = self.tier.store.take_events()
+            events.tier_stored, events.tier_removed = tier.stored, tier.removed
+        return events
 
     # -- LoRA adapters (shared/engine/lora/) ------------------------------------------------
     @property

@@ -77,6 +77,14 @@ class EngineConfig:
     max_num_seqs: int = flag(64, help="sequences running at once")
     max_model_len: int | None = flag(None, help="context length (default: the model's)")
     enable_prefix_caching: bool = flag(True, help="reuse the KV blocks of shared prefixes")
+    # The second KV tier (shared/engine/kv_tier/): prefix blocks evicted from the cache are
+    # kept there and loaded back when that is cheaper than recomputing them.
+    kv_offloading_size: float = flag(
+        0.0, help="GiB for the second KV tier of evicted prefix blocks (0: no tier)"
+    )
+    kv_offloading_dir: str = flag(
+        "", help="the second KV tier's directory ('': /dev/shm/splitserve-kv, else $TMPDIR)"
+    )
     attention_backend: str = flag(
         "auto", choices=ATTENTION_BACKENDS, help="see shared/engine/attention/__init__.py"
     )
@@ -142,6 +150,8 @@ class EngineConfig:
             raise ConfigError("max_num_batched_tokens must be >= max_num_seqs")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError("num_kv_blocks must be positive")
+        if self.kv_offloading_size < 0:
+            raise ConfigError("kv_offloading_size must not be negative")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("num_threads must be positive")
         if self.quantization not in (None, *QUANTIZATIONS):

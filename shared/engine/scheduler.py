@@ -157,8 +157,9 @@ class BatchScheduler:
                 seq, budget
             ):
                 break
-            self.block_manager.allocate(seq)  # claims its cached prefix
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            self.block_manager.allocate(seq)  # claims its cached prefix (pool, then tier)
+            room = self.block_manager.room(seq)  # less than planned if a tier load fell short
+            num_tokens = min(seq.num_uncomputed_tokens, budget, room)
             self.waiting.popleft()
             self.block_manager.allocate_slots(seq, num_tokens)
             seq.status = SequenceStatus.RUNNING

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from shared.engine.kv_tier.tier_stats import TierStats
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.sequence import Sequence
 from shared.engine.spec_decode import SpecDecodeStats
@@ -49,6 +50,7 @@ class EngineStats:
     adapters: tuple[str, ...] = ()  # LoRA adapters it serves (shared/engine/lora/)
     adapters_loaded: tuple[str, ...] = ()  # of those, in a slot now
     adapter_swap_ins: int = 0  # since start: slots filled
+    tier: TierStats = field(default_factory=TierStats)  # the second KV tier's counters (kv_tier/)
 
 
 def queued_prompt_tokens(waiting: Iterable[Sequence], running: Iterable[Sequence]) -> int:
@@ -84,6 +86,11 @@ def step_shape(chunks: Iterable[ScheduledChunk]) -> tuple[int, int]:
 class KVCacheEvents:
     stored: list[int] = field(default_factory=list)  # hashes now in the prefix cache
     removed: list[int] = field(default_factory=list)  # hashes no longer in it
+    tier_stored: list[int] = field(default_factory=list)  # hashes now in the second tier
+    tier_removed: list[int] = field(default_factory=list)  # hashes no longer in it
+
+    def __bool__(self) -> bool:
+        return bool(self.stored or self.removed or self.tier_stored or self.tier_removed)
 
 
 class KVEventLog:

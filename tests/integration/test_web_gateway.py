@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +21,7 @@ from services.gateway.app import create_runner
 from services.gateway.config import GatewayConfig
 from shared.bus import Bus
 from shared.config import CommonConfig
+from shared.kv_tier_messages import TierCounters
 from shared.nats_server import NatsServer
 from shared.planner_messages import PlannerReport, ReportedDecision
 from shared.ports import free_port
@@ -71,6 +73,7 @@ BEATS = [
         prefix_hits=100,
         kv_blocks_received=9,
         kv_transports=["nixl", "nats"],
+        kv_tier=TierCounters(capacity_bytes=1 << 30, stored_bytes=4096, hits=7, load_seconds=0.5),
     ),
     Heartbeat("d1", "decode", MODEL, 0, 0, 100, 100, 16, kv_transports=["nats"]),
 ]
@@ -213,6 +216,13 @@ def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
             "last_seen": 0,
             "kv_transports": ["nixl", "nats"],
             "kv_peers": [],
+            "kv_tier": {
+                **asdict(TierCounters()),
+                "capacity_bytes": 1 << 30,
+                "stored_bytes": 4096,
+                "hits": 7,
+                "load_seconds": 0.5,
+            },
         }
         assert (workers["p0"]["state"], workers["p0"]["waiting"]) == ("ready", 2)
         # Each pair the prefill worker sent KV to, by decode worker id, with its transport.

@@ -34,6 +34,8 @@ CHANGED = {
     "max_num_seqs": 8,
     "max_model_len": 1024,
     "enable_prefix_caching": False,
+    "kv_offloading_size": 1.5,
+    "kv_offloading_dir": "/tier",
     "attention_backend": "torch",
     "batch_invariant": False,
     "num_threads": 3,

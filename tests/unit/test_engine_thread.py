@@ -31,6 +31,9 @@ class IdleEngine:
     def take_kv_events(self) -> KVCacheEvents:
         return KVCacheEvents()
 
+    def close(self) -> None:
+        pass  # no tier to remove
+
 
 def make_thread(build) -> EngineThread:
     return EngineThread(build, on_step=lambda step, step_started: None, on_fatal=lambda exc: None)
@@ -146,6 +149,12 @@ class BurstEngine:
         self.steps_left -= 1
         return StepOutput()
 
+    def observe_costs(self, costs: object) -> None:
+        pass  # no tier to tell
+
+    def close(self) -> None:
+        pass
+
     def stats(self) -> SimpleNamespace:
         return SimpleNamespace(num_waiting=self.waiting, num_running=0)
 
@@ -210,6 +219,12 @@ class ChunkedEngine:
         self.log.append(("step", self.chunks_left))
         self.last_step_num_tokens = 256
         return StepOutput()
+
+    def observe_costs(self, costs: object) -> None:
+        pass  # no tier to tell
+
+    def close(self) -> None:
+        pass
 
     def stats(self) -> SimpleNamespace:
         return SimpleNamespace(num_waiting=self.waiting, num_running=self.running)

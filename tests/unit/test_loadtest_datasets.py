@@ -31,6 +31,21 @@ def test_shared_prefix_groups() -> None:
     assert all(len(r.prompt) == 40 for r in reqs)
 
 
+def test_multi_turn_conversations_resend_their_history() -> None:
+    config = DatasetConfig(
+        "multi-turn", num_prompts=6, num_turns=3, input_len=4, output_len=5, prefix_len=32
+    )
+    reqs = load_dataset(config)
+    assert len(reqs) == 6  # 2 conversations x 3 turns, turn by turn
+    system = reqs[0].prompt[:32]
+    assert all(r.prompt[:32] == system for r in reqs)  # one system prompt for all
+    first, second = reqs[0].prompt, reqs[2].prompt  # conversation 0, turns 1 and 2
+    assert second[: len(first)] == first and len(second) == len(first) + 5 + 4
+    assert reqs[1].prompt[32:36] != first[32:36]  # another conversation
+    assert [len(r.prompt) for r in reqs] == [36, 36, 45, 45, 54, 54]
+    assert all(r.output_len == 5 and r.prompt_len == len(r.prompt) for r in reqs)
+
+
 def test_sharegpt(tmp_path: Path) -> None:
     rows = [
         {

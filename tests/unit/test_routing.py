@@ -3,10 +3,12 @@ batch, conditional disaggregation, draining, mid-change and full workers skipped
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.scheduler.routing import (
     WorkerView,
+    held_prefix,
     prefills_locally,
-    prefix_overlap,
     rank_decode,
     rank_prefill,
 )
@@ -26,9 +28,39 @@ def worker(
 
 
 def test_prefix_overlap_counts_leading_blocks_only():
-    assert prefix_overlap(HASHES, {11, 22, 44}) == 2
-    assert prefix_overlap(HASHES, {22, 33}) == 0
-    assert prefix_overlap([], {11}) == 0
+    assert held_prefix(HASHES, worker("w", cached={11, 22, 44})) == (2, 0, 2.0)
+    assert held_prefix(HASHES, worker("w", cached={22, 33})) == (0, 0, 0.0)
+    assert held_prefix([], worker("w", cached={11})) == (0, 0, 0.0)
+
+
+def tiered(worker_id: str, cached: set[int], in_tier: set[int], weight: float, **kw) -> WorkerView:
+    return replace(worker(worker_id, cached=cached, **kw), in_tier=in_tier, tier_weight=weight)
+
+
+def test_a_block_in_the_second_tier_counts_by_its_weight():
+    # 11 in the pool, 22 and 33 in the tier: three blocks held, worth 1 + 2 x 0.25
+    assert held_prefix(HASHES, tiered("w", {11}, {22, 33}, 0.25)) == (3, 2, 1.5)
+    # a tier that does not pay (weight 0) holds nothing the worker would load
+    assert held_prefix(HASHES, tiered("w", {11}, {22, 33}, 0.0)) == (1, 0, 1.0)
+    workers = [
+        tiered("pool", {11, 22}, set(), 0.0),  # worth 2
+        tiered("tier", {11}, {22, 33, 44}, 0.5),  # worth 1 + 1.5 = 2.5
+        tiered("slow", {11}, {22, 33, 44}, 0.1),  # worth 1.3
+    ]
+    ranked = rank_prefill(workers, HASHES, load_penalty=0.0)
+    assert [(c.worker_id, c.overlap, c.tier_blocks) for c in ranked] == [
+        ("tier", 4, 3),
+        ("pool", 2, 0),
+        ("slow", 4, 3),
+    ]
+
+
+def test_tier_blocks_need_free_blocks_on_a_decode_worker():
+    # 4 prompt blocks + 1 for output: the pool holds 1, so 4 more are needed, tier or not
+    fits = tiered("w", {11}, {22, 33, 44}, 0.5, role="decode", free_blocks=4)
+    short = tiered("v", {11}, {22, 33, 44}, 0.5, role="decode", free_blocks=3)
+    ranked = rank_decode([fits, short], HASHES, 64, 16, load_penalty=0.0)
+    assert [(c.worker_id, c.overlap) for c in ranked] == [("w", 4)]
 
 
 def test_prefill_prefers_overlap_minus_load():

@@ -108,6 +108,12 @@ class TimedEngine:
         self.last_step_num_tokens = 128
         return StepOutput(num_prompt_tokens=128)
 
+    def observe_costs(self, costs: object) -> None:
+        pass  # no tier to tell
+
+    def close(self) -> None:
+        pass
+
     def stats(self) -> object:
         return object()
 

@@ -120,6 +120,8 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "prefill_rate": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "busy": st.floats(max_value=-1e-9),
         "next_role": st.sampled_from(["gateway", "prefil", "BOTH"]),
+        "kv_tier.hits": NEGATIVE,
+        "kv_tier.load_seconds": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "stream_tpots": st.lists(
             st.sampled_from([float("nan"), float("inf"), -1.0]), min_size=1, max_size=3
         ),
@@ -129,6 +131,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "seq_no": NEGATIVE | HUGE,
         "stored": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
         "removed": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
+        "tier_stored": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
     },
     Reserve: {f"request.{k}": v for k, v in REQUEST_BOUNDS.items()},
     PrefillTask: {

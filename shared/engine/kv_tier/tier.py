@@ -1,0 +1,161 @@
+"""`KVTier`: the engine's second KV tier, where prefix blocks evicted from the pool go, and
+whence a prefix lookup that misses the pool loads them back instead of recomputing them.
+
+The block manager calls `save` as it evicts a cached block (before the block is reused: the
+bytes are copied out at once, and the writer thread stores them), `held_run` and `pays` to
+plan an admission, and `load` to fill fresh blocks. The one subtle rule: `load` fills a
+prefix of the blocks asked for and says how many; an entry missing, refused (entry.py) or
+unreadable ends the run there, and the blocks past it are computed as if never stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from shared.engine.kv_cache import KVCache
+from shared.engine.kv_tier.entry import BadEntry, TierLayout, decode_entry
+from shared.engine.kv_tier.policy import LoadPolicy
+from shared.engine.kv_tier.store import TierStore
+from shared.engine.kv_tier.tier_stats import TierStats
+from shared.engine.kv_tier.writer import TierWriter
+
+if TYPE_CHECKING:
+    from shared.engine.engine_config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+def default_root() -> Path:
+    """/dev/shm where it exists (memory, no disk), else the temporary directory."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return base / "splitserve-kv"
+
+
+def open_tier(config: EngineConfig, kv_cache: KVCache) -> KVTier | None:
+    """The tier `config` asks for, or None: no size, no prefix caching, or a draft model
+    (whose own KV of a block the tier does not keep)."""
+    if config.kv_offloading_size <= 0 or not config.enable_prefix_caching:
+        return None
+    if config.speculative == "draft":
+        log.warning("KV tier: off, since a draft model's KV is not kept in it")
+        return None
+    root = Path(config.kv_offloading_dir) if config.kv_offloading_dir else default_root()
+    capacity = int(config.kv_offloading_size * 2**30)
+    return KVTier.open(kv_cache, config.model_id, root, capacity)
+
+
+def tier_layout(kv_cache: KVCache, model_id: str) -> TierLayout:
+    dtype = kv_cache.dtype
+    return TierLayout(
+        model_id=model_id,
+        dtype=str(dtype).removeprefix("torch."),
+        block_size=kv_cache.block_shape[0],
+        shape=(kv_cache.num_layers, *kv_cache.block_shape),
+        element_size=torch.empty((), dtype=dtype).element_size(),
+    )
+
+
+class KVTier:
+    def __init__(self, kv_cache: KVCache, store: TierStore, layout: TierLayout) -> None:
+        self.kv_cache = kv_cache
+        self.store = store
+        self.layout = layout
+        self.writer = TierWriter(store, layout)
+        self.policy = LoadPolicy(layout.block_size)
+        self._layers = range(kv_cache.num_layers)
+        self.hits = self.refused = self.skipped = self.bytes_in = 0
+        self.load_seconds = 0.0
+
+    @classmethod
+    def open(cls, kv_cache: KVCache, model_id: str, root: Path, capacity_bytes: int) -> KVTier:
+        layout = tier_layout(kv_cache, model_id)
+        store = TierStore(root, capacity_bytes, layout)
+        log.info("KV tier: %d MiB in %s (%s)", capacity_bytes >> 20, store.path, layout.name)
+        return cls(kv_cache, store, layout)
+
+    def save(self, block_id: int, block_hash: int) -> None:
+        """Block `block_id`, cached as `block_hash`, is being evicted: keep a copy."""
+        if self.store.holds(block_hash) or self.writer.stopped:
+            return
+        if not self.writer.can_take():
+            self.writer.drop()
+            return
+        block = self.kv_cache.read_blocks([block_id], self._layers)  # [L, 1, bs, 2, h, d]
+        self.writer.offer(block_hash, block.contiguous().view(torch.uint8).numpy().tobytes())
+
+    def held_run(self, hashes: list[int]) -> int:
+        """How many of `hashes`, from the first, the tier holds."""
+        count = 0
+        for block_hash in hashes:
+            if not self.store.holds(block_hash):
+                break
+            count += 1
+        return count
+
+    def pays(self) -> bool:
+        return self.policy.pays()
+
+    def skip(self, num_blocks: int) -> None:
+        """Count blocks the tier held but that will be recomputed (loading costs more)."""
+        self.skipped += num_blocks
+
+    def load(self, block_ids: list[int], hashes: list[int]) -> int:
+        """Fill `block_ids` with the stored blocks `hashes`; how many, from the first, it did."""
+        began = time.perf_counter()
+        blocks = []
+        for block_hash in hashes:
+            payload = self._read(block_hash)
+            if payload is None:
+                break
+            self.bytes_in += len(payload)
+            flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            blocks.append(flat.view(self.kv_cache.dtype).view(self.layout.shape))
+        if blocks:  # [L, n, bs, 2, h, d], as write_blocks takes them
+            data = torch.stack(blocks, dim=1)
+            self.kv_cache.write_blocks(block_ids[: len(blocks)], self._layers, data)
+            self.hits += len(blocks)
+            seconds = time.perf_counter() - began
+            self.load_seconds += seconds
+            self.policy.observe_load(seconds, len(blocks))
+        return len(blocks)
+
+    def stats(self) -> TierStats:
+        store, writer = self.store, self.writer
+        return TierStats(
+            hits=self.hits,
+            refused=self.refused,
+            skipped=self.skipped,
+            bytes_in=self.bytes_in,
+            bytes_out=writer.bytes_written,
+            load_seconds=self.load_seconds,
+            evictions=store.evictions,
+            dropped_writes=writer.dropped,
+            stored_bytes=store.stored_bytes,
+            capacity_bytes=store.capacity_bytes,
+            write_stopped=writer.stopped,
+        )
+
+    def close(self) -> None:
+        self.writer.close()
+        self.store.close()
+
+    def _read(self, block_hash: int) -> bytes | None:
+        """The entry's payload, or None: not stored, or refused (then forgotten)."""
+        try:
+            data = self.store.get(block_hash)
+            if data is None:
+                return None
+            return decode_entry(self.layout, block_hash, data)
+        except (OSError, BadEntry) as exc:
+            self.refused += 1
+            log.warning("KV tier: block %x refused, recomputed: %s", block_hash, exc)
+            self.store.discard(block_hash)
+            return None
