@@ -7,12 +7,12 @@ with `*` in place of a worker's or gateway's id, so the table cannot drift from 
 
 role       publishes                                   subscribes to
 gateway    sched.submit, sched.status, cancel          gateway.*.tokens, events
-scheduler  worker.*.reserve|prefill|decode|role,       sched.submit, sched.status,
+scheduler  worker.*.reserve|prefill|decode|role|probe, sched.submit, sched.status,
            events, cancel                              workers.heartbeat, kv.events, cancel,
                                                        planner.report
-prefill    workers.heartbeat, kv.events,               worker.*.prefill|role, cancel, events
-           gateway.*.tokens, worker.*.kv
-decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role,
+prefill    workers.heartbeat, kv.events,               worker.*.prefill|role|probe, cancel,
+           gateway.*.tokens, worker.*.kv               events
+decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role|probe,
            gateway.*.tokens                            cancel, events
 both       prefill's and decode's                      prefill's and decode's
 planner    worker.*.role, pool.target, planner.report, workers.heartbeat
@@ -74,8 +74,11 @@ def _table(subjects: Subjects) -> dict[str, Permissions]:
         return build(_ID).replace(f".{_ID}.", ".*.")
 
     workers_report = (s.heartbeat, s.kv_events, any_id(s.tokens))
-    workers_hear = (any_id(s.role), s.cancel, s.events)
-    to_workers = (any_id(s.reserve), any_id(s.prefill), any_id(s.decode), any_id(s.role))
+    workers_hear = (any_id(s.role), any_id(s.probe), s.cancel, s.events)
+    to_workers = (
+        *(any_id(s.reserve), any_id(s.prefill), any_id(s.decode)),
+        *(any_id(s.role), any_id(s.probe)),
+    )
     table = {
         "gateway": Permissions((s.submit, s.status, s.cancel), (any_id(s.tokens), s.events)),
         "scheduler": Permissions(

@@ -127,6 +127,7 @@ class Heartbeat:
     # Time per output token after the first (seconds) of each stream that finished here since
     # the last beat, as its client saw them: the planner's TPOT (services/planner/window.py).
     stream_tpots: list[float] = field(default_factory=list)
+    epoch: int = 0  # the worker process's (shared/epoch.py); 0: an old worker, not said
 
 
 @dataclass(slots=True)

@@ -66,6 +66,9 @@ class Subjects:
     def role(self, worker_id: str) -> str:  # scheduler (planner, admin) → worker: SetRole
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.role"
 
+    def probe(self, worker_id: str) -> str:  # scheduler → worker: Probe (is it alive?)
+        return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.probe"
+
     def kv(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.kv"
 

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from shared.liveness_messages import Probe, ProbeAck
 from shared.planner_messages import MAX_REPORTED, PlannerReport
 from shared.pool_messages import PoolTarget
 from shared.protocol import (
@@ -221,6 +222,12 @@ def _pool_target(m: PoolTarget) -> None:
     _require(len(m.reason) <= MAX_REASON_CHARS, "PoolTarget.reason: too long")
 
 
+def _probe(m: Probe | ProbeAck) -> None:
+    name = type(m).__name__
+    _require(m.worker_id == "" or bool(_SUBJECT_TOKEN.match(m.worker_id)), f"{name}.worker_id")
+    _count(m.epoch, f"{name}.epoch")
+
+
 def _worker_lost(m: WorkerLost) -> None:
     _subject_token(m.worker_id, "WorkerLost.worker_id")
     _items(m.request_ids, "WorkerLost.request_ids")
@@ -243,4 +250,6 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     RequestFailed: lambda m: _request_id(m.request_id, "RequestFailed.request_id"),
     PlannerReport: _planner_report,
     PoolTarget: _pool_target,
+    Probe: _probe,
+    ProbeAck: _probe,
 }

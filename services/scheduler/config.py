@@ -60,6 +60,13 @@ class SchedulerConfig:
     heartbeat_timeout: float = flag(
         3.0, help="seconds without a heartbeat before a worker counts as lost"
     )
+    # A worker silent past heartbeat_timeout is probed (liveness.py); lost when the probe
+    # finds no subscriber at once, or gets no answer from its process by this deadline.
+    probe_timeout: float = flag(
+        3.0,
+        help="seconds a silent worker has to answer the scheduler's probe before it counts "
+        "as lost (a frozen worker is lost after heartbeat_timeout + this)",
+    )
     # A submit no worker has room for waits (in arrival order) at most this long, and never
     # past its deadline, then is refused with 503. The gateway's submit_timeout must exceed it.
     queue_timeout: float = flag(
@@ -79,7 +86,8 @@ class SchedulerConfig:
             raise ConfigError(f"path_choice must be one of {PATH_CHOICES}, got {self.path_choice}")
         if self.stall_weight < 0:
             raise ConfigError(f"stall_weight must be >= 0, got {self.stall_weight}")
-        timeouts = ("reserve_timeout", "heartbeat_timeout", "queue_timeout", "sweep_interval")
+        timeouts = ("reserve_timeout", "heartbeat_timeout", "probe_timeout", "queue_timeout")
+        timeouts += ("sweep_interval",)
         for name in (*timeouts, "retry_after"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")

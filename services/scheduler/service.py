@@ -1,8 +1,9 @@
 """The scheduler on NATS: admission and placement of `SubmitRequest`s, status, worker loss.
 
 Subscriptions: submit (queue group, so replicas share the load), status, heartbeats, KV
-events, cancels. A sweeper expires silent workers, publishing `WorkerLost` with the request
-ids placed on each, forgets placements past their deadline, and wakes the waiting line.
+events, cancels. A sweeper probes silent workers (liveness.py) and publishes `WorkerLost`,
+with the request ids placed on each, for those its probe finds lost; it forgets placements
+past their deadline, and wakes the waiting line.
 
 Admission, per model (the request's `model`; "" for a one-model mesh): at most `max_queue`
 submits of one model are placed or waiting at once; beyond that a submit is refused at once
@@ -38,10 +39,11 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.liveness import Liveness
 from services.scheduler.path_cost import Path
 from services.scheduler.placement import RELEASED, BadSubmit, Placer
 from services.scheduler.predictions import Prediction, PredictionBook
-from services.scheduler.registry import Registry
+from services.scheduler.registry import Registry, WorkerState
 from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
 from shared.planner_messages import PlannerReport
@@ -87,6 +89,9 @@ class SchedulerService:
         self.placer = Placer(config, bus, self.registry, clock, self._is_cancelled)
         self.predictions = PredictionBook(self.tracing.tracer, self.metrics.ttft_error)
         self.planner_report: PlannerReport | None = None  # the newest (services/planner/)
+        self.liveness = Liveness(
+            bus, self.subjects, self.registry, config.probe_timeout, self._worker_lost
+        )
 
     async def start(self) -> None:
         s = self.subjects
@@ -111,6 +116,7 @@ class SchedulerService:
         """Stop the sweeper and end every wait (answered UNAVAILABLE, so the gateway retries
         another replica); placements in progress finish while the bus drains."""
         self.lines.close()
+        await self.liveness.stop()
         if self._sweeper:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -155,17 +161,18 @@ class SchedulerService:
     async def sweep(self) -> None:
         now = self.clock()
         self._count_workers()
-        for state in self.registry.expire(now):
-            worker_id = state.heartbeat.worker_id
-            lost = sorted(state.assigned)
-            log.warning("worker %s lost (no heartbeat); %d requests on it", worker_id, len(lost))
-            self.placer.worker_lost(worker_id)
-            await self.bus.publish(self.subjects.events, WorkerLost(worker_id, lost))
+        self.liveness.sweep(now)
         self.registry.forget_past_deadline(now)
         self.predictions.forget_older(now)
         horizon = now - CANCEL_MEMORY_S
         self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
         self.lines.wake()  # the backoff: waiters try again at least once a sweep
+
+    async def _worker_lost(self, state: WorkerState, why: str) -> None:
+        worker_id, lost = state.heartbeat.worker_id, sorted(state.assigned)
+        log.warning("worker %s lost (%s); %d requests on it", worker_id, why, len(lost))
+        self.placer.worker_lost(worker_id)
+        await self.bus.publish(self.subjects.events, WorkerLost(worker_id, lost))
 
     async def _sweep_forever(self) -> None:
         while True:

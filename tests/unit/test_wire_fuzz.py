@@ -32,6 +32,7 @@ from services.scheduler.service import SchedulerService
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
 from shared.kvtransfer.nats_transport import serve_kv
+from shared.liveness_messages import Probe, ProbeAck
 from shared.nats_options import NatsAuth
 from shared.planner_messages import PlannerReport, ReportedDecision
 from shared.pool_messages import PoolTarget
@@ -82,6 +83,8 @@ SAMPLES: list[Any] = [
     RequestFailed("r1", "x"),
     PlannerReport("planner", 1, 1.0, "replicas", "", 1.0, 0.04, 1, 1, 0, decisions=[DECIDED]),
     PoolTarget("planner-0", 3, "", 1, 2, 0, "queue"),
+    Probe("w1", 7),
+    ProbeAck("w1", 7),
 ]
 SAMPLE = {type(m): m for m in SAMPLES}
 # Values out of range per message: (path of the field, a bad value). Paths go into nested
@@ -170,6 +173,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "decode": NEGATIVE | st.integers(1 << 16, 2**62),
         "decisions": st.lists(st.just(DECISION), min_size=21, max_size=22),  # > MAX_REPORTED
     },
+    Probe: {"worker_id": st.sampled_from(["a.b", "x y", "*", "x" * 300]), "epoch": NEGATIVE},
     PoolTarget: {
         "publisher": st.sampled_from(["", "x" * 300]),
         "seq_no": NEGATIVE | HUGE,
@@ -343,7 +347,12 @@ def worker_harness(loop) -> tuple[Harness, Callable[[], Any]]:
         harness.calls.append(("role", message))
         return TaskAck("", Outcome.OK)
 
+    async def probe(message: Probe, headers: Any) -> ProbeAck:
+        harness.calls.append(("probe", message))
+        return ProbeAck("w1", 7)
+
     async def subscribe() -> None:
+        await bus.serve(s.probe("w1"), Probe, probe, lambda r: ProbeAck("", 0, Outcome.INVALID, r))
         await bus.serve(s.reserve("w1"), Reserve, harness.record("reserve"), refuse_reserve)
         await bus.serve(s.prefill("w1"), PrefillTask, harness.record("prefill"), refuse)
         await bus.serve(s.decode("w1"), DecodeTask, harness.record("decode"), refuse)
@@ -390,6 +399,7 @@ CASES = [
     Case("worker", "ss.worker.w1.decode", (DecodeTask,), TaskAck),
     Case("worker", "ss.worker.w1.kv", (KVChunk, KVDone, KVReady), TaskAck),
     Case("worker", "ss.worker.w1.role", (SetRole,), TaskAck),
+    Case("worker", "ss.worker.w1.probe", (Probe,), ProbeAck),
     Case("worker", "ss.cancel", (Cancel,)),
     Case("worker", "ss.events", (RequestFailed, WorkerLost)),
     Case("launcher", "ss.pool.target", (PoolTarget,)),
