@@ -160,6 +160,7 @@ class Reservation:
     num_cached_blocks: int = 0  # leading blocks decode already holds: not to be sent
     error: str = ""
     transports: list[str] = field(default_factory=list)  # it can receive KV by, best first
+    epoch: int = 0  # the reserving process's (shared/epoch.py): its KV goes to that one only
 
     @property
     def ok(self) -> bool:
@@ -172,6 +173,7 @@ class PrefillTask:
     decode_worker: str  # where the KV goes
     skip_blocks: int  # = the reservation's num_cached_blocks
     transports: list[str] = field(default_factory=list)  # = the reservation's; [] = nats
+    decode_epoch: int = 0  # = the reservation's epoch: the decode process the KV is for
 
 
 @dataclass(slots=True)
@@ -216,6 +218,8 @@ class KVChunk:
     dtype: str  # "float32" | "bfloat16" | "float16"
     shape: list[int]  # [layers, blocks, block_size, 2, kv_heads, head_dim]
     data: bytes
+    epoch: int = 0  # the sending process's (shared/epoch.py; 0: not said)
+    to_epoch: int = 0  # the receiving process's, from its reservation: another refuses it
 
 
 @dataclass(slots=True)
@@ -225,6 +229,8 @@ class KVDone:
     first_token_id: int  # the token the prefill worker sampled and already streamed
     outcome: Outcome = Outcome.OK  # anything else: the transfer is off, drop the reservation
     error: str = ""
+    epoch: int = 0  # as KVChunk's
+    to_epoch: int = 0
 
     @property
     def ok(self) -> bool:
@@ -252,6 +258,8 @@ class KVReady:
     # The prefill engine's own hand-off parameters, opaque to the mesh: for vLLM workers its
     # `kv_transfer_params` (JSON), with which the decode engine READs; b"" for ours.
     engine_params: bytes = b""
+    epoch: int = 0  # the offering process's: an older one of the same agent is refused
+    to_epoch: int = 0  # the receiving process's, from its reservation: another refuses it
 
 
 # -- workers → gateway --------------------------------------------------------------------

@@ -169,6 +169,7 @@ def _prefill_task(m: PrefillTask) -> None:
     _submit(m.request, "PrefillTask.request")
     _subject_token(m.decode_worker, "PrefillTask.decode_worker")
     _count(m.skip_blocks, "PrefillTask.skip_blocks", MAX_TOKENS)
+    _count(m.decode_epoch, "PrefillTask.decode_epoch")
 
 
 def _hashes(values: list[int | None], where: str) -> None:
@@ -180,6 +181,7 @@ def _kv_chunk(m: KVChunk) -> None:
     _count(m.chunk_index, "KVChunk.chunk_index", MAX_ITEMS)
     _require(0 <= m.layer_start < m.layer_end <= 4096, "KVChunk: layer range out of order")
     _count(m.first_block, "KVChunk.first_block", MAX_TOKENS)
+    _epochs(m)
     _require(m.dtype in KV_DTYPES, f"KVChunk.dtype: one of {KV_DTYPES}")
     _require(len(m.shape) == 6 and all(0 < d < 1 << 20 for d in m.shape), "KVChunk.shape")
     _hashes(m.block_hashes, "KVChunk.block_hashes")
@@ -188,12 +190,14 @@ def _kv_chunk(m: KVChunk) -> None:
 def _kv_done(m: KVDone) -> None:
     _request_id(m.request_id, "KVDone.request_id")
     _count(m.num_chunks, "KVDone.num_chunks", MAX_ITEMS)
+    _epochs(m)
     _count(m.first_token_id, "KVDone.first_token_id", TOKEN_ID_LIMIT)
 
 
 def _kv_ready(m: KVReady) -> None:
     _request_id(m.request_id, "KVReady.request_id")
     _count(m.num_cache_blocks, "KVReady.num_cache_blocks", MAX_ITEMS)
+    _epochs(m)
     _items(m.block_ids, "KVReady.block_ids")
     _all_below(m.block_ids, HASH_LIMIT, "KVReady.block_ids")
     _hashes(m.block_hashes, "KVReady.block_hashes")
@@ -202,6 +206,11 @@ def _kv_ready(m: KVReady) -> None:
     _count(m.first_block, "KVReady.first_block", MAX_TOKENS)
     _count(m.first_token_id, "KVReady.first_token_id", TOKEN_ID_LIMIT)
     _require(math.isfinite(m.read_by), "KVReady.read_by: not a finite time")
+
+
+def _epochs(m: KVChunk | KVDone | KVReady) -> None:
+    _count(m.epoch, f"{type(m).__name__}.epoch")
+    _count(m.to_epoch, f"{type(m).__name__}.to_epoch")
 
 
 def _token_chunk(m: TokenChunk) -> None:

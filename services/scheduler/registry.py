@@ -7,6 +7,9 @@ refills within one heartbeat interval).
   lost (`lose`, with the requests placed on it) only when the probe fails and no heartbeat
   came meanwhile, or comes back (`answered`) when it answers. `expire` (the simulator's)
   removes the silent at once.
+- Each heartbeat names its worker process's epoch (shared/epoch.py): a newer epoch under a
+  registered id is a restart, and the old process is lost (`replaced`) with the requests
+  placed on it; a heartbeat of an older epoch than the registered one is ignored.
 - KV events keep a set of cached block hashes per worker. They apply in seq order; anything
   but the next seq no. (a gap: events were lost, or a lower one: the worker restarted)
   clears the set first, so the set can under-report but never invent blocks.
@@ -75,6 +78,8 @@ class Registry:
         joined, stopped draining, ended a role change, or reports more free blocks or fewer
         requests)."""
         state = self._workers.get(heartbeat.worker_id)
+        if state is not None and heartbeat.epoch and heartbeat.epoch < state.epoch:
+            return False  # a process older than the registered one: replaced already
         if state is None:
             engines = {s.heartbeat.engine for s in self._same_model(heartbeat)}
             if engines and heartbeat.engine not in engines:
@@ -102,6 +107,14 @@ class Registry:
         state.tokens_since_heartbeat = 0
         state.links = links_of(heartbeat)
         return more_room
+
+    def replaced(self, heartbeat: Heartbeat) -> WorkerState | None:
+        """Remove and return the registered process of `heartbeat.worker_id` when the
+        heartbeat comes from a newer one (a restart under the same id); else None."""
+        state = self._workers.get(heartbeat.worker_id)
+        if state is None or not state.epoch or heartbeat.epoch <= state.epoch:
+            return None
+        return self._workers.pop(heartbeat.worker_id)
 
     def _same_model(self, heartbeat: Heartbeat) -> list[WorkerState]:
         return [s for s in self._workers.values() if s.heartbeat.model == heartbeat.model]

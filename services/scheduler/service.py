@@ -130,6 +130,9 @@ class SchedulerService:
 
     # -- subscriptions ------------------------------------------------------------------
     async def _on_heartbeat(self, heartbeat: Heartbeat, headers: Headers) -> None:
+        if (old := self.registry.replaced(heartbeat)) is not None:
+            why = f"restarted: process epoch {heartbeat.epoch} replaced epoch {old.epoch}"
+            await self._worker_lost(old, why)
         if heartbeat.worker_id not in self.registry:
             log.info("worker %s joined (role %s)", heartbeat.worker_id, heartbeat.role)
         if self.registry.on_heartbeat(heartbeat, self.clock()):

@@ -100,7 +100,15 @@ class Worker:
         subjects = Subjects(common.namespace)
         kv = self.engine.kv
         link = KVLink(
-            bus, wid, layout, config.kv_window, config.kv_headroom, kv, kv.copier, transport
+            bus,
+            wid,
+            layout,
+            config.kv_window,
+            config.kv_headroom,
+            kv,
+            kv.copier,
+            transport,
+            self.epoch,
         )
         self.ctx = ctx = WorkerContext(
             config,

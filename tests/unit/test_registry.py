@@ -133,3 +133,19 @@ def test_a_heartbeat_while_probed_keeps_the_worker():
     registry.on_heartbeat(beat("w1"), now=103.6)
     assert registry.lose("w1", epoch=0) is None
     assert "w1" in registry
+
+
+def test_a_newer_process_under_the_same_id_replaces_the_old_one():
+    registry = Registry(heartbeat_timeout=3.0)
+    old, new = beat("w1"), beat("w1")
+    old.epoch, new.epoch = 1000, 2000
+    registry.on_heartbeat(old, now=100.0)
+    registry.assign("w1", "r1", deadline=200.0)
+    assert registry.replaced(old) is None  # the same process
+    gone = registry.replaced(new)
+    assert gone is not None and gone.epoch == 1000 and list(gone.assigned) == ["r1"]
+    registry.on_heartbeat(new, now=100.5)
+    assert registry.replaced(old) is None
+    registry.on_heartbeat(old, now=101.0)  # the old process, late: ignored
+    (status,) = registry.status()
+    assert status.heartbeat.epoch == 2000 and status.assigned == []

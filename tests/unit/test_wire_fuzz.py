@@ -133,6 +133,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         **{f"request.{k}": v for k, v in REQUEST_BOUNDS.items()},
         "decode_worker": BAD_ID,
         "skip_blocks": NEGATIVE,
+        "decode_epoch": NEGATIVE | HUGE,
     },
     DecodeTask: {f"request.{k}": v for k, v in REQUEST_BOUNDS.items()},
     SetRole: {"role": st.sampled_from(["", "gateway", "prefil", "Decode", "x" * 300])},
@@ -154,6 +155,8 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "layout": st.lists(st.integers(1, 4), max_size=4),
         "first_token_id": NEGATIVE,
         "read_by": st.just(float("nan")),
+        "epoch": NEGATIVE,
+        "to_epoch": HUGE,
     },
     TokenChunk: {
         "request_id": st.just("x" * 300),
