@@ -48,6 +48,10 @@ class SubmitRequest:
     # When the gateway sent this attempt (Unix seconds; 0: unknown): the worker that streams
     # its first token reports the observed TTFT from it (path choice, issue 57).
     submitted_at: float = 0.0
+    # Fair service (services/scheduler/fair_share.py): the caller's tenant, an id the gateway
+    # derives from its API key (never the key; "": no keys), and vLLM's `priority` (lower first).
+    tenant: str = ""
+    priority: int = 0
 
 
 @dataclass(slots=True)

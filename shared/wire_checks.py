@@ -50,6 +50,8 @@ MAX_ITEMS = 1 << 20  # hashes in one KVEvents, request ids in one WorkerLost, bl
 KV_DTYPES = ("float32", "bfloat16", "float16")
 MAX_POOL_WORKERS = 1 << 16  # workers of one role a PoolTarget may ask for
 MAX_REASON_CHARS = 4096  # a PoolTarget's reason (for logs)
+MAX_TENANT_CHARS = 64  # a tenant id (a metric label)
+PRIORITY_LIMIT = 1 << 31  # |priority| below this (vLLM's is any int; ours fits an int32)
 _SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # as shared/subjects.py builds them
 
 
@@ -114,6 +116,9 @@ def _submit(m: SubmitRequest, where: str = "SubmitRequest") -> None:
     _require(math.isfinite(m.deadline), f"{where}.deadline: not a finite time")
     _measure(m.submitted_at, f"{where}.submitted_at")
     _count(m.attempt, f"{where}.attempt", 1 << 16)
+    _require(m.tenant == "" or bool(_SUBJECT_TOKEN.match(m.tenant)), f"{where}.tenant")
+    _require(len(m.tenant) <= MAX_TENANT_CHARS, f"{where}.tenant: too long")
+    _require(abs(m.priority) < PRIORITY_LIMIT, f"{where}.priority: out of range")
 
 
 def _heartbeat(m: Heartbeat) -> None:

@@ -72,6 +72,13 @@ class SchedulerConfig:
     queue_timeout: float = flag(
         60.0, help="seconds a request waits for a worker with room before it is refused (503)"
     )
+    # Shedding by class (waiting.py): beyond this share of max_queue placing or waiting, a
+    # submit that would be served after every waiting one is refused at once (429).
+    shed_share: float = flag(
+        0.75,
+        help="share of --max-queue beyond which a submit that would be served last (by "
+        "priority, then its tenant's tokens) is refused at once (429); 1: never",
+    )
     sweep_interval: float = 0.5  # expiry, request deadlines; waiters retry at least this often
     retry_after: float = 1.0  # what a refusal for load or missing workers advises
     metrics_port: int = 0  # Prometheus /metrics; 0: a free port
@@ -84,6 +91,8 @@ class SchedulerConfig:
             raise ConfigError(f"local_prefill_tokens must be >= 0, got {self.local_prefill_tokens}")
         if self.path_choice not in PATH_CHOICES:
             raise ConfigError(f"path_choice must be one of {PATH_CHOICES}, got {self.path_choice}")
+        if not 0 < self.shed_share <= 1:
+            raise ConfigError(f"shed_share must be in (0, 1], got {self.shed_share}")
         if self.stall_weight < 0:
             raise ConfigError(f"stall_weight must be >= 0, got {self.stall_weight}")
         timeouts = ("reserve_timeout", "heartbeat_timeout", "probe_timeout", "queue_timeout")

@@ -7,10 +7,12 @@ past their deadline, and wakes the waiting line.
 
 Admission, per model (the request's `model`; "" for a one-model mesh): at most `max_queue`
 submits of one model are placed or waiting at once; beyond that a submit is refused at once
-(BUSY, 429 at the gateway). Every admitted one is placed or answered by min(its deadline,
-arrival + `queue_timeout`). A request whose gateway has a fallback (`has_fallback`) for a
-model with no worker registered is refused at once (UNAVAILABLE), so the gateway falls back
-without waiting; without one it waits for a worker of its model to join, as any request does.
+(BUSY, 429 at the gateway). Beyond `shed_share` of that, so is one that would wait behind
+every waiting one (by priority, then its tenant's share: waiting.py, fair_share.py). Every
+admitted one is placed or answered by min(its deadline, arrival + `queue_timeout`). A
+request whose gateway has a fallback (`has_fallback`) for a model with no worker registered
+is refused at once (UNAVAILABLE), so the gateway falls back without waiting; without one it
+waits for a worker of its model to join, as any request does.
 
 One try at placing a request (services/scheduler/placement.py, whose docstring gives the
 order it asks workers in) places it on a decode worker, with a prefill worker unless it
@@ -238,6 +240,13 @@ class SchedulerService:
             of_model = f" of model {model}" if model else ""
             error = f"scheduler busy: {placing} requests{of_model} already waiting to be placed"
             return self._refuse(request, Outcome.BUSY, error)
+        line = self.lines.of(model)
+        if placing >= self.config.shed_share * self.config.max_queue and line.sorts_last(
+            request.priority, request.tenant
+        ):
+            self.rejected += 1
+            error = f"scheduler overloaded: {placing} requests waiting would all go first"
+            return self._refuse(request, Outcome.BUSY, error)
         if request.has_fallback and not self.registry.serves(model):
             self.rejected += 1
             error = f"no worker of model {model or '(any)'} is registered"
@@ -254,6 +263,9 @@ class SchedulerService:
             self._count_placing(model, -1)
         if ack.accepted:
             self.admitted += 1
+            tokens = len(request.prompt_token_ids) + request.sampling.max_tokens
+            self.lines.fair.charge(request.tenant, tokens)
+            self.metrics.tenant_tokens.labels(request.tenant or "none").inc(tokens)
         else:
             self.rejected += 1
         return ack
@@ -271,7 +283,7 @@ class SchedulerService:
         if request.deadline <= now:
             return SubmitAck(request.request_id, Outcome.UNAVAILABLE, "deadline already passed")
         give_up = min(request.deadline, now + self.config.queue_timeout)
-        waiter = Waiter(request.request_id, now, give_up)
+        waiter = Waiter(request.request_id, now, give_up, request.tenant, request.priority)
         line = self.lines.of(request.model)
         if len(line):  # others wait for room already: behind them
             line.join(waiter)
@@ -279,6 +291,7 @@ class SchedulerService:
             ack = await self._try_until_placed(request, waiter, line, headers)
         finally:
             line.leave(waiter)
+        self.metrics.tenant_wait.labels(request.tenant or "none").observe(self.clock() - now)
         if waiter.queued:
             self.metrics.queue_wait.labels(_outcome_label(ack)).observe(self.clock() - now)
         return ack

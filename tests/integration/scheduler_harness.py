@@ -137,16 +137,23 @@ def submit(request_id: str, prompt: list[int] = PROMPT) -> SubmitRequest:
 
 @asynccontextmanager
 async def mesh(
-    url: str, namespace: str, workers: list[FakeWorker], **config: object
+    url: str,
+    namespace: str,
+    workers: list[FakeWorker],
+    services: list[SchedulerService] | None = None,
+    **config: object,
 ) -> AsyncIterator[Bus]:
     """A scheduler and the fake workers on `namespace`; yields a client bus once the
-    scheduler has heard from every worker."""
+    scheduler has heard from every worker. The scheduler goes into `services`, if given
+    (for its metrics)."""
     subjects = Subjects(namespace)
     settings = dict(heartbeat_timeout=1.0, sweep_interval=0.1) | config
     sched_bus = await Bus.connect(url, "scheduler")
     common = CommonConfig(url, namespace)
     service = SchedulerService(SchedulerConfig(common=common, **settings), sched_bus)
     await service.start()
+    if services is not None:
+        services.append(service)
     worker_bus = await Bus.connect(url, "workers")
     client = await Bus.connect(url, "client")
     for worker in workers:

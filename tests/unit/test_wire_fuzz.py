@@ -102,6 +102,8 @@ REQUEST_BOUNDS = {
     "submitted_at": st.sampled_from([float("nan"), float("-inf"), -1.0]),
     "sampling.temperature": st.floats(max_value=-0.01),
     "sampling.top_p": st.floats(min_value=1.01, max_value=1e9),
+    "tenant": BAD_ID.filter(bool),
+    "priority": st.integers(2**31, 2**62) | st.integers(-(2**62), -(2**31)),
 }
 DECISION = {"time": 1.0, "action": "add", "reason": "kv_full", "role": "decode"}
 DECISION |= {"worker_id": "", "detail": "", "outcome": ""}
