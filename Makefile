@@ -12,7 +12,7 @@ VLLM_STAMP := $(VENV)/.vllm-stamp
 VLLM_VERSION ?= 0.32.0
 NIXL_VERSION ?= 1.5.1
 
-.PHONY: install pull up test lint bench bench-peers clean
+.PHONY: install pull up test chaos lint bench bench-peers clean
 
 # The images (compose/Dockerfile*) run this same recipe: `make install VENV=/opt/splitserve
 # INSTALL_SPEC=. TORCH_INDEX=<their torch build's index>`.
@@ -65,6 +65,10 @@ lint: install
 
 test: install lint
 	$(VENV)/bin/pytest
+
+# The long fault cases (issue 60: workers frozen past the probe, soak): minutes, not CI's.
+chaos: install
+	$(VENV)/bin/pytest -m chaos tests/chaos
 
 # The engine alone, then the serving matrix through `splitserve up` (disaggregated and
 # aggregated, concurrency 1-16, plus a shared-prefix pair); results in artifacts/loadtest/.

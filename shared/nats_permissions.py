@@ -8,13 +8,13 @@ with `*` in place of a worker's or gateway's id, so the table cannot drift from 
 role       publishes                                   subscribes to
 gateway    sched.submit, sched.status, sched.adapters, gateway.*.tokens, events
            cancel
-scheduler  worker.*.reserve|prefill|decode|role|adapters, sched.submit, sched.status,
-           events, cancel                              sched.adapters, workers.heartbeat,
+scheduler  worker.*.reserve|prefill|decode|role|       sched.submit, sched.status,
+           adapters|probe, events, cancel              sched.adapters, workers.heartbeat,
                                                        kv.events, cancel, planner.report
-prefill    workers.heartbeat, kv.events,               worker.*.prefill|role|adapters, cancel,
-           gateway.*.tokens, worker.*.kv               events
-decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role|adapters,
-           gateway.*.tokens                            cancel, events
+prefill    workers.heartbeat, kv.events,               worker.*.prefill|role|adapters|probe,
+           gateway.*.tokens, worker.*.kv               cancel, events
+decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role|
+           gateway.*.tokens                            adapters|probe, cancel, events
 both       prefill's and decode's                      prefill's and decode's
 planner    worker.*.role, pool.target, planner.report, workers.heartbeat
            sched.status
@@ -75,9 +75,11 @@ def _table(subjects: Subjects) -> dict[str, Permissions]:
         return build(_ID).replace(f".{_ID}.", ".*.")
 
     workers_report = (s.heartbeat, s.kv_events, any_id(s.tokens))
-    workers_hear = (any_id(s.role), any_id(s.worker_adapters), s.cancel, s.events)
-    to_workers = (any_id(s.reserve), any_id(s.prefill), any_id(s.decode), any_id(s.role))
-    to_workers += (any_id(s.worker_adapters),)
+    workers_hear = (any_id(s.role), any_id(s.worker_adapters), any_id(s.probe), s.cancel, s.events)
+    to_workers = (
+        *(any_id(s.reserve), any_id(s.prefill), any_id(s.decode)),
+        *(any_id(s.role), any_id(s.worker_adapters), any_id(s.probe)),
+    )
     table = {
         "gateway": Permissions(
             (s.submit, s.status, s.cancel, s.adapters), (any_id(s.tokens), s.events)

@@ -49,6 +49,10 @@ class SubmitRequest:
     # When the gateway sent this attempt (Unix seconds; 0: unknown): the worker that streams
     # its first token reports the observed TTFT from it (path choice, issue 57).
     submitted_at: float = 0.0
+    # Fair service (services/scheduler/fair_share.py): the caller's tenant, an id the gateway
+    # derives from its API key (never the key; "": no keys), and vLLM's `priority` (lower first).
+    tenant: str = ""
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -137,6 +141,7 @@ class Heartbeat:
     adapters_loaded: list[str] = field(default_factory=list)
     adapter_swap_ins: int = 0
     kv_tier: TierCounters = field(default_factory=TierCounters)  # its second KV tier
+    epoch: int = 0  # the worker process's (shared/epoch.py); 0: an old worker, not said
 
 
 @dataclass(slots=True)
@@ -171,6 +176,7 @@ class Reservation:
     num_cached_blocks: int = 0  # leading blocks decode already holds: not to be sent
     error: str = ""
     transports: list[str] = field(default_factory=list)  # it can receive KV by, best first
+    epoch: int = 0  # the reserving process's (shared/epoch.py): its KV goes to that one only
 
     @property
     def ok(self) -> bool:
@@ -183,6 +189,7 @@ class PrefillTask:
     decode_worker: str  # where the KV goes
     skip_blocks: int  # = the reservation's num_cached_blocks
     transports: list[str] = field(default_factory=list)  # = the reservation's; [] = nats
+    decode_epoch: int = 0  # = the reservation's epoch: the decode process the KV is for
 
 
 @dataclass(slots=True)
@@ -227,6 +234,8 @@ class KVChunk:
     dtype: str  # "float32" | "bfloat16" | "float16"
     shape: list[int]  # [layers, blocks, block_size, 2, kv_heads, head_dim]
     data: bytes
+    epoch: int = 0  # the sending process's (shared/epoch.py; 0: not said)
+    to_epoch: int = 0  # the receiving process's, from its reservation: another refuses it
 
 
 @dataclass(slots=True)
@@ -236,6 +245,8 @@ class KVDone:
     first_token_id: int  # the token the prefill worker sampled and already streamed
     outcome: Outcome = Outcome.OK  # anything else: the transfer is off, drop the reservation
     error: str = ""
+    epoch: int = 0  # as KVChunk's
+    to_epoch: int = 0
 
     @property
     def ok(self) -> bool:
@@ -263,6 +274,8 @@ class KVReady:
     # The prefill engine's own hand-off parameters, opaque to the mesh: for vLLM workers its
     # `kv_transfer_params` (JSON), with which the decode engine READs; b"" for ours.
     engine_params: bytes = b""
+    epoch: int = 0  # the offering process's: an older one of the same agent is refused
+    to_epoch: int = 0  # the receiving process's, from its reservation: another refuses it
 
 
 # -- workers → gateway --------------------------------------------------------------------

@@ -73,6 +73,9 @@ class Subjects:
     def worker_adapters(self, worker_id: str) -> str:  # scheduler → worker: AdapterCommand
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.adapters"
 
+    def probe(self, worker_id: str) -> str:  # scheduler → worker: Probe (is it alive?)
+        return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.probe"
+
     def kv(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.kv"
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from shared.engine.lora.modules import adapter_name_error
+from shared.liveness_messages import Probe, ProbeAck
 from shared.lora_messages import AdapterCommand
 from shared.planner_messages import MAX_REPORTED, PlannerReport
 from shared.pool_messages import PoolTarget
@@ -51,6 +52,8 @@ MAX_ITEMS = 1 << 20  # hashes in one KVEvents, request ids in one WorkerLost, bl
 KV_DTYPES = ("float32", "bfloat16", "float16")
 MAX_POOL_WORKERS = 1 << 16  # workers of one role a PoolTarget may ask for
 MAX_REASON_CHARS = 4096  # a PoolTarget's reason (for logs)
+MAX_TENANT_CHARS = 64  # a tenant id (a metric label)
+PRIORITY_LIMIT = 1 << 31  # |priority| below this (vLLM's is any int; ours fits an int32)
 _SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # as shared/subjects.py builds them
 
 
@@ -137,6 +140,9 @@ def _counts_and_measures(m: Any, where: str) -> None:
             _measure(value, f"{where}.{field.name}")
         elif isinstance(value, int) and not isinstance(value, bool):
             _count(value, f"{where}.{field.name}")
+    _require(m.tenant == "" or bool(_SUBJECT_TOKEN.match(m.tenant)), f"{where}.tenant")
+    _require(len(m.tenant) <= MAX_TENANT_CHARS, f"{where}.tenant: too long")
+    _require(abs(m.priority) < PRIORITY_LIMIT, f"{where}.priority: out of range")
 
 
 def _heartbeat(m: Heartbeat) -> None:
@@ -191,6 +197,7 @@ def _prefill_task(m: PrefillTask) -> None:
     _submit(m.request, "PrefillTask.request")
     _subject_token(m.decode_worker, "PrefillTask.decode_worker")
     _count(m.skip_blocks, "PrefillTask.skip_blocks", MAX_TOKENS)
+    _count(m.decode_epoch, "PrefillTask.decode_epoch")
 
 
 def _hashes(values: list[int | None], where: str) -> None:
@@ -202,6 +209,7 @@ def _kv_chunk(m: KVChunk) -> None:
     _count(m.chunk_index, "KVChunk.chunk_index", MAX_ITEMS)
     _require(0 <= m.layer_start < m.layer_end <= 4096, "KVChunk: layer range out of order")
     _count(m.first_block, "KVChunk.first_block", MAX_TOKENS)
+    _epochs(m)
     _require(m.dtype in KV_DTYPES, f"KVChunk.dtype: one of {KV_DTYPES}")
     _require(len(m.shape) == 6 and all(0 < d < 1 << 20 for d in m.shape), "KVChunk.shape")
     _hashes(m.block_hashes, "KVChunk.block_hashes")
@@ -210,12 +218,14 @@ def _kv_chunk(m: KVChunk) -> None:
 def _kv_done(m: KVDone) -> None:
     _request_id(m.request_id, "KVDone.request_id")
     _count(m.num_chunks, "KVDone.num_chunks", MAX_ITEMS)
+    _epochs(m)
     _count(m.first_token_id, "KVDone.first_token_id", TOKEN_ID_LIMIT)
 
 
 def _kv_ready(m: KVReady) -> None:
     _request_id(m.request_id, "KVReady.request_id")
     _count(m.num_cache_blocks, "KVReady.num_cache_blocks", MAX_ITEMS)
+    _epochs(m)
     _items(m.block_ids, "KVReady.block_ids")
     _all_below(m.block_ids, HASH_LIMIT, "KVReady.block_ids")
     _hashes(m.block_hashes, "KVReady.block_hashes")
@@ -224,6 +234,11 @@ def _kv_ready(m: KVReady) -> None:
     _count(m.first_block, "KVReady.first_block", MAX_TOKENS)
     _count(m.first_token_id, "KVReady.first_token_id", TOKEN_ID_LIMIT)
     _require(math.isfinite(m.read_by), "KVReady.read_by: not a finite time")
+
+
+def _epochs(m: KVChunk | KVDone | KVReady) -> None:
+    _count(m.epoch, f"{type(m).__name__}.epoch")
+    _count(m.to_epoch, f"{type(m).__name__}.to_epoch")
 
 
 def _token_chunk(m: TokenChunk) -> None:
@@ -242,6 +257,12 @@ def _pool_target(m: PoolTarget) -> None:
     for role in ROLES:
         _count(m.wanted(role), f"PoolTarget.{role}", MAX_POOL_WORKERS)
     _require(len(m.reason) <= MAX_REASON_CHARS, "PoolTarget.reason: too long")
+
+
+def _probe(m: Probe | ProbeAck) -> None:
+    name = type(m).__name__
+    _require(m.worker_id == "" or bool(_SUBJECT_TOKEN.match(m.worker_id)), f"{name}.worker_id")
+    _count(m.epoch, f"{name}.epoch")
 
 
 def _worker_lost(m: WorkerLost) -> None:
@@ -267,4 +288,6 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     PlannerReport: _planner_report,
     PoolTarget: _pool_target,
     AdapterCommand: _adapter_command,
+    Probe: _probe,
+    ProbeAck: _probe,
 }

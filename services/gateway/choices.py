@@ -41,6 +41,8 @@ class Choices:
     n: int
     output: OutputText = OutputText()  # noqa: RUF009  (frozen)
     has_fallback: bool = False  # the router has another target to try after this model
+    tenant: str = ""  # the caller's (limits.tenant_of)
+    priority: int = 0
 
     def request_id_of(self, index: int) -> str:
         return self.request_id if self.n == 1 else f"{self.request_id}-{index}"
@@ -58,6 +60,8 @@ class Choices:
             self.stop,
             self.output,
             self.has_fallback,
+            self.tenant,
+            self.priority,
         )
 
     async def submit(

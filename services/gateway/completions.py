@@ -93,7 +93,17 @@ def prepare(
     keep = client.text.tool_markers(config.tool_call_parser) if tools else ()
     output = OutputText(parsed.skip_special_tokens, parsed.include_stop_str, frozenset(keep))
     request_id = uuid.uuid4().hex
-    choices = Choices(request_id, prompt_ids, sampling, parsed.stop, parsed.n, output, has_fallback)
+    choices = Choices(
+        request_id,
+        prompt_ids,
+        sampling,
+        parsed.stop,
+        parsed.n,
+        output,
+        has_fallback,
+        body.tenant,
+        parsed.priority,
+    )
     return parsed, choices
 
 

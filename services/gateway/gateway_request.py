@@ -32,6 +32,8 @@ class RequestSpec:
     stop: tuple[str, ...] = ()
     output: OutputText = OutputText()
     has_fallback: bool = False  # the router has another target to try after this model
+    tenant: str = ""  # the caller's (limits.tenant_of), for the scheduler's fair share
+    priority: int = 0  # vLLM's `priority`: lower first
 
 
 @dataclass(slots=True)

@@ -8,6 +8,9 @@
 - The key is found by comparing the bearer token with every configured key in constant
   time (`hmac.compare_digest`, all compared, as the auth check does); the limits are kept
   by the key's position, so no key is ever held in a log line, a metric or an error.
+- The caller's tenant (`tenant_of`, passed to the scheduler for fair service) is
+  "key-" and the first 16 hex digits of the key's SHA-256: the same on every gateway of the
+  mesh, and not the key; "" without keys (every caller one tenant).
 
 `setup_limits(app, config)` installs the middleware (after authentication: a caller with
 a wrong key gets 401, not 429) and the state.
@@ -15,6 +18,7 @@ a wrong key gets 401, not 429) and the state.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
 import time
@@ -59,6 +63,10 @@ class KeyLimits:
     clock: Callable[[], float] = time.monotonic
     in_flight: dict[int, int] = field(default_factory=dict)
     buckets: dict[int, Bucket] = field(default_factory=dict)
+    tenants: tuple[str, ...] = field(init=False)  # each key's tenant id, by position
+
+    def __post_init__(self) -> None:
+        self.tenants = tuple("key-" + hashlib.sha256(k).hexdigest()[:16] for k in self.keys)
 
     def slot_of(self, request: web.Request) -> int:
         """The position of the caller's key (NO_KEY without keys); every key is compared."""
@@ -105,6 +113,15 @@ class KeyLimits:
 
 
 LIMITS = web.AppKey("limits", KeyLimits)
+
+
+def tenant_of(request: web.Request) -> str:
+    """The caller's tenant id ("" without API keys, or outside the gateway's app)."""
+    limits = request.app.get(LIMITS)
+    if limits is None:
+        return ""
+    slot = limits.slot_of(request)
+    return "" if slot == NO_KEY else limits.tenants[slot]
 
 
 def setup_limits(app: web.Application, config: GatewayConfig) -> None:

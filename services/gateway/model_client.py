@@ -145,6 +145,8 @@ class ModelClient:
             model=self.model,
             has_fallback=job.spec.has_fallback,
             submitted_at=time.time(),
+            tenant=job.spec.tenant,
+            priority=job.spec.priority,
         )
 
     async def _ask_scheduler(self, message: SubmitRequest) -> SubmitAck:

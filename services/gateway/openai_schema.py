@@ -40,6 +40,7 @@ from services.gateway.tools import TOOL_FIELDS, ToolRequest, parse_tools
 from services.gateway.vllm_fields import beam_search, refuse
 from shared.engine.sampling_params import InvalidParameter, SamplingParams
 from shared.models.generation_config import SamplingDefaults
+from shared.wire_checks import PRIORITY_LIMIT
 
 OPENAI_DEFAULTS = SamplingDefaults()  # a model without generation_config.json
 _DEFAULTED = frozenset(f.name for f in dataclasses.fields(SamplingDefaults))
@@ -55,6 +56,7 @@ _COMMON_FIELDS = frozenset(
         "repetition_penalty", "logit_bias", "ignore_eos", "min_tokens", "logprobs",
         "stream", "stream_options", "user", "skip_special_tokens",
         "include_stop_str_in_output", "prompt_logprobs", "use_beam_search", "length_penalty",
+        "priority",
         *GUIDED_FIELDS,
     }
 )  # fmt: skip
@@ -92,6 +94,15 @@ class GenerationRequest:
     beam_search: bool = False  # use_beam_search: n beams (beam_search.py)
     length_penalty: float = 1.0
     unset: frozenset[str] = frozenset()  # sampling fields left out: a model's defaults apply
+    priority: int = 0  # vLLM's: lower is served first when requests wait (the scheduler's)
+
+
+def _priority(body: dict[str, Any]) -> int:
+    """vLLM's `priority` (lower first): an integer of magnitude below 2**31."""
+    priority = int_field(body, "priority", 0)
+    if abs(priority) >= PRIORITY_LIMIT:
+        raise invalid(f"priority must be in (-{PRIORITY_LIMIT}, {PRIORITY_LIMIT})", "priority")
+    return priority
 
 
 def parse_request(
@@ -193,6 +204,7 @@ def parse_request(
         beam_search=beam_search(body, n, tools),
         length_penalty=float_field(body, "length_penalty", 1.0),
         unset=_DEFAULTED.difference(body),
+        priority=_priority(body),
     )
 
 

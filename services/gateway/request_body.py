@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway.errors import invalid
+from services.gateway.limits import tenant_of
 from services.gateway.openai_schema import GenerationRequest, Kind, parse_request, with_defaults
 from services.gateway.prompting import ModelText
 
@@ -34,6 +35,7 @@ async def json_body(request: web.Request) -> Any:
 class RequestBody:
     kind: Kind
     json: Any  # as the client sent it; None when it is not JSON
+    tenant: str = ""  # the caller's, for fair service (limits.tenant_of)
     _parsed: GenerationRequest | None = field(default=None, init=False, repr=False)
     # the prompt's token ids, by the model that tokenized it
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False)
@@ -41,9 +43,9 @@ class RequestBody:
     @classmethod
     async def read(cls, request: web.Request, kind: Kind) -> RequestBody:
         try:
-            return cls(kind, await request.json())
+            return cls(kind, await request.json(), tenant_of(request))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return cls(kind, None)
+            return cls(kind, None, tenant_of(request))
 
     @property
     def model(self) -> str | None:

@@ -25,6 +25,7 @@ from aiohttp import web
 from services.gateway.choices import merged_events
 from services.gateway.completions import own_model, prepare, tool_stream
 from services.gateway.errors import ApiError, api_error
+from services.gateway.limits import tenant_of
 from services.gateway.refusals import GenerationFailed
 from services.gateway.request_body import RequestBody, json_body
 from services.gateway.responses_input import CHAT_TO_RESPONSES, chat_body
@@ -36,7 +37,7 @@ from services.gateway.tool_stream import ToolCallStream
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
-    chat = RequestBody("chat", chat_body(body))
+    chat = RequestBody("chat", chat_body(body), tenant_of(request))
     try:
         chat.parsed()
     except ApiError as exc:

@@ -17,7 +17,6 @@ from shared.engine.sampling_params import MAX_TOP_LOGPROBS
 
 MAX_BEAMS = MAX_TOP_LOGPROBS // 2  # each step asks 2 * width logprobs (beam_search.py)
 REFUSED: dict[str, tuple[Any, str]] = {
-    "priority": (0, "the scheduler serves requests first come, first served"),
     "cache_salt": ("", "the prefix cache is shared by all requests of a model"),
     "best_of": (1, "use n; choices are not ranked"),
 }

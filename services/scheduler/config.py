@@ -71,10 +71,24 @@ class SchedulerConfig:
     heartbeat_timeout: float = flag(
         3.0, help="seconds without a heartbeat before a worker counts as lost"
     )
+    # A worker silent past heartbeat_timeout is probed (liveness.py); lost when the probe
+    # finds no subscriber at once, or gets no answer from its process by this deadline.
+    probe_timeout: float = flag(
+        3.0,
+        help="seconds a silent worker has to answer the scheduler's probe before it counts "
+        "as lost (a frozen worker is lost after heartbeat_timeout + this)",
+    )
     # A submit no worker has room for waits (in arrival order) at most this long, and never
     # past its deadline, then is refused with 503. The gateway's submit_timeout must exceed it.
     queue_timeout: float = flag(
         60.0, help="seconds a request waits for a worker with room before it is refused (503)"
+    )
+    # Shedding by class (waiting.py): beyond this share of max_queue placing or waiting, a
+    # submit that would be served after every waiting one is refused at once (429).
+    shed_share: float = flag(
+        0.75,
+        help="share of --max-queue beyond which a submit that would be served last (by "
+        "priority, then its tenant's tokens) is refused at once (429); 1: never",
     )
     sweep_interval: float = 0.5  # expiry, request deadlines; waiters retry at least this often
     retry_after: float = 1.0  # what a refusal for load or missing workers advises
@@ -94,9 +108,12 @@ class SchedulerConfig:
             if not self.path_slo:
                 raise ConfigError("--path-choice slo needs --path-slo ttft=SECONDS,tpot=SECONDS")
             object.__setattr__(self, "objectives", parse_slo(self.path_slo, "--path-slo"))
+        if not 0 < self.shed_share <= 1:
+            raise ConfigError(f"shed_share must be in (0, 1], got {self.shed_share}")
         if self.stall_weight < 0:
             raise ConfigError(f"stall_weight must be >= 0, got {self.stall_weight}")
-        timeouts = ("reserve_timeout", "heartbeat_timeout", "queue_timeout", "sweep_interval")
+        timeouts = ("reserve_timeout", "heartbeat_timeout", "probe_timeout", "queue_timeout")
+        timeouts += ("sweep_interval",)
         for name in (*timeouts, "retry_after"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")

@@ -221,7 +221,11 @@ class Placer:
         give_up: float,
     ) -> TaskAck:
         task = PrefillTask(
-            request, decode.worker_id, reservation.num_cached_blocks, reservation.transports
+            request,
+            decode.worker_id,
+            reservation.num_cached_blocks,
+            reservation.transports,
+            reservation.epoch,
         )
         subject = self.subjects.prefill(prefill.worker_id)
         return await self._task(prefill.worker_id, subject, task, request, headers, give_up)

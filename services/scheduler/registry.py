@@ -2,8 +2,14 @@
 refills within one heartbeat interval).
 
 - Heartbeats register a worker and refresh it, and say when it may have new room (the
-  scheduler's waiting line tries again then); one silent for `heartbeat_timeout` (3 missed
-  1 s beats) is expired and handed back to the caller with the requests placed on it.
+  scheduler's waiting line tries again then). One silent for `heartbeat_timeout` (3 missed
+  1 s beats) is only *suspect* (`silent`): never placed on, and probed (liveness.py); it is
+  lost (`lose`, with the requests placed on it) only when the probe fails and no heartbeat
+  came meanwhile, or comes back (`answered`) when it answers. `expire` (the simulator's)
+  removes the silent at once.
+- Each heartbeat names its worker process's epoch (shared/epoch.py): a newer epoch under a
+  registered id is a restart, and the old process is lost (`replaced`) with the requests
+  placed on it; a heartbeat of an older epoch than the registered one is ignored.
 - KV events keep a set of cached block hashes per worker, and one of those in its second KV
   tier. They apply in seq order; anything but the next seq no. (a gap: events were lost, or
   a lower one: the worker restarted) clears both sets first, so they can under-report but
@@ -54,6 +60,11 @@ class WorkerState:
     tokens_since_heartbeat: int = 0  # prompt tokens placed on it to compute
     links: dict[str, Link] = field(default_factory=dict)  # decode id → measured link
     adapters_placed: set[str] = field(default_factory=set)  # LoRA, since its last heartbeat
+    suspect: bool = False  # silent past the timeout, being probed: never placed on
+
+    @property
+    def epoch(self) -> int:
+        return self.heartbeat.epoch
 
 
 class Registry:
@@ -73,6 +84,8 @@ class Registry:
         joined, stopped draining, ended a role change, or reports more free blocks or fewer
         requests)."""
         state = self._workers.get(heartbeat.worker_id)
+        if state is not None and heartbeat.epoch and heartbeat.epoch < state.epoch:
+            return False  # a process older than the registered one: replaced already
         if state is None:
             engines = {s.heartbeat.engine for s in self._same_model(heartbeat)}
             if engines and heartbeat.engine not in engines:
@@ -94,12 +107,21 @@ class Registry:
         )
         state.heartbeat = heartbeat
         state.last_seen = now
+        state.suspect = False
         state.placed_since_heartbeat = 0
         state.blocks_since_heartbeat = 0
         state.tokens_since_heartbeat = 0
         state.adapters_placed.clear()
         state.links = links_of(heartbeat)
         return more_room
+
+    def replaced(self, heartbeat: Heartbeat) -> WorkerState | None:
+        """Remove and return the registered process of `heartbeat.worker_id` when the
+        heartbeat comes from a newer one (a restart under the same id); else None."""
+        state = self._workers.get(heartbeat.worker_id)
+        if state is None or not state.epoch or heartbeat.epoch <= state.epoch:
+            return None
+        return self._workers.pop(heartbeat.worker_id)
 
     def _same_model(self, heartbeat: Heartbeat) -> list[WorkerState]:
         return [s for s in self._workers.values() if s.heartbeat.model == heartbeat.model]
@@ -129,6 +151,33 @@ class Registry:
         for state in lost:
             del self._workers[state.heartbeat.worker_id]
         return lost
+
+    def silent(self, now: float) -> list[WorkerState]:
+        """The workers silent for longer than `heartbeat_timeout` and not suspect yet: each
+        is suspect from now on (to be probed)."""
+        silent = [
+            s
+            for s in self._workers.values()
+            if not s.suspect and now - s.last_seen > self.heartbeat_timeout
+        ]
+        for state in silent:
+            state.suspect = True
+        return silent
+
+    def answered(self, worker_id: str, epoch: int, now: float) -> None:
+        """The process `epoch` of `worker_id` answered a probe: alive, no longer suspect."""
+        state = self._workers.get(worker_id)
+        if state is not None and state.epoch == epoch:
+            state.last_seen = max(state.last_seen, now)
+            state.suspect = False
+
+    def lose(self, worker_id: str, epoch: int) -> WorkerState | None:
+        """Remove and return process `epoch` of `worker_id` if it is still registered and
+        still silent (no heartbeat came while it was probed); else None."""
+        state = self._workers.get(worker_id)
+        if state is None or state.epoch != epoch or not state.suspect:
+            return None
+        return self._workers.pop(worker_id)
 
     def assign(
         self,
@@ -207,7 +256,7 @@ class Registry:
                 tier_weight=tier_weight(s.heartbeat),
             )
             for worker_id, s in self._workers.items()
-            if model in ("", s.heartbeat.model)
+            if model in ("", s.heartbeat.model) and not s.suspect
         ]
 
     def status(self) -> list[WorkerStatus]:

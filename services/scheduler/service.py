@@ -1,15 +1,18 @@
 """The scheduler on NATS: admission and placement of `SubmitRequest`s, status, worker loss.
 
 Subscriptions: submit (queue group, so replicas share the load), status, heartbeats, KV
-events, cancels. A sweeper expires silent workers, publishing `WorkerLost` with the request
-ids placed on each, forgets placements past their deadline, and wakes the waiting line.
+events, cancels. A sweeper probes silent workers (liveness.py) and publishes `WorkerLost`,
+with the request ids placed on each, for those its probe finds lost; it forgets placements
+past their deadline, and wakes the waiting line.
 
 Admission, per model (the request's `model`; "" for a one-model mesh): at most `max_queue`
 submits of one model are placed or waiting at once; beyond that a submit is refused at once
-(BUSY, 429 at the gateway). Every admitted one is placed or answered by min(its deadline,
-arrival + `queue_timeout`). A request whose gateway has a fallback (`has_fallback`) for a
-model with no worker registered is refused at once (UNAVAILABLE), so the gateway falls back
-without waiting; without one it waits for a worker of its model to join, as any request does.
+(BUSY, 429 at the gateway). Beyond `shed_share` of that, so is one that would wait behind
+every waiting one (by priority, then its tenant's share: waiting.py, fair_share.py). Every
+admitted one is placed or answered by min(its deadline, arrival + `queue_timeout`). A
+request whose gateway has a fallback (`has_fallback`) for a model with no worker registered
+is refused at once (UNAVAILABLE), so the gateway falls back without waiting; without one it
+waits for a worker of its model to join, as any request does.
 
 One try at placing a request (services/scheduler/placement.py, whose docstring gives the
 order it asks workers in) places it on a decode worker, with a prefill worker unless it
@@ -42,10 +45,11 @@ from services.scheduler.adapters import AdapterFanOut, count_placement
 from services.scheduler.adapters import refuse as refuse_adapters
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hit_check import HitBook
+from services.scheduler.liveness import Liveness
 from services.scheduler.path_cost import Path
 from services.scheduler.placement import RELEASED, BadSubmit, Placer
 from services.scheduler.predictions import Prediction, PredictionBook
-from services.scheduler.registry import Registry
+from services.scheduler.registry import Registry, WorkerState
 from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
 from shared.lora_messages import AdapterCommand
@@ -95,6 +99,9 @@ class SchedulerService:
         self.placer = Placer(config, bus, self.registry, clock, self._is_cancelled, self.hits)
         self.predictions = PredictionBook(self.tracing.tracer, self.metrics.ttft_error)
         self.planner_report: PlannerReport | None = None  # the newest (services/planner/)
+        self.liveness = Liveness(
+            bus, self.subjects, self.registry, config.probe_timeout, self._worker_lost
+        )
 
     async def start(self) -> None:
         s = self.subjects
@@ -128,6 +135,7 @@ class SchedulerService:
         """Stop the sweeper and end every wait (answered UNAVAILABLE, so the gateway retries
         another replica); placements in progress finish while the bus drains."""
         self.lines.close()
+        await self.liveness.stop()
         if self._sweeper:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -141,6 +149,9 @@ class SchedulerService:
 
     # -- subscriptions ------------------------------------------------------------------
     async def _on_heartbeat(self, heartbeat: Heartbeat, headers: Headers) -> None:
+        if (old := self.registry.replaced(heartbeat)) is not None:
+            why = f"restarted: process epoch {heartbeat.epoch} replaced epoch {old.epoch}"
+            await self._worker_lost(old, why)
         if heartbeat.worker_id not in self.registry:
             log.info("worker %s joined (role %s)", heartbeat.worker_id, heartbeat.role)
         if self.registry.on_heartbeat(heartbeat, self.clock()):
@@ -173,18 +184,19 @@ class SchedulerService:
     async def sweep(self) -> None:
         now = self.clock()
         self._count_workers()
-        for state in self.registry.expire(now):
-            worker_id = state.heartbeat.worker_id
-            lost = sorted(state.assigned)
-            log.warning("worker %s lost (no heartbeat); %d requests on it", worker_id, len(lost))
-            self.placer.worker_lost(worker_id)
-            await self.bus.publish(self.subjects.events, WorkerLost(worker_id, lost))
+        self.liveness.sweep(now)
         self.registry.forget_past_deadline(now)
         self.predictions.forget_older(now)
         self.hits.forget_older(now)
         horizon = now - CANCEL_MEMORY_S
         self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
         self.lines.wake()  # the backoff: waiters try again at least once a sweep
+
+    async def _worker_lost(self, state: WorkerState, why: str) -> None:
+        worker_id, lost = state.heartbeat.worker_id, sorted(state.assigned)
+        log.warning("worker %s lost (%s); %d requests on it", worker_id, why, len(lost))
+        self.placer.worker_lost(worker_id)
+        await self.bus.publish(self.subjects.events, WorkerLost(worker_id, lost))
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -248,6 +260,13 @@ class SchedulerService:
             of_model = f" of model {model}" if model else ""
             error = f"scheduler busy: {placing} requests{of_model} already waiting to be placed"
             return self._refuse(request, Outcome.BUSY, error)
+        line = self.lines.of(model)
+        if placing >= self.config.shed_share * self.config.max_queue and line.sorts_last(
+            request.priority, request.tenant
+        ):
+            self.rejected += 1
+            error = f"scheduler overloaded: {placing} requests waiting would all go first"
+            return self._refuse(request, Outcome.BUSY, error)
         if request.has_fallback and not self.registry.serves(model):
             self.rejected += 1
             error = f"no worker of model {model or '(any)'} is registered"
@@ -264,6 +283,9 @@ class SchedulerService:
             self._count_placing(model, -1)
         if ack.accepted:
             self.admitted += 1
+            tokens = len(request.prompt_token_ids) + request.sampling.max_tokens
+            self.lines.fair.charge(request.tenant, tokens)
+            self.metrics.tenant_tokens.labels(request.tenant or "none").inc(tokens)
         else:
             self.rejected += 1
         return ack
@@ -281,7 +303,7 @@ class SchedulerService:
         if request.deadline <= now:
             return SubmitAck(request.request_id, Outcome.UNAVAILABLE, "deadline already passed")
         give_up = min(request.deadline, now + self.config.queue_timeout)
-        waiter = Waiter(request.request_id, now, give_up)
+        waiter = Waiter(request.request_id, now, give_up, request.tenant, request.priority)
         line = self.lines.of(request.model)
         if len(line):  # others wait for room already: behind them
             line.join(waiter)
@@ -289,6 +311,7 @@ class SchedulerService:
             ack = await self._try_until_placed(request, waiter, line, headers)
         finally:
             line.leave(waiter)
+        self.metrics.tenant_wait.labels(request.tenant or "none").observe(self.clock() - now)
         if waiter.queued:
             self.metrics.queue_wait.labels(_outcome_label(ack)).observe(self.clock() - now)
         return ack

@@ -1,11 +1,13 @@
-"""The scheduler's waiting line: placements that found no worker with room, in arrival order.
+"""The scheduler's waiting line: placements that found no worker with room, in fair order.
 
 A request that no worker took this time (every candidate busy, failed or lost, or none with
 room in the registry) waits here, still counted against `max_queue`, until a *pass* gives it
 a turn to try again. A pass starts when room may have appeared (`wake`: a heartbeat showing
 more free blocks or less load, a worker joining, the sweeper's backoff tick) and hands the
-turn to the waiters one at a time, oldest arrival first, so the oldest gets the first claim
-on new room and nobody wins it by polling faster. After its try a waiter
+turn to the waiters one at a time, each once, in fair order (fair_share.py: lower
+`priority` first, then the tenant that has been served the fewest tokens, then the oldest
+arrival; with one tenant and one priority, oldest first), so the next in that order gets
+the first claim on new room and nobody wins it by polling faster. After its try a waiter
   - placed, refused for good, or gone (Cancel, timeout) → `leave`: the next one's turn;
   - waits again without having asked a worker (nothing in the registry fits it) →
     `tried(asked=False)`: the next one's turn (a big prompt does not block small ones);
@@ -15,7 +17,9 @@ A Cancel ends one request's wait at once; a wait also ends at its give-up time, 
 wait ends when the scheduler stops (`close`), so draining does not sit out the timeouts.
 
 `ModelLines` keeps one line per model (a request's `model`), so the requests of a model
-without room never hold up another model's.
+without room never hold up another model's; the tenants' counters are the mesh's, shared by
+every line. Shedding by class (`sorts_last`): beyond the scheduler's shed limit, a request
+that would get its turn after every waiter of its line is refused at once rather than queued.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import asyncio
 import bisect
 from dataclasses import dataclass, field
 from enum import Enum
+
+from services.scheduler.fair_share import FairShare
 
 
 class WaitEnd(Enum):
@@ -38,6 +44,8 @@ class Waiter:
     request_id: str
     arrival: float  # when the submit reached the scheduler: the order of the line
     give_up: float  # clock time: min(request deadline, arrival + queue_timeout)
+    tenant: str = ""  # SubmitRequest.tenant
+    priority: int = 0  # SubmitRequest.priority: lower first
     reason: str = "other requests were waiting for room"  # why it waits: its last try
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: bool = False
@@ -45,9 +53,11 @@ class Waiter:
 
 
 class WaitingLine:
-    def __init__(self) -> None:
+    def __init__(self, fair: FairShare | None = None) -> None:
         self._waiters: list[Waiter] = []  # by arrival
         self._holder: Waiter | None = None  # whose turn it is; None: no pass running
+        self._had_turn: list[Waiter] = []  # in the pass running
+        self.fair = fair if fair is not None else FairShare()
         self.closed = False
 
     def __len__(self) -> int:
@@ -62,20 +72,35 @@ class WaitingLine:
             waiter.queued = True
             at = bisect.bisect_right([w.arrival for w in self._waiters], waiter.arrival)
             self._waiters.insert(at, waiter)
+            self.fair.joined(waiter.tenant)
 
     def leave(self, waiter: Waiter) -> None:
-        """Out of the line for good; a turn it held goes to the one after it."""
+        """Out of the line for good; a turn it held goes to the next in order."""
         if waiter not in self:
             return
-        at = self._waiters.index(waiter)
-        del self._waiters[at]
+        self._waiters.remove(waiter)
+        self.fair.left(waiter.tenant)
         if self._holder is waiter:
-            self._give_turn(at)
+            self._give_turn()
 
     def wake(self) -> None:
-        """Room may have appeared: start a pass from the oldest waiter, unless one runs."""
+        """Room may have appeared: start a pass from the first in order, unless one runs."""
         if self._holder is None:
-            self._give_turn(0)
+            self._had_turn = []
+            self._give_turn()
+
+    def sorts_last(self, priority: int, tenant: str) -> bool:
+        """Would a request of `tenant` at `priority`, joining now, come after every waiter:
+        no earlier by priority nor by its tenant's counter, and behind at least its own
+        tenant's backlog or someone it ranks after? False when none waits. (A tenant not
+        waiting yet, lifted to the lowest counter, ties with the flood and is not shed.)"""
+        active = bool(self.fair.waiting.get(tenant))
+        counter = self.fair.counters.get(tenant, 0.0) if active else self.fair.lifted(tenant)
+        newcomer = (priority, counter)
+        waiting = [self.fair.key(w.priority, w.tenant) for w in self._waiters]
+        if not waiting or any(newcomer < key for key in waiting):
+            return False
+        return active or any(newcomer > key for key in waiting)
 
     def tried(self, waiter: Waiter, asked: bool) -> None:
         """`waiter` used its turn and waits again: the pass goes on, or ends if it `asked`
@@ -85,7 +110,7 @@ class WaitingLine:
         if asked:
             self._holder = None
         else:
-            self._give_turn(self._waiters.index(waiter) + 1)
+            self._give_turn()
 
     def cancel(self, request_id: str) -> None:
         """End the wait of `request_id`, if it waits here."""
@@ -114,10 +139,16 @@ class WaitingLine:
             return WaitEnd.CLOSED
         return WaitEnd.CANCELLED if waiter.cancelled else None
 
-    def _give_turn(self, at: int) -> None:
-        self._holder = self._waiters[at] if at < len(self._waiters) else None
+    def _give_turn(self) -> None:
+        """To the first in order of those that have not had a turn in this pass."""
+        due = [w for w in self._waiters if not any(w is t for t in self._had_turn)]
+        self._holder = min(due, key=self._order) if due else None
         if self._holder is not None:
+            self._had_turn.append(self._holder)
             self._holder.woken.set()
+
+    def _order(self, waiter: Waiter) -> tuple[int, float, float]:
+        return (*self.fair.key(waiter.priority, waiter.tenant), waiter.arrival)
 
 
 class ModelLines:
@@ -125,12 +156,13 @@ class ModelLines:
 
     def __init__(self) -> None:
         self._lines: dict[str, WaitingLine] = {}
+        self.fair = FairShare()  # the tenants' counters: the mesh's, every line's
         self.closed = False
 
     def of(self, model: str) -> WaitingLine:
         line = self._lines.get(model)
         if line is None:
-            line = self._lines[model] = WaitingLine()
+            line = self._lines[model] = WaitingLine(self.fair)
             if self.closed:
                 line.close()
         return line

@@ -75,6 +75,7 @@ class DecodeSide:
             entry.num_blocks,
             entry.skip_blocks,
             transports=self.ctx.link.names,
+            epoch=self.ctx.link.epoch,
         )
 
     async def on_task(self, task: DecodeTask, parent: Context) -> TaskAck:

@@ -72,6 +72,7 @@ class PrefillSide:
         async def take(entry: WorkerRequest) -> None:
             entry.decode_worker, entry.skip_blocks = task.decode_worker, task.skip_blocks
             entry.offered_transports = list(task.transports)
+            entry.decode_epoch = task.decode_epoch
             await self.ctx.engine.submit(task.request, hold_kv=True)
 
         _, outcome, error = await self.ctx.admit(
@@ -110,7 +111,7 @@ class PrefillSide:
         deadline = loop_deadline(entry.request.deadline, ctx.config.transfer_timeout)
         subject = ctx.subjects.kv(entry.decode_worker)
         sender = ctx.link.sender(
-            request_id, first_token, subject, entry.offered_transports, deadline
+            request_id, first_token, subject, entry.offered_transports, deadline, entry.decode_epoch
         )
         entry.transport = sender.name
         try:

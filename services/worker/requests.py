@@ -80,6 +80,8 @@ class WorkerRequest:
     hand_off: asyncio.Task[None] | None = None  # prefill: first token out, then the KV
     failure: str = ""  # prefill: why the hand-off was stopped, when the gateway must know
     receiver: KVReceiver | None = None  # decode: its transfer's, once the first message came
+    sender_epoch: int = 0  # decode: the process that sent its transfer's first message
+    decode_epoch: int = 0  # prefill: the decode process its KV is for (its reservation's)
 
     @property
     def request_id(self) -> str:

@@ -29,10 +29,12 @@ from services.worker.telemetry import WorkerTelemetry
 from services.worker.tier_metrics import tier_counters
 from shared.bus import Bus, Headers
 from shared.engine.outputs import StepOutput
+from shared.epoch import new_epoch
 from shared.kvtransfer.link import KVLink
 from shared.kvtransfer.select import make_transport
 from shared.kvtransfer.transfer import TransportFactory
-from shared.protocol import Cancel, Heartbeat, KVEvents, RequestFailed, WorkerLost
+from shared.liveness_messages import Probe, ProbeAck
+from shared.protocol import Cancel, Heartbeat, KVEvents, Outcome, RequestFailed, WorkerLost
 from shared.subjects import Subjects
 from shared.telemetry.metrics import serve_metrics
 
@@ -66,6 +68,7 @@ class Worker:
         self.decode: DecodeSide | None = None
         self.role_change: RoleChange | None = None
         self.metrics_port = 0  # bound by start() when config.metrics_port is set
+        self.epoch = new_epoch()  # this process's, in every heartbeat and probe answer
         self._seq_no = -1  # of the last KVEvents published
         self._background: list[asyncio.Task[None]] = []
 
@@ -99,7 +102,15 @@ class Worker:
         subjects = Subjects(common.namespace)
         kv = self.engine.kv
         link = KVLink(
-            bus, wid, layout, config.kv_window, config.kv_headroom, kv, kv.copier, transport
+            bus,
+            wid,
+            layout,
+            config.kv_window,
+            config.kv_headroom,
+            kv,
+            kv.copier,
+            transport,
+            self.epoch,
         )
         self.ctx = ctx = WorkerContext(
             config,
@@ -118,6 +129,7 @@ class Worker:
         self.role_change = RoleChange(ctx, intake, self._beat)
         await self.role_change.start()
         await AdapterCommands(ctx, self._beat).start()
+        await bus.serve(subjects.probe(wid), Probe, self._on_probe, _bad_probe)
         await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
@@ -192,15 +204,26 @@ class Worker:
         self.failed.set()
 
     # -- subscriptions ----------------------------------------------------------------------
+    async def _on_probe(self, probe: Probe, headers: Headers) -> ProbeAck:
+        """Answered on the loop, whatever the engine is doing: this process is alive."""
+        return ProbeAck(self.config.worker_id, self.epoch)
+
     async def _on_event(self, event: RequestFailed | WorkerLost, headers: Headers) -> None:
         """A `WorkerLost` (its gateways migrate what it names) frees the reservations its
         prefills would have filled, and the prompts computed or held for it as a decode
-        worker; a request already decoding here has its whole KV and goes on."""
-        if not isinstance(event, WorkerLost) or event.worker_id == self.config.worker_id:
+        worker; a request already decoding here has its whole KV and goes on. One naming
+        this worker (it was frozen past the scheduler's probe) drops what it names: those
+        requests go on elsewhere, and this worker rejoins with its next heartbeat."""
+        if not isinstance(event, WorkerLost):
             return
+        own = event.worker_id == self.config.worker_id
         for request_id in event.request_ids:
             entry = self.table.get(request_id)
             if entry is None:
+                continue
+            if own:
+                log.warning("%s: this worker was taken for lost; dropped", request_id)
+                self._stop(entry, "this worker was taken for lost", tell_gateway=False)
                 continue
             awaits_lost_prefill = entry.state in RECEIVES
             serves_lost_decode = not entry.decodes and entry.decode_worker == event.worker_id
@@ -238,13 +261,18 @@ class Worker:
             outbox.task_done()
 
     async def _heartbeats(self) -> None:
+        """At a fixed rate, not `interval` after each beat's work: time the loop spent
+        elsewhere is not added to the gap the scheduler sees."""
+        loop, interval = asyncio.get_running_loop(), self.config.heartbeat_interval
+        next_beat = loop.time()
         while True:
             try:
                 await self._beat()
                 self._expire()
             except Exception:  # a lost connection must not stop the beat
                 log.exception("heartbeat failed")
-            await asyncio.sleep(self.config.heartbeat_interval)
+            next_beat = max(next_beat + interval, loop.time() + interval / 10)
+            await asyncio.sleep(next_beat - loop.time())
 
     def _expire(self) -> None:
         """Drop reservations whose KV stopped coming; fail work past its deadline (a
@@ -299,6 +327,7 @@ class Worker:
             adapters_loaded=list(stats.adapters_loaded),
             adapter_swap_ins=stats.adapter_swap_ins,
             kv_tier=tier_counters(stats.tier),
+            epoch=self.epoch,
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)
@@ -314,3 +343,7 @@ class Worker:
                 events.tier_removed,
             )
             await bus.publish(subjects.kv_events, message)
+
+
+def _bad_probe(reason: str) -> ProbeAck:
+    return ProbeAck("", 0, Outcome.INVALID, reason)

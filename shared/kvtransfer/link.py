@@ -6,15 +6,18 @@ lists what it takes (`names`, best first), and the prefill worker picks its one-
 transport where the decode worker takes it, else `nats`. On the decode side the first
 message of a transfer says which it is (`KVReady`: one-sided; a chunk or `KVDone`: nats);
 `KVReceivers` answers the decode worker's KV subject (nats_transport.serve_kv) and feeds
-each request's messages to its receiver.
+each request's messages to its receiver, once the process epochs they carry pass the
+link's `Fence` (fence.py). Every sender stamps this process's epoch and the receiving one's
+(the reservation's) on each message.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.bus import Bus, Headers
 from shared.kvtransfer.chunks import KVLayout
+from shared.kvtransfer.fence import Fence
 from shared.kvtransfer.nats_transport import ChunkSender, NatsReceiver, NatsSender
 from shared.kvtransfer.one_sided import OneSidedReceiver, OneSidedSender
 from shared.kvtransfer.transfer import (
@@ -40,6 +43,11 @@ class KVLink:
     pins: KVPins  # the engine's reservations
     copier: KVCopier | None  # the engine's block copies; None: no `nats` transport
     one_sided: KVTransport | None  # nixl, fake or vllm-nixl; None: none here
+    epoch: int = 0  # this process's (shared/epoch.py)
+    fence: Fence = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fence = Fence(self.epoch)
 
     @property
     def names(self) -> list[str]:
@@ -54,8 +62,10 @@ class KVLink:
         subject: str,  # the decode worker's KV subject
         offered: list[str],  # what the decode worker takes
         deadline: float,  # on the event loop's clock
+        to_epoch: int = 0,  # the decode process's, from its reservation
     ) -> KVSender:
-        control = ChunkSender(self.bus, subject, self.window, deadline)
+        epochs = (self.epoch, to_epoch)
+        control = ChunkSender(self.bus, subject, self.window, deadline, epochs=epochs)
         if self.one_sided is not None and self.one_sided.name in offered:
             return OneSidedSender(control, request_id, first_token_id, self.one_sided, self.agent)
         max_bytes = self.bus.max_payload - self.headroom
@@ -89,7 +99,12 @@ class KVReceivers:
         await self._receive(ready, headers)
 
     async def _receive(self, message: KVMessage, headers: Headers) -> None:
+        fence = self.link.fence
+        fence.check(message, None)
         request = self.events.awaiting(message.request_id)
         if request.receiver is None:
             request.receiver = self.link.receiver(message, request, self.events)
+            request.sender_epoch = message.epoch
+        else:
+            fence.check(message, request.sender_epoch)
         await request.receiver.on_message(message, headers)

@@ -50,11 +50,19 @@ log = logging.getLogger(__name__)
 
 class ChunkSender:
     def __init__(
-        self, bus: Bus, subject: str, window: int, deadline: float, headers: Headers | None = None
+        self,
+        bus: Bus,
+        subject: str,
+        window: int,
+        deadline: float,
+        headers: Headers | None = None,
+        epochs: tuple[int, int] = (0, 0),
     ) -> None:
         """`deadline` is on the event loop's clock (`loop.time()`); `headers` (the trace
-        context) go with every chunk and the KVDone."""
+        context) go with every chunk and the KVDone; `epochs` (this process's, the receiving
+        one's: shared/epoch.py) are stamped on every message."""
         self.bus = bus
+        self.epochs = epochs
         self.headers = headers
         self.subject = subject
         self.window = window
@@ -85,6 +93,7 @@ class ChunkSender:
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
         self._pending.clear()
+        done.epoch, done.to_epoch = self.epochs
         try:
             await self.bus.request(self.subject, done, TaskAck, timeout, self.headers)
         except Exception as exc:  # the receiver's own deadline cleans up
@@ -100,6 +109,7 @@ class ChunkSender:
         remaining = self.deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             raise TransferError("KV transfer deadline passed")
+        message.epoch, message.to_epoch = self.epochs
         try:
             ack = await self.bus.request(self.subject, message, TaskAck, remaining, self.headers)
         except TimeoutError:

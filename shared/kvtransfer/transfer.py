@@ -189,6 +189,7 @@ class Awaiting(Protocol):
     num_blocks: int  # reserved for the whole prompt
     skip_blocks: int  # leading blocks already held here: not sent
     receiver: KVReceiver | None  # set by the first message of its transfer
+    sender_epoch: int  # the sending process's, from that first message (fence.py)
 
 
 class ReceiveEvents(Protocol):

@@ -115,9 +115,20 @@ class SchedulerMetrics:
     adapter_placements: Counter = field(init=False)
     queue_wait: Histogram = field(init=False)
     ttft_error: Histogram = field(init=False)
+    tenant_tokens: Counter = field(init=False)
+    tenant_wait: Histogram = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
+        self.tenant_tokens = Counter(
+            P + "scheduler_tenant_tokens", "Tokens booked to each tenant by its placed "
+            "requests (prompt + max_tokens: fair share)", ["tenant"], registry=r,
+        )  # fmt: skip
+        self.tenant_wait = Histogram(
+            P + "scheduler_tenant_queue_seconds",
+            "Arrival to answer of each tenant's submits (placed or refused)",
+            ["tenant"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.workers = Gauge(
             P + "workers", "Registered workers by model, role and state",
             ["model", "role", "state"], registry=r,

@@ -190,5 +190,5 @@ def test_unsupported_fields_are_400(mesh: Mesh, model: str) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             mesh.client.completions.create(model=model, prompt="x", extra_body=extra)
         assert info.value.body["param"] == name
-    with pytest.raises(openai.BadRequestError, match="priority is not supported"):
-        mesh.client.completions.create(model=model, prompt="x", extra_body={"priority": 1})
+    with pytest.raises(openai.BadRequestError, match="priority must be an integer"):
+        mesh.client.completions.create(model=model, prompt="x", extra_body={"priority": "hi"})

@@ -251,7 +251,7 @@ def test_vllm_fields(gw: Harness) -> None:
     )  # fmt: skip
     assert prompt_text(gw).endswith("<|im_start|>assistant\nThe weather is")
     for field, value in (
-        ("priority", 5),
+        ("priority", "high"),
         ("cache_salt", "x"),
         ("best_of", 2),
         ("length_penalty", 0.5),  # without use_beam_search

@@ -16,6 +16,7 @@ from shared.bus import Bus, Headers
 from shared.config import CommonConfig
 from shared.engine.block_hash import hash_full_blocks
 from shared.engine.sampling_params import SamplingParams
+from shared.liveness_messages import Probe, ProbeAck
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -62,12 +63,20 @@ class FakeWorker:
     received: list[object] = field(default_factory=list)
     beating: bool = True
     room: int | None = None
+    epoch: int = 1  # its process's: in its heartbeats and probe answers
+    # Probes: None: it does not subscribe (the scheduler hears "no responders", as for a
+    # dead process); else it answers after this many seconds (a frozen one: never in time).
+    probe_delay: float | None = None
+    probes: int = 0  # probes it received
 
     async def start(self, bus: Bus, subjects: Subjects) -> None:
         self.bus, self.subjects = bus, subjects
         await bus.serve(subjects.reserve(self.worker_id), Reserve, self._reserve, self._bad)
         await bus.serve(subjects.prefill(self.worker_id), PrefillTask, self._task, self._bad)
         await bus.serve(subjects.decode(self.worker_id), DecodeTask, self._task, self._bad)
+        if self.probe_delay is not None:
+            probe = subjects.probe(self.worker_id)
+            await bus.serve(probe, Probe, self._probe, self._bad, concurrent=True)
         await self.beat()
         await bus.publish(subjects.kv_events, KVEvents(self.worker_id, 0, stored=self.cached))
         self._beats = asyncio.create_task(self._beat_forever())
@@ -77,7 +86,17 @@ class FakeWorker:
         heartbeat = Heartbeat(
             self.worker_id, self.role, "m", 0, self.busy_answers, self.free_blocks, 200, 16
         )
+        heartbeat.epoch = self.epoch
         await self.bus.publish(self.subjects.heartbeat, heartbeat)
+
+    def silence(self) -> None:
+        """No heartbeat from now on (its subscriptions stay: it still answers)."""
+        self.beating = False
+        self._beats.cancel()
+
+    def resume(self) -> None:
+        self.beating = True
+        self._beats = asyncio.create_task(self._beat_forever())
 
     async def _beat_forever(self) -> None:
         while self.beating:
@@ -103,6 +122,11 @@ class FakeWorker:
         await asyncio.sleep(self.answer_delay)
         return TaskAck(message.request.request_id, outcome, ERRORS.get(outcome, ""))
 
+    async def _probe(self, message: Probe, headers: Headers) -> ProbeAck:
+        self.probes += 1
+        await asyncio.sleep(self.probe_delay or 0.0)
+        return ProbeAck(self.worker_id, self.epoch)
+
     def _bad(self, reason: str) -> TaskAck:
         return TaskAck("", Outcome.INVALID, reason)
 
@@ -113,16 +137,23 @@ def submit(request_id: str, prompt: list[int] = PROMPT) -> SubmitRequest:
 
 @asynccontextmanager
 async def mesh(
-    url: str, namespace: str, workers: list[FakeWorker], **config: object
+    url: str,
+    namespace: str,
+    workers: list[FakeWorker],
+    services: list[SchedulerService] | None = None,
+    **config: object,
 ) -> AsyncIterator[Bus]:
     """A scheduler and the fake workers on `namespace`; yields a client bus once the
-    scheduler has heard from every worker."""
+    scheduler has heard from every worker. The scheduler goes into `services`, if given
+    (for its metrics)."""
     subjects = Subjects(namespace)
     settings = dict(heartbeat_timeout=1.0, sweep_interval=0.1) | config
     sched_bus = await Bus.connect(url, "scheduler")
     common = CommonConfig(url, namespace)
     service = SchedulerService(SchedulerConfig(common=common, **settings), sched_bus)
     await service.start()
+    if services is not None:
+        services.append(service)
     worker_bus = await Bus.connect(url, "workers")
     client = await Bus.connect(url, "client")
     for worker in workers:

@@ -96,7 +96,7 @@ class Mesh:
         reserve = Reserve(request)
         res = await self.bus.request(self.subjects.reserve("decode"), reserve, Reservation, 5)
         assert res.ok, res.error
-        task = PrefillTask(request, "decode", res.num_cached_blocks, res.transports)
+        task = PrefillTask(request, "decode", res.num_cached_blocks, res.transports, res.epoch)
         ack = await self.bus.request(self.subjects.prefill("prefill"), task, TaskAck, 5)
         assert ack.ok, ack.error
         return res

@@ -106,3 +106,46 @@ def test_a_worker_of_another_engine_for_the_same_model_is_refused():
     assert registry.on_heartbeat(other_model, now=0.0)
     assert "v1" not in registry and "n1" in registry and "v2" in registry
     assert registry.refused == {"v1": "engine vllm: m runs on {'native'}"}
+
+
+def test_a_silent_worker_is_suspect_until_it_answers_or_is_lost():
+    registry = Registry(heartbeat_timeout=3.0)
+    registry.on_heartbeat(beat("w1"), now=100.0)
+    registry.on_heartbeat(beat("w2"), now=100.0)
+    registry.on_heartbeat(beat("w2"), now=102.5)
+    assert registry.silent(now=102.9) == []
+    (suspect,) = registry.silent(now=103.1)
+    assert suspect.heartbeat.worker_id == "w1"
+    assert registry.silent(now=104.0) == []  # probed once, not again
+    assert [v.worker_id for v in registry.views()] == ["w2"]  # never placed on meanwhile
+    registry.answered("w1", epoch=0, now=104.0)
+    assert sorted(v.worker_id for v in registry.views()) == ["w1", "w2"]
+    assert registry.lose("w1", epoch=0) is None  # it answered: not lost
+    assert [s.heartbeat.worker_id for s in registry.silent(now=107.5)] == ["w1", "w2"]
+    assert registry.lose("w1", epoch=0).heartbeat.worker_id == "w1"
+    assert "w1" not in registry
+
+
+def test_a_heartbeat_while_probed_keeps_the_worker():
+    registry = Registry(heartbeat_timeout=3.0)
+    registry.on_heartbeat(beat("w1"), now=100.0)
+    registry.silent(now=103.5)
+    registry.on_heartbeat(beat("w1"), now=103.6)
+    assert registry.lose("w1", epoch=0) is None
+    assert "w1" in registry
+
+
+def test_a_newer_process_under_the_same_id_replaces_the_old_one():
+    registry = Registry(heartbeat_timeout=3.0)
+    old, new = beat("w1"), beat("w1")
+    old.epoch, new.epoch = 1000, 2000
+    registry.on_heartbeat(old, now=100.0)
+    registry.assign("w1", "r1", deadline=200.0)
+    assert registry.replaced(old) is None  # the same process
+    gone = registry.replaced(new)
+    assert gone is not None and gone.epoch == 1000 and list(gone.assigned) == ["r1"]
+    registry.on_heartbeat(new, now=100.5)
+    assert registry.replaced(old) is None
+    registry.on_heartbeat(old, now=101.0)  # the old process, late: ignored
+    (status,) = registry.status()
+    assert status.heartbeat.epoch == 2000 and status.assigned == []

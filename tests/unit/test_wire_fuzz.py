@@ -32,6 +32,7 @@ from services.scheduler.service import SchedulerService
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
 from shared.kvtransfer.nats_transport import serve_kv
+from shared.liveness_messages import Probe, ProbeAck
 from shared.lora_messages import AdapterAction, AdapterAnswer, AdapterCommand, AdapterReport
 from shared.nats_options import NatsAuth
 from shared.planner_messages import PlannerReport, ReportedDecision
@@ -86,6 +87,8 @@ SAMPLES: list[Any] = [
     AdapterCommand(AdapterAction.LOAD, "sql-lora", "/adapters/sql", "m"),
     AdapterAnswer("w1", Outcome.OK),
     AdapterReport([AdapterAnswer("w1", Outcome.OK)]),
+    Probe("w1", 7),
+    ProbeAck("w1", 7),
 ]
 SAMPLE = {type(m): m for m in SAMPLES}
 # Values out of range per message: (path of the field, a bad value). Paths go into nested
@@ -104,6 +107,8 @@ REQUEST_BOUNDS = {
     "sampling.temperature": st.floats(max_value=-0.01),
     "sampling.top_p": st.floats(min_value=1.01, max_value=1e9),
     "sampling.adapter": st.sampled_from([" ", "a b", "x" * 300, "a\x00b"]),
+    "tenant": BAD_ID.filter(bool),
+    "priority": st.integers(2**31, 2**62) | st.integers(-(2**62), -(2**31)),
 }
 DECISION = {"time": 1.0, "action": "add", "reason": "kv_full", "role": "decode"}
 DECISION |= {"worker_id": "", "detail": "", "outcome": ""}
@@ -138,6 +143,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         **{f"request.{k}": v for k, v in REQUEST_BOUNDS.items()},
         "decode_worker": BAD_ID,
         "skip_blocks": NEGATIVE,
+        "decode_epoch": NEGATIVE | HUGE,
     },
     DecodeTask: {f"request.{k}": v for k, v in REQUEST_BOUNDS.items()},
     SetRole: {"role": st.sampled_from(["", "gateway", "prefil", "Decode", "x" * 300])},
@@ -159,6 +165,8 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "layout": st.lists(st.integers(1, 4), max_size=4),
         "first_token_id": NEGATIVE,
         "read_by": st.just(float("nan")),
+        "epoch": NEGATIVE,
+        "to_epoch": HUGE,
     },
     TokenChunk: {
         "request_id": st.just("x" * 300),
@@ -183,6 +191,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "path": st.just("x" * 5000),
         "model": st.just("x" * 300),
     },
+    Probe: {"worker_id": st.sampled_from(["a.b", "x y", "*", "x" * 300]), "epoch": NEGATIVE},
     PoolTarget: {
         "publisher": st.sampled_from(["", "x" * 300]),
         "seq_no": NEGATIVE | HUGE,
@@ -364,7 +373,12 @@ def worker_harness(loop) -> tuple[Harness, Callable[[], Any]]:
     def refuse_adapter(reason: str) -> AdapterAnswer:
         return AdapterAnswer("w1", Outcome.INVALID, reason)
 
+    async def probe(message: Probe, headers: Any) -> ProbeAck:
+        harness.calls.append(("probe", message))
+        return ProbeAck("w1", 7)
+
     async def subscribe() -> None:
+        await bus.serve(s.probe("w1"), Probe, probe, lambda r: ProbeAck("", 0, Outcome.INVALID, r))
         await bus.serve(s.reserve("w1"), Reserve, harness.record("reserve"), refuse_reserve)
         await bus.serve(s.prefill("w1"), PrefillTask, harness.record("prefill"), refuse)
         await bus.serve(s.decode("w1"), DecodeTask, harness.record("decode"), refuse)
@@ -414,6 +428,7 @@ CASES = [
     Case("worker", "ss.worker.w1.kv", (KVChunk, KVDone, KVReady), TaskAck),
     Case("worker", "ss.worker.w1.role", (SetRole,), TaskAck),
     Case("worker", "ss.worker.w1.adapters", (AdapterCommand,), AdapterAnswer),
+    Case("worker", "ss.worker.w1.probe", (Probe,), ProbeAck),
     Case("worker", "ss.cancel", (Cancel,)),
     Case("worker", "ss.events", (RequestFailed, WorkerLost)),
     Case("launcher", "ss.pool.target", (PoolTarget,)),
