@@ -31,6 +31,7 @@ from services.scheduler.registry import Registry
 from services.scheduler.route_plan import plan_route
 from services.scheduler.routing import Candidate
 from shared.bus import Bus, Headers
+from shared.engine.engine_config import NATIVE_BLOCK_SIZE
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -105,7 +106,9 @@ class Placer:
         cfg = self.config
         tokens = request.prompt_token_ids + request.delivered_token_ids
         model_id = self.registry.model_id(request.model, cfg.model_id)
-        plan = plan_route(self.registry.views(request.model), tokens, model_id, request.model, cfg)
+        block_size = self.registry.block_size(request.model, cfg.block_size or NATIVE_BLOCK_SIZE)
+        views = self.registry.views(request.model)
+        plan = plan_route(views, tokens, model_id, request.model, cfg, block_size)
         if not plan.decodes:
             return NoRoom(plan.no_room, asked=False)
         hashes, prefills = plan.hashes, plan.prefills
@@ -118,7 +121,7 @@ class Placer:
             if choice.path is Path.LOCAL:
                 ack = await self._decode_only(request, decode, headers, give_up)
                 if ack.ok:
-                    computed = uncached_tokens(len(tokens), decode.overlap, cfg.block_size)
+                    computed = uncached_tokens(len(tokens), decode.overlap, block_size)
                     self._assign(request, decode.worker_id, len(tokens), computed)
                     self.registry.expect_cached(decode.worker_id, hashes)
                     return SubmitAck(
@@ -142,7 +145,7 @@ class Placer:
                 ack = await self._prefill(request, prefill, decode, reservation, headers, give_up)
                 if ack.ok:
                     self._assign(request, decode.worker_id, len(tokens))
-                    computed = uncached_tokens(len(tokens), prefill.overlap, cfg.block_size)
+                    computed = uncached_tokens(len(tokens), prefill.overlap, block_size)
                     self._assign(request, prefill.worker_id, 0, computed)
                     # The decode worker holds the blocks only once the transfer is done.
                     self.registry.expect_cached(prefill.worker_id, hashes)

@@ -25,6 +25,7 @@ from services.scheduler.routing import (
     rank_prefill,
 )
 from shared.engine.block_hash import hash_full_blocks
+from shared.engine.engine_config import NATIVE_BLOCK_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class RoutePlan:
     """One request's candidates, best first, as routing ranked them."""
 
     num_tokens: int  # prompt + delivered: all that needs KV
+    block_size: int  # tokens per block of its model's workers: what its hashes cover
     hashes: list[int]  # its full blocks' chained hashes
     decodes: list[Candidate]
     prefills: dict[str, Candidate]  # by worker id, in ranked order
@@ -41,7 +43,7 @@ class RoutePlan:
     def choose(self, decode: Candidate, config: SchedulerConfig, reserve_rtt: float) -> Choice:
         """The path on `decode` (path_cost.choose over the prefill candidates)."""
         params = CostParams(
-            config.block_size,
+            self.block_size,
             config.local_prefill_tokens,
             config.stall_weight,
             reserve_rtt,
@@ -60,11 +62,14 @@ def plan_route(
     model_id: str,
     model: str,
     config: SchedulerConfig,
+    block_size: int = 0,
 ) -> RoutePlan:
     """Rank `views` (the workers of the request's `model`) for a request of `tokens` whose
-    blocks hash with `model_id`."""
-    hashes = hash_full_blocks(tokens, config.block_size, model_id)
-    decodes = rank_decode(views, hashes, len(tokens), config.block_size, config.load_penalty)
+    blocks hash with `model_id` in blocks of `block_size` tokens (0: the scheduler's
+    `--block-size`, or the native engine's when that is 0 too)."""
+    block_size = block_size or config.block_size or NATIVE_BLOCK_SIZE
+    hashes = hash_full_blocks(tokens, block_size, model_id)
+    decodes = rank_decode(views, hashes, len(tokens), block_size, config.load_penalty)
     no_room = ""
     if not decodes:
         has_decode = any(v.role in DECODE_ROLES and not v.draining for v in views)
@@ -76,4 +81,4 @@ def plan_route(
         )
     prefills = {c.worker_id: c for c in rank_prefill(views, hashes, config.load_penalty)}
     costs = {view.worker_id: view.costs for view in views}
-    return RoutePlan(len(tokens), hashes, decodes, prefills, costs, no_room)
+    return RoutePlan(len(tokens), block_size, hashes, decodes, prefills, costs, no_room)

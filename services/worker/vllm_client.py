@@ -30,7 +30,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from services.worker.config import WorkerConfig
 from services.worker.engine_client import EngineEvents
-from services.worker.vllm_engine_args import engine_args, set_environment
+from services.worker.vllm_engine_args import engine_args, set_environment, vllm_engine_config
 from services.worker.vllm_kv import VllmKV
 from services.worker.vllm_kv_events import VllmKVEventTranslator
 from services.worker.vllm_kv_subscriber import VllmKVEventSubscriber
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 class VllmEngineClient:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
-        self.engine_config = config.engine_config()
+        self.engine_config = vllm_engine_config(config)  # ConfigError: vLLM cannot run it
         self.counters = VllmCounters()
         self.first_token_mismatches = 0  # decode side: vLLM's first token was not prefill's
         self._events: EngineEvents | None = None

@@ -14,9 +14,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make install ENG
 from vllm.config.kv_events import KVEventsConfig
 
 from services.worker.config import WorkerConfig
-from services.worker.vllm_engine_args import engine_args, set_environment
+from services.worker.vllm_engine_args import engine_args, set_environment, vllm_engine_config
 from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
 from shared.engine.engine_config import EngineConfig
+from shared.errors import ConfigError
 
 SET_BY_THE_WORKER = (
     QUIET_NIXL_ENV,
@@ -69,3 +70,16 @@ def test_the_kv_buffer_is_where_the_model_runs():
     args = engine_args(worker(), KVEventsConfig(enable_kv_cache_events=False))
     assert args.kv_transfer_config.kv_buffer_device == "cpu"
     assert args.kv_transfer_config.kv_connector == "NixlConnector"
+
+
+def test_the_block_size_follows_vllms_cpu_attention_and_a_size_it_cannot_run_is_refused():
+    def with_block_size(block_size: int) -> WorkerConfig:
+        engine = EngineConfig(model_dir=Path("/m"), block_size=block_size, device="cpu")
+        return WorkerConfig(
+            worker_id="p", role="prefill", model_name="m", engine_kind="vllm", engine=engine
+        )
+
+    assert vllm_engine_config(with_block_size(0)).block_size == 32  # unset: its own
+    assert vllm_engine_config(with_block_size(64)).block_size == 64
+    with pytest.raises(ConfigError, match=r"--block-size 16: .*MultipleOf\(32\)"):
+        vllm_engine_config(with_block_size(16))
