@@ -13,6 +13,7 @@ from enum import IntEnum
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import FinishReason
 from shared.planner_messages import PlannerReport
+from shared.startup_messages import PhaseTime
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
 
 __all__ = ["SCHEMA_VERSION", "FinishReason", "WireError", "decode", "decode_one_of", "encode"]
@@ -127,6 +128,8 @@ class Heartbeat:
     # Time per output token after the first (seconds) of each stream that finished here since
     # the last beat, as its client saw them: the planner's TPOT (services/planner/window.py).
     stream_tpots: list[float] = field(default_factory=list)
+    startup: list[PhaseTime] = field(default_factory=list)  # its start, phase by phase
+    ready_s: float = 0.0  # its process's start → serving, seconds
 
 
 @dataclass(slots=True)

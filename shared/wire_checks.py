@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from shared.engine.startup_phases import StartupPhase
 from shared.planner_messages import MAX_REPORTED, PlannerReport
 from shared.pool_messages import PoolTarget
 from shared.protocol import (
@@ -139,6 +140,9 @@ def _heartbeat(m: Heartbeat) -> None:
     _items(m.stream_tpots, "Heartbeat.stream_tpots", MAX_ITEMS)
     for tpot in m.stream_tpots:
         _measure(tpot, "Heartbeat.stream_tpots")
+    _items(m.startup, "Heartbeat.startup", len(StartupPhase))
+    for phase in m.startup:
+        _measure(phase.seconds, "Heartbeat.startup.seconds")
 
 
 def _planner_report(m: PlannerReport) -> None:

@@ -43,6 +43,7 @@ from shared.engine.kv_handoff import HeldBlocks
 from shared.engine.outputs import RequestOutput, StepOutput
 from shared.engine.sequence import FinishReason
 from shared.engine.spec_decode import SpecDecodeStats
+from shared.engine.startup_phases import StartupPhase
 from shared.engine.stats import EngineStats, KVCacheEvents
 from shared.errors import ConfigError
 from shared.kvtransfer import KVLayout
@@ -93,6 +94,10 @@ class VllmEngineClient:
         )
         log.info("vLLM engine up: %d KV blocks of %d tokens", self._num_blocks, self.block_size)
         return self._layout
+
+    def startup_phases(self) -> dict[StartupPhase, float]:
+        """None apart: vLLM loads, compiles and allocates in its engine core process."""
+        return {}
 
     @property
     def block_size(self) -> int:

@@ -39,6 +39,7 @@ from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
 from shared.engine.spec_decode.ngram import NgramProposer
 from shared.engine.spec_decode.proposer import Proposer
+from shared.engine.startup_phases import PhaseClock
 from shared.engine.stats import EngineStats, KVCacheEvents, queued_prompt_tokens, step_shape
 from shared.engine.stopping import StopRules
 from shared.engine.structured_output import GrammarCompilers
@@ -46,6 +47,7 @@ from shared.engine.structured_output import GrammarCompilers
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        self.startup = PhaseClock()  # its start's phases, for the worker's report
         config = resolve(config)  # auto device, batch_invariant and dtype: this machine's
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -68,7 +70,9 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.model_id, config.enable_prefix_caching
         )
-        self.runner = ModelRunner(config, self.model_config, num_blocks, self.max_model_len)
+        self.runner = ModelRunner(
+            config, self.model_config, num_blocks, self.max_model_len, clock=self.startup
+        )
         self.proposer = self._proposer(draft_config, num_blocks)
         self.scheduler = BatchScheduler(
             self.block_manager,
@@ -277,6 +281,8 @@ class LLMEngine:
             return NgramProposer(k, max_len)
         if config.speculative == "draft":
             assert draft_config is not None and config.draft_model_dir is not None
-            runner = ModelRunner(config, draft_config, num_blocks, max_len, config.draft_model_dir)
+            runner = ModelRunner(
+                config, draft_config, num_blocks, max_len, config.draft_model_dir, self.startup
+            )
             return DraftProposer(k, max_len, runner, self.runner.sampler)
         return None

@@ -31,6 +31,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.service import SchedulerService
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.startup_phases import StartupPhase
 from shared.kvtransfer.nats_transport import serve_kv
 from shared.nats_options import NatsAuth
 from shared.planner_messages import PlannerReport, ReportedDecision
@@ -59,6 +60,7 @@ from shared.protocol import (
     decode,
     encode,
 )
+from shared.startup_messages import PhaseTime
 from shared.subjects import Subjects
 from shared.wire_codec import MAX_FRAME_BYTES, MAX_LIST_ITEMS, SCHEMA_VERSION
 
@@ -67,7 +69,9 @@ SUBMIT = SubmitRequest("r1", "g1", [1, 2, 3], SamplingParams(), deadline=time.ti
 SAMPLES: list[Any] = [
     SUBMIT,
     StatusQuery(),
-    Heartbeat("w1", "decode", "m", 0, 0, 10, 10, 16),
+    Heartbeat(
+        "w1", "decode", "m", 0, 0, 10, 10, 16, startup=[PhaseTime(StartupPhase.IMPORTS, 1.5)]
+    ),
     KVEvents("w0", 1, [1], []),
     Reserve(SUBMIT),
     PrefillTask(SUBMIT, "w2", 0),
@@ -114,6 +118,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "kv_blocks_sent": NEGATIVE,
         "prefill_rate": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "busy": st.floats(max_value=-1e-9),
+        "ready_s": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "next_role": st.sampled_from(["gateway", "prefil", "BOTH"]),
         "stream_tpots": st.lists(
             st.sampled_from([float("nan"), float("inf"), -1.0]), min_size=1, max_size=3
