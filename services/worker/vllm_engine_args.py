@@ -23,13 +23,15 @@ from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 from services.worker.config import WorkerConfig
-from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
+from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV
 from shared.engine.engine_config import EngineConfig
 from shared.engine.resolve import resolve
 from shared.errors import ConfigError
+from shared.models.pull import default_home
 from shared.ports import free_port
 
 GIB = 1 << 30
+VLLM_CACHE = "vllm"  # under $SPLITSERVE_HOME: vLLM's caches, its compiled graphs among them
 GPU_BLOCK_SIZE = 16  # what vLLM's GPU attention backends all take
 
 
@@ -90,6 +92,8 @@ def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineA
 def set_environment(config: WorkerConfig) -> None:
     """What vLLM reads from the environment, for the engine core process it starts."""
     os.environ[QUIET_NIXL_ENV] = "1"  # no NIXL thread spinning on a core (vllm_nixl_plugin)
+    os.environ[STABLE_COMPILE_KEY_ENV] = "1"  # the next start loads what this one compiles
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(default_home() / VLLM_CACHE))
     if config.engine.torch_device.type == "cpu":
         # The model runs in the engine core process, not in a third process of its own:
         # vLLM's CPU platform picks its multiprocess executor unless this is 0, and then
