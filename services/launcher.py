@@ -15,7 +15,9 @@ Supervision (services/supervisor.py): a child that exits unexpectedly is logged 
 restarted after a backoff that doubles with each recent restart; past
 `max_restarts_per_minute` the launcher gives up on it (and says so); given up on the gateway
 or the scheduler, which every request passes, it stops the mesh and exits with an error,
-rather than leave a mesh that serves nobody. A restarted worker registers as a new
+rather than leave a mesh that serves nobody. A child that exits saying it cannot run its
+configuration (services/cannot_run.py: a flag its engine refuses) stops the mesh at once
+with its message, never restarted. A restarted worker registers as a new
 incarnation, `<worker id>-r<n>`: the scheduler then expires the old one and reports its
 requests lost (`WorkerLost`), so the gateway migrates them at once even when the restart
 beats the heartbeat timeout. Shutdown on SIGINT/SIGTERM: the pool follower's NATS
@@ -143,6 +145,9 @@ def _supervise(
     next_probe = 0.0
     while not stop.wait(poll_interval):
         supervisor.poll()
+        if refused := supervisor.cannot_run():
+            name, message = refused[0]
+            raise MeshDown(f"{name} cannot run this configuration: {message}")
         if lost := supervisor.lost_essentials():
             raise MeshDown(
                 f"gave up on {', '.join(lost)} (see its log above): the mesh cannot serve "

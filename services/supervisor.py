@@ -7,6 +7,10 @@ thread stacks, then SIGKILL; what a child leaves in its session is killed with i
 
 While serving, children come and go (services/pool_follower.py): `add` starts one more,
 `retire` sends a worker SIGTERM, on which it drains (finishes what it holds) and exits.
+A child that exits with services/cannot_run.py's status (its configuration cannot run:
+a restart would fail the same way) is not restarted; `cannot_run` names it with the message
+it left, and `up` stops with that message.
+
 The subtle rule: a retired child that exits is removed, never restarted.
 """
 
@@ -17,10 +21,13 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
+from services.cannot_run import CANNOT_RUN, MESSAGE_FILE_ENV, left_message
 from shared.service_loop import STACK_DUMP_SIGNAL
 
 log = logging.getLogger(__name__)
@@ -48,8 +55,10 @@ class ChildSpec:
 
 
 class Child:
-    def __init__(self, spec: ChildSpec) -> None:
+    def __init__(self, spec: ChildSpec, message_file: Path) -> None:
         self.spec = spec
+        self.message_file = message_file  # where it leaves why it cannot run, if it cannot
+        self.cannot_run = ""  # its message, once it exited with CANNOT_RUN
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts: deque[float] = deque()  # monotonic times of recent restarts
         self.restart_at: float | None = None  # when a crashed child is due to start again
@@ -62,7 +71,10 @@ class Child:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
-        environment = os.environ | {"PYTHONUNBUFFERED": "1"}
+        environment = os.environ | {
+            "PYTHONUNBUFFERED": "1",
+            MESSAGE_FILE_ENV: str(self.message_file),
+        }
         self.process = subprocess.Popen(
             self.argv(), stdin=subprocess.DEVNULL, start_new_session=True, env=environment
         )
@@ -92,10 +104,14 @@ class Supervisor:
         max_restarts_per_minute: int,
         grace: float,
     ) -> None:
-        self.children = [Child(spec) for spec in specs]
+        self._messages = tempfile.TemporaryDirectory(prefix="splitserve-children-")
+        self.children = [self._child(spec) for spec in specs]
         self.restart_backoff = restart_backoff
         self.max_restarts_per_minute = max_restarts_per_minute
         self.grace = grace
+
+    def _child(self, spec: ChildSpec) -> Child:
+        return Child(spec, Path(self._messages.name) / f"{spec.name}.cannot-run")
 
     def start_all(self) -> None:
         for child in self.children:
@@ -105,7 +121,7 @@ class Supervisor:
         """Start one more child, supervised like the others."""
         if any(c.spec.name == spec.name for c in self.children):
             raise ValueError(f"a child named {spec.name!r} is already supervised")
-        child = Child(spec)
+        child = self._child(spec)
         child.start()  # OSError: nothing is added
         self.children.append(child)
         return child
@@ -144,6 +160,11 @@ class Supervisor:
     def _schedule_restart(self, child: Child, now: float) -> None:
         code = child.process.returncode if child.process else None
         _kill_session(child)
+        if code == CANNOT_RUN:
+            child.gave_up = True
+            child.cannot_run = left_message(child.message_file)
+            log.error("%s cannot run its configuration: not restarted", child.spec.name)
+            return
         while child.restarts and now - child.restarts[0] > 60:
             child.restarts.popleft()
         if len(child.restarts) >= self.max_restarts_per_minute:
@@ -163,6 +184,10 @@ class Supervisor:
         """The children of an essential role given up on."""
         return [c.spec.name for c in self.children if c.gave_up and c.spec.role in ESSENTIAL_ROLES]
 
+    def cannot_run(self) -> list[tuple[str, str]]:
+        """(name, message) of each child that exited saying it cannot run its configuration."""
+        return [(c.spec.name, c.cannot_run) for c in self.children if c.cannot_run]
+
     def missing(self) -> list[str]:
         return [child.spec.name for child in self.children if not child.running]
 
@@ -171,6 +196,7 @@ class Supervisor:
         self._stop_group(others)
         for role in STOP_ORDER:
             self._stop_group([c for c in self.children if c.spec.role == role and c.running])
+        self._messages.cleanup()
 
     def _stop_group(self, group: list[Child]) -> None:
         for child in group:

@@ -14,6 +14,7 @@ from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import FinishReason
 from shared.kv_tier_messages import TierCounters
 from shared.planner_messages import PlannerReport
+from shared.startup_messages import PhaseTime
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
 
 __all__ = ["SCHEMA_VERSION", "FinishReason", "WireError", "decode", "decode_one_of", "encode"]
@@ -142,6 +143,8 @@ class Heartbeat:
     adapter_swap_ins: int = 0
     kv_tier: TierCounters = field(default_factory=TierCounters)  # its second KV tier
     epoch: int = 0  # the worker process's (shared/epoch.py); 0: an old worker, not said
+    startup: list[PhaseTime] = field(default_factory=list)  # its start, phase by phase
+    ready_s: float = 0.0  # its process's start → serving, seconds
 
 
 @dataclass(slots=True)

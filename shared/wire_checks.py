@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from shared.engine.lora.modules import adapter_name_error
+from shared.engine.startup_phases import StartupPhase
 from shared.liveness_messages import Probe, ProbeAck
 from shared.lora_messages import AdapterCommand
 from shared.planner_messages import MAX_REPORTED, PlannerReport
@@ -166,6 +167,9 @@ def _heartbeat(m: Heartbeat) -> None:
     _items(m.stream_tpots, "Heartbeat.stream_tpots", MAX_ITEMS)
     for tpot in m.stream_tpots:
         _measure(tpot, "Heartbeat.stream_tpots")
+    _items(m.startup, "Heartbeat.startup", len(StartupPhase))
+    for phase in m.startup:
+        _measure(phase.seconds, "Heartbeat.startup.seconds")
 
 
 def _planner_report(m: PlannerReport) -> None:

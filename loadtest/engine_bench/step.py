@@ -164,6 +164,7 @@ def run_step_bench(cfg: StepBenchConfig) -> None:
         dtype=cfg.dtype,
         device="cpu",
         num_kv_blocks=blocks,
+        block_size=BLOCK,
         attention_backend=cfg.attention_backend,
     )
     model_config = ModelConfig.from_dir(cfg.model_dir)

@@ -24,6 +24,7 @@ from loadtest.slo.attainment import Slo
 from loadtest.slo.cli import add_sweep_flags, sweep_settings
 from loadtest.slo.config import SloBenchConfig
 from services.scheduler.config import PATH_CHOICES, SchedulerConfig
+from shared.engine.engine_config import NATIVE_BLOCK_SIZE
 from shared.errors import ConfigError
 
 DEFAULT_WORKERS = "split=prefill:1,decode:1;aggregated=both:1x2;two=both:2"
@@ -71,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> SimBenchConfig:
         stall_weight=args.stall_weight,
         path_slo=args.path_slo or f"ttft={bench.slo.ttft_s},tpot={bench.slo.tpot_s}",
         model_id=MODEL,
+        block_size=NATIVE_BLOCK_SIZE,  # the simulated workers' (native engines)
     )
     budget = args.max_num_batched_tokens or cost.token_budget
     limits = EngineLimits(scheduler.block_size, budget, cost.max_num_seqs)

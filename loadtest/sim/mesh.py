@@ -17,7 +17,7 @@ so placements see the same lagging picture the real scheduler sees.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from loadtest.sim.cost_model import CostModel
 from loadtest.sim.events import EventLoop
@@ -45,6 +45,11 @@ class MeshSettings:
     heartbeat_s: float = 1.0  # the workers' heartbeat interval
     request_timeout_s: float = 300.0  # a request not done by then failed (bench slo's)
     new_worker_cores: int = 1  # a worker the planner adds
+
+    def __post_init__(self) -> None:  # a scheduler without --block-size: the workers' size
+        if not self.scheduler.block_size:
+            scheduler = replace(self.scheduler, block_size=self.limits.block_size)
+            object.__setattr__(self, "scheduler", scheduler)
 
 
 class SimMesh:

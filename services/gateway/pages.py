@@ -162,6 +162,8 @@ def _worker(worker: WorkerStatus) -> dict[str, Any]:
         "kv_transports": list(beat.kv_transports),
         "kv_peers": [_peer(p) for p in sorted(beat.kv_peers, key=lambda p: p.worker_id)],
         "kv_tier": asdict(beat.kv_tier),  # its second KV tier (docs/kv_tier.md)
+        "ready_s": beat.ready_s,  # its start: process start → serving
+        "startup": {p.phase.name.lower(): p.seconds for p in beat.startup},
     }
 
 

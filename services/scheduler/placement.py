@@ -34,6 +34,7 @@ from services.scheduler.registry import Registry
 from services.scheduler.route_plan import plan_route
 from services.scheduler.routing import Candidate
 from shared.bus import Bus, Headers
+from shared.engine.engine_config import NATIVE_BLOCK_SIZE
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -111,9 +112,12 @@ class Placer:
         cfg = self.config
         tokens = request.prompt_token_ids + request.delivered_token_ids
         model_id = self.registry.model_id(request.model, cfg.model_id)
+        block_size = self.registry.block_size(request.model, cfg.block_size or NATIVE_BLOCK_SIZE)
         views, adapter = self.registry.views(request.model), request.sampling.adapter
         max_tokens = request.sampling.max_tokens
-        plan = plan_route(views, tokens, model_id, request.model, cfg, adapter, max_tokens)
+        plan = plan_route(
+            views, tokens, model_id, request.model, cfg, adapter, max_tokens, block_size
+        )
         if not plan.decodes:
             return NoRoom(plan.no_room, asked=False)
         hashes, prefills = plan.hashes, plan.prefills
@@ -127,7 +131,7 @@ class Placer:
                 ack = await self._decode_only(request, decode, headers, give_up)
                 if ack.ok:
                     self._predict_hit(request, decode, len(tokens))
-                    computed = uncached_tokens(len(tokens), decode.overlap, cfg.block_size)
+                    computed = uncached_tokens(len(tokens), decode.overlap, block_size)
                     self._assign(request, decode.worker_id, len(tokens), computed)
                     self.registry.expect_cached(decode.worker_id, hashes)
                     return SubmitAck(
@@ -153,7 +157,7 @@ class Placer:
                 if ack.ok:
                     self._predict_hit(request, prefill, len(tokens))
                     self._assign(request, decode.worker_id, len(tokens))
-                    computed = uncached_tokens(len(tokens), prefill.overlap, cfg.block_size)
+                    computed = uncached_tokens(len(tokens), prefill.overlap, block_size)
                     self._assign(request, prefill.worker_id, 0, computed)
                     # The decode worker holds the blocks only once the transfer is done.
                     self.registry.expect_cached(prefill.worker_id, hashes)

@@ -30,9 +30,11 @@ refills within one heartbeat interval).
 - LoRA: a view carries the adapters a worker serves and those in its slots, the latter
   with the adapters of requests placed on it since its heartbeat (`place_adapter`), so
   a burst of one adapter keeps to the worker that loaded it (routing.py).
-- One engine per model: a worker whose heartbeat names another engine (native, vllm) than
-  the registered workers of its model is refused (never placed on; logged once), since the
-  two cannot hand KV to each other.
+- One engine and one block size per model: a worker whose heartbeat names another engine
+  (native, vllm) or block size than the registered workers of its model (or than the
+  scheduler's own `--block-size`, when given) is refused (never placed on; logged once),
+  since the two cannot hand KV to each other nor share block hashes. Without a
+  `--block-size` of its own the scheduler hashes a model's blocks with its workers' size.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ class WorkerState:
 
 
 class Registry:
-    def __init__(self, heartbeat_timeout: float = 3.0) -> None:
+    def __init__(self, heartbeat_timeout: float = 3.0, block_size: int = 0) -> None:
         self.heartbeat_timeout = heartbeat_timeout
+        self.fixed_block_size = block_size  # the scheduler's --block-size; 0: its workers'
         self._workers: dict[str, WorkerState] = {}
         self.refused: dict[str, str] = {}  # worker id → why it is not registered
 
@@ -87,10 +90,8 @@ class Registry:
         if state is not None and heartbeat.epoch and heartbeat.epoch < state.epoch:
             return False  # a process older than the registered one: replaced already
         if state is None:
-            engines = {s.heartbeat.engine for s in self._same_model(heartbeat)}
-            if engines and heartbeat.engine not in engines:
+            if why := self._refusal(heartbeat):
                 if heartbeat.worker_id not in self.refused:
-                    why = f"engine {heartbeat.engine}: {heartbeat.model} runs on {engines}"
                     log.error("worker %s refused: %s", heartbeat.worker_id, why)
                     self.refused[heartbeat.worker_id] = why
                 return False
@@ -122,6 +123,29 @@ class Registry:
         if state is None or not state.epoch or heartbeat.epoch <= state.epoch:
             return None
         return self._workers.pop(heartbeat.worker_id)
+
+    def _refusal(self, heartbeat: Heartbeat) -> str:
+        """Why a new worker cannot join its model's workers ("" when it can)."""
+        same = self._same_model(heartbeat)
+        engines = {s.heartbeat.engine for s in same}
+        if engines and heartbeat.engine not in engines:
+            return f"engine {heartbeat.engine}: {heartbeat.model} runs on {engines}"
+        sizes = {s.heartbeat.block_size for s in same} | ({self.fixed_block_size} - {0})
+        if sizes and heartbeat.block_size not in sizes:
+            return f"blocks of {heartbeat.block_size} tokens: {heartbeat.model} hashes {sizes}"
+        return ""
+
+    def block_size(self, model: str, default: int) -> int:
+        """The block size a request's blocks hash with: the scheduler's own when it was
+        given one, else its model's workers' (any worker's for ""), else `default`."""
+        if self.fixed_block_size:
+            return self.fixed_block_size
+        sizes = (
+            s.heartbeat.block_size
+            for s in self._workers.values()
+            if model in ("", s.heartbeat.model)
+        )
+        return next(sizes, default)
 
     def _same_model(self, heartbeat: Heartbeat) -> list[WorkerState]:
         return [s for s in self._workers.values() if s.heartbeat.model == heartbeat.model]

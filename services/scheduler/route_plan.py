@@ -26,6 +26,7 @@ from services.scheduler.routing import (
     rank_prefill,
 )
 from shared.engine.block_hash import cache_key, hash_full_blocks
+from shared.engine.engine_config import NATIVE_BLOCK_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ class RoutePlan:
     """One request's candidates, best first, as routing ranked them."""
 
     num_tokens: int  # prompt + delivered: all that needs KV
+    block_size: int  # tokens per block of its model's workers: what its hashes cover
     hashes: list[int]  # its full blocks' chained hashes
     decodes: list[Candidate]
     prefills: dict[str, Candidate]  # by worker id, in ranked order
@@ -44,7 +46,7 @@ class RoutePlan:
         """The path on `decode` (path_cost.choose over the prefill candidates)."""
         ttft_slo, tpot_slo = config.objectives
         params = CostParams(
-            config.block_size,
+            self.block_size,
             config.local_prefill_tokens,
             config.stall_weight,
             reserve_rtt,
@@ -66,14 +68,17 @@ def plan_route(
     config: SchedulerConfig,
     adapter: str = "",
     output_tokens: int = 0,
+    block_size: int = 0,
 ) -> RoutePlan:
     """Rank `views` (the workers of the request's `model`) for a request of `tokens` whose
-    blocks hash with `model_id` (and its LoRA `adapter`: shared/engine/block_hash.py), that
-    emits at most `output_tokens`."""
-    hashes = hash_full_blocks(tokens, config.block_size, cache_key(model_id, adapter))
+    blocks hash with `model_id` (and its LoRA `adapter`: shared/engine/block_hash.py) in
+    blocks of `block_size` tokens (0: the scheduler's `--block-size`, or the native
+    engine's when that is 0 too), that emits at most `output_tokens`."""
+    block_size = block_size or config.block_size or NATIVE_BLOCK_SIZE
+    hashes = hash_full_blocks(tokens, block_size, cache_key(model_id, adapter))
     lora = adapter, config.lora_affinity
-    size, penalty = config.block_size, config.load_penalty
-    decodes = rank_decode(views, hashes, len(tokens), size, penalty, *lora)
+    penalty = config.load_penalty
+    decodes = rank_decode(views, hashes, len(tokens), block_size, penalty, *lora)
     no_room = ""
     if not decodes:
         has_decode = any(
@@ -88,4 +93,6 @@ def plan_route(
         )
     prefills = {c.worker_id: c for c in rank_prefill(views, hashes, penalty, *lora)}
     costs = {view.worker_id: view.costs for view in views}
-    return RoutePlan(len(tokens), hashes, decodes, prefills, costs, no_room, output_tokens)
+    return RoutePlan(
+        len(tokens), block_size, hashes, decodes, prefills, costs, no_room, output_tokens
+    )

@@ -50,6 +50,7 @@ class WorkerView:
     def affinity(self, adapter: str, bonus: float) -> float:
         """`bonus` when `adapter` is in one of its slots, else 0."""
         return bonus if adapter and adapter in self.adapters_loaded else 0.0
+
     in_tier: Set[int] = frozenset()  # block hashes in its second KV tier
     tier_weight: float = 0.0  # a tier block's worth against a pool block's (0: not loaded)
 

@@ -82,7 +82,7 @@ class SchedulerService:
         self.bus = bus
         self.clock = clock
         self.subjects = Subjects(config.common.namespace)
-        self.registry = Registry(config.heartbeat_timeout)
+        self.registry = Registry(config.heartbeat_timeout, config.block_size)
         self.placing: dict[str, int] = {}  # model -> submits being placed or waiting now
         self.admitted = 0
         self.rejected = 0

@@ -3,7 +3,9 @@
 Also runnable alone: `python -m services.worker.cli --role decode --model-dir DIR`.
 Flags come from the dataclasses (`shared/flags.py`): the worker's own from WorkerConfig,
 the engine's from EngineConfig; `up` forwards the engine's with `engine_argv`. A worker given
-`--cpus` is pinned to them here, before its engine or any of its threads starts.
+`--cpus` is pinned to them here, before its engine or any of its threads starts. A
+configuration it cannot run (a bad flag, or one its engine refuses at start) ends it with
+services/cannot_run.py's status, which `up` does not restart.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import secrets
 import sys
 from collections.abc import Sequence
 
+from services.cannot_run import exit_cannot_run
 from services.worker.config import WorkerConfig
 from services.worker.pinning import pin
 from shared.config import CommonConfig, add_common_args, add_metrics_port_arg
@@ -77,8 +80,11 @@ def main(args: argparse.Namespace) -> None:
         config = config_from_args(args)
         pin(config.pinned_cpus)  # a core this machine lacks: refused like a bad flag
     except ConfigError as exc:
-        sys.exit(f"splitserve worker: {exc}")
-    failed = run(serve(config))
+        exit_cannot_run("worker", str(exc))
+    try:
+        failed = run(serve(config))
+    except ConfigError as exc:
+        exit_cannot_run("worker", str(exc))
     from services.worker.engine_thread import still_loading  # imported by serve already
 
     if still_loading():  # stopped while the weights loaded: torch must not be torn down

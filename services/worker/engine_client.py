@@ -28,6 +28,7 @@ import torch
 
 from shared.engine.kv_handoff import Reservation
 from shared.engine.outputs import StepOutput
+from shared.engine.startup_phases import StartupPhase
 from shared.engine.stats import EngineStats, KVCacheEvents
 from shared.kvtransfer import KVLayout
 from shared.kvtransfer.transfer import KVCopier
@@ -90,6 +91,9 @@ class EngineClient(Protocol):
 
     async def start(self, events: EngineEvents) -> KVLayout:
         """Load the model and start serving; the layout of its KV cache."""
+
+    def startup_phases(self) -> dict[StartupPhase, float]:
+        """Seconds of the phases of `start` the engine timed itself (after `start`)."""
 
     async def submit(self, request: SubmitRequest, *, hold_kv: bool) -> None:
         """Check the request (InvalidRequest; no step waits) and queue it, resumed after its

@@ -24,6 +24,7 @@ from shared.engine.errors import InvalidRequest
 from shared.engine.kv_handoff import KVHandOff
 from shared.engine.outputs import StepOutput
 from shared.engine.request_check import RequestChecker
+from shared.engine.startup_phases import StartupPhase
 from shared.engine.stats import EngineStats, KVCacheEvents
 from shared.kvtransfer import KVLayout
 from shared.protocol import SubmitRequest
@@ -39,6 +40,7 @@ class NativeEngineClient:
         self._thread = EngineThread(lambda: LLMEngine(config), self._on_step, self._on_fatal, lease)
         self._checker: RequestChecker | None = None
         self._kv: NativeKV | None = None
+        self._startup: dict[StartupPhase, float] = {}
 
     @property
     def kv(self) -> NativeKV:
@@ -49,8 +51,12 @@ class NativeEngineClient:
         self._events = events
         await self._thread.start()
         self._checker, handoff, layout = await self._thread.call(_thread_safe_parts)
+        self._startup = await self._thread.call(lambda engine: dict(engine.startup.seconds))
         self._kv = NativeKV(self._thread, handoff, self._request_failed)
         return layout
+
+    def startup_phases(self) -> dict[StartupPhase, float]:
+        return self._startup
 
     async def submit(self, request: SubmitRequest, *, hold_kv: bool) -> None:
         checker = self._checker

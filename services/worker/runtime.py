@@ -25,10 +25,12 @@ from services.worker.engines import make_engine
 from services.worker.prefill import PrefillSide
 from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
 from services.worker.role_change import Intake, RoleChange
+from services.worker.startup import StartupReport
 from services.worker.telemetry import WorkerTelemetry
 from services.worker.tier_metrics import tier_counters
 from shared.bus import Bus, Headers
 from shared.engine.outputs import StepOutput
+from shared.engine.startup_phases import StartupPhase
 from shared.epoch import new_epoch
 from shared.kvtransfer.link import KVLink
 from shared.kvtransfer.select import make_transport
@@ -61,6 +63,7 @@ class Worker:
         self.engine = engine
         self.transport_factory = transport_factory or default_factory
         self.telemetry = WorkerTelemetry(config)
+        self.startup = StartupReport(self.telemetry.metrics.registry)
         self.table = RequestTable(self.telemetry)
         self.failed = asyncio.Event()  # the engine died: the process should exit non-zero
         self.ctx: WorkerContext | None = None
@@ -80,6 +83,7 @@ class Worker:
     async def start(self) -> None:
         """Load the model, connect, subscribe, start heartbeats."""
         config, wid = self.config, self.config.worker_id
+        self.startup.imported()
         if config.metrics_port is not None:  # first: a port given at launch stays this one's
             self.metrics_port = serve_metrics(
                 self.telemetry.metrics.registry,
@@ -88,14 +92,18 @@ class Worker:
                 ready=lambda: self.ctx is not None and not self.ctx.draining,
             )
             print(f"worker {wid} metrics on port {self.metrics_port}", flush=True)
+        started = time.perf_counter()
         layout = await self.engine.start(self)
-        transport = await asyncio.to_thread(
-            self.transport_factory,
-            wid,
-            self.engine.kv.cache_layers(),
-            layout,
-            config.kv_transport,
-        )
+        self.startup.engine_started(self.engine.startup_phases(), time.perf_counter() - started)
+        with self.startup.clock.timing(StartupPhase.KV_REGISTRATION):
+            transport = await asyncio.to_thread(
+                self.transport_factory,
+                wid,
+                self.engine.kv.cache_layers(),
+                layout,
+                config.kv_transport,
+            )
+        connecting = time.perf_counter()
         common = config.common
         bus = await Bus.connect(common.nats_url, f"worker-{wid}", auth=common.nats_auth)
         self.telemetry.metrics.registry.register(bus.rejections.counter)
@@ -133,6 +141,8 @@ class Worker:
         await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
+        self.startup.clock.add(StartupPhase.CONNECT, time.perf_counter() - connecting)
+        self.startup.ready()
         self._background.append(asyncio.create_task(self._heartbeats()))
         log.info("worker %s (%s) serving %s", wid, config.role, config.model_name)
 
@@ -176,6 +186,7 @@ class Worker:
         """The engine's transitions, each handled once: started (its queue span ends), a
         prefill's first token (its hand-off starts, with the blocks held), a decode's tokens
         (streamed; its finish ends it). The table moves only where the worker takes over."""
+        self.startup.on_step(step_started)
         for request_id in step.started:
             entry = self.table.get(request_id)
             if entry is not None and entry.state == S.ENGINE:
@@ -328,6 +339,8 @@ class Worker:
             adapter_swap_ins=stats.adapter_swap_ins,
             kv_tier=tier_counters(stats.tier),
             epoch=self.epoch,
+            startup=self.startup.wire(),
+            ready_s=self.startup.ready_s,
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)

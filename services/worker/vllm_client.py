@@ -30,7 +30,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from services.worker.config import WorkerConfig
 from services.worker.engine_client import EngineEvents
-from services.worker.vllm_engine_args import engine_args, set_environment
+from services.worker.vllm_engine_args import engine_args, set_environment, vllm_engine_config
 from services.worker.vllm_kv import VllmKV
 from services.worker.vllm_kv_events import VllmKVEventTranslator
 from services.worker.vllm_kv_subscriber import VllmKVEventSubscriber
@@ -43,6 +43,7 @@ from shared.engine.kv_handoff import HeldBlocks
 from shared.engine.outputs import RequestOutput, StepOutput
 from shared.engine.sequence import FinishReason
 from shared.engine.spec_decode import SpecDecodeStats
+from shared.engine.startup_phases import StartupPhase
 from shared.engine.stats import EngineStats, KVCacheEvents
 from shared.errors import ConfigError
 from shared.kvtransfer import KVLayout
@@ -56,7 +57,7 @@ _NO_LORA = "LoRA adapters are served by the native engine only (not --engine vll
 class VllmEngineClient:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
-        self.engine_config = config.engine_config()
+        self.engine_config = vllm_engine_config(config)  # ConfigError: vLLM cannot run it
         self.counters = VllmCounters()
         self.first_token_mismatches = 0  # decode side: vLLM's first token was not prefill's
         self._events: EngineEvents | None = None
@@ -95,6 +96,10 @@ class VllmEngineClient:
         )
         log.info("vLLM engine up: %d KV blocks of %d tokens", self._num_blocks, self.block_size)
         return self._layout
+
+    def startup_phases(self) -> dict[StartupPhase, float]:
+        """None apart: vLLM loads, compiles and allocates in its engine core process."""
+        return {}
 
     @property
     def block_size(self) -> int:

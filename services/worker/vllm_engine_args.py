@@ -3,27 +3,66 @@
 Every vLLM worker runs vLLM's NixlConnector (`kv_both`: it may send and receive KV), with
 its KV buffer where the model runs, vLLM's own stats on (heartbeats read them) and its KV
 cache events published where the worker subscribes (vllm_kv_subscriber.py).
+
+The block size follows vLLM's attention on the device: unset (0), the smallest its backend
+takes (32 on a CPU, 16 on a GPU); a given one that the CPU backend cannot run is refused
+here, with the backend's own terms, before any engine process starts (ConfigError: the
+worker exits as unable to run, and `up` stops rather than restart it).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 
 from vllm.config import KVTransferConfig
 from vllm.config.kv_events import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.v1.attention.backend import MultipleOf
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 from services.worker.config import WorkerConfig
-from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
+from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV
+from shared.engine.engine_config import EngineConfig
 from shared.engine.resolve import resolve
+from shared.errors import ConfigError
+from shared.models.pull import default_home
 from shared.ports import free_port
 
 GIB = 1 << 30
+VLLM_CACHE = "vllm"  # under $SPLITSERVE_HOME: vLLM's caches, its compiled graphs among them
+GPU_BLOCK_SIZE = 16  # what vLLM's GPU attention backends all take
+
+
+def vllm_engine_config(config: WorkerConfig) -> EngineConfig:
+    """The worker's engine settings with the block size vLLM runs on its device (this
+    probes the device when it is `auto`). ConfigError for a size vLLM's CPU attention
+    cannot run."""
+    engine = config.engine_config()
+    if engine.torch_device.type != "cpu":
+        return replace(engine, block_size=engine.block_size or GPU_BLOCK_SIZE)
+    sizes = CPUAttentionBackend.get_supported_kernel_block_sizes()
+    if not engine.block_size:
+        return replace(engine, block_size=min(_smallest(size) for size in sizes))
+    if not any(_takes(size, engine.block_size) for size in sizes):
+        raise ConfigError(
+            f"--block-size {engine.block_size}: vLLM's CPU attention runs blocks of {sizes} "
+            "tokens (leave --block-size unset for its own)"
+        )
+    return engine
+
+
+def _smallest(size: int | MultipleOf) -> int:
+    return size.base if isinstance(size, MultipleOf) else size
+
+
+def _takes(size: int | MultipleOf, block_size: int) -> bool:
+    return block_size % size.base == 0 if isinstance(size, MultipleOf) else block_size == size
 
 
 def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineArgs:
-    engine = resolve(config.engine_config())
+    engine = resolve(vllm_engine_config(config))
     connector = KVTransferConfig(
         kv_connector="NixlConnector",
         kv_role="kv_both",
@@ -53,6 +92,8 @@ def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineA
 def set_environment(config: WorkerConfig) -> None:
     """What vLLM reads from the environment, for the engine core process it starts."""
     os.environ[QUIET_NIXL_ENV] = "1"  # no NIXL thread spinning on a core (vllm_nixl_plugin)
+    os.environ[STABLE_COMPILE_KEY_ENV] = "1"  # the next start loads what this one compiles
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(default_home() / VLLM_CACHE))
     if config.engine.torch_device.type == "cpu":
         # The model runs in the engine core process, not in a third process of its own:
         # vLLM's CPU platform picks its multiprocess executor unless this is 0, and then

@@ -44,6 +44,7 @@ from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
 from shared.engine.spec_decode.ngram import NgramProposer
 from shared.engine.spec_decode.proposer import Proposer
+from shared.engine.startup_phases import PhaseClock
 from shared.engine.stats import (
     EngineStats,
     KVCacheEvents,
@@ -58,6 +59,7 @@ from shared.engine.structured_output import GrammarCompilers
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        self.startup = PhaseClock()  # its start's phases, for the worker's report
         config = resolve(config)  # auto device, batch_invariant and dtype: this machine's
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -81,7 +83,7 @@ class LLMEngine:
         if config.lora_enabled:
             lora = BankLimits(config.max_loras, config.max_lora_rank, config.lora_host_slots)
         self.runner = ModelRunner(
-            config, self.model_config, num_blocks, self.max_model_len, lora=lora
+            config, self.model_config, num_blocks, self.max_model_len, lora=lora, clock=self.startup
         )
         self.tier = open_tier(config, self.runner.kv_cache)
         self.block_manager = BlockManager(
@@ -358,7 +360,9 @@ class LLMEngine:
             return NgramProposer(k, max_len)
         if config.speculative == "draft":
             assert draft_config is not None and config.draft_model_dir is not None
-            runner = ModelRunner(config, draft_config, num_blocks, max_len, config.draft_model_dir)
+            runner = ModelRunner(
+                config, draft_config, num_blocks, max_len, config.draft_model_dir, self.startup
+            )
             return DraftProposer(k, max_len, runner, self.runner.sampler)
         return None
 

@@ -7,8 +7,9 @@ scheduler's (it hashes blocks with the workers' size).
 
 The subtle rule: an `EngineConfig` is pure. Making one never imports torch, probes the
 hardware or builds kernels; its checks read only its own fields. `auto` (device, dtype,
-batch_invariant) stays `auto` until the engine is built: shared/engine/resolve.py turns the
-config into one for this machine. `torch_dtype` and `torch_device` import torch when read.
+batch_invariant; block size 0) stays `auto` until the engine is built:
+shared/engine/resolve.py turns the config into one for this machine. `torch_dtype` and
+`torch_device` import torch when read.
 """
 
 from __future__ import annotations
@@ -31,18 +32,23 @@ SPECULATIVE_METHODS = ("ngram", "draft")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_TOKEN_BUDGET = 256  # the native engine's default step budget (max_num_batched_tokens)
 GPU_TOKEN_BUDGET = 2048
-DEFAULT_BLOCK_SIZE = 16
+NATIVE_BLOCK_SIZE = 16  # the native engine's block size when none is given
 _DEVICE = re.compile(r"auto|(cpu|cuda)(:\d+)?")
 
 
 def block_size_flag() -> Any:
     """The `--block-size` field, one declaration for the engine and the scheduler."""
-    return flag(DEFAULT_BLOCK_SIZE, help="tokens per KV block (workers and scheduler: one size)")
+    return flag(
+        0,
+        help="tokens per KV block, one size per model; 0: the engine's own (native 16; vLLM "
+        "what its attention takes: 32 on a CPU), and the scheduler takes its workers'",
+    )
 
 
 def check_block_size(block_size: int) -> None:
-    if block_size <= 0 or block_size & (block_size - 1):
-        raise ConfigError(f"block_size must be a power of two, not {block_size}")
+    """A power of two, or 0 ("the engine's own": resolved when the engine is built)."""
+    if block_size < 0 or block_size & (block_size - 1):
+        raise ConfigError(f"block_size must be a power of two (or 0), not {block_size}")
 
 
 @dataclass(slots=True, frozen=True)

@@ -27,6 +27,7 @@ from shared.engine.quantization import describe_shipped, quantize_weights, shipp
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.spec_decode.verify import verify_drafts
+from shared.engine.startup_phases import PhaseClock, StartupPhase
 from shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,9 @@ class ModelRunner:
         max_len: int,
         model_dir: Path | None = None,  # default config.model_dir; a draft model passes its own
         lora: BankLimits | None = None,  # serve LoRA adapters (`adapters`) with these limits
+        clock: PhaseClock | None = None,  # times its start's phases (weights, KV cache)
     ) -> None:
+        clock = clock or PhaseClock()
         self.block_size = config.block_size
         self.device = device = config.torch_device
         if device.type == "cuda":
@@ -63,23 +66,27 @@ class ModelRunner:
                 f"quantization {config.quantization} is not supported for MoE models: "
                 "serve them without --quantization"
             )
-        shipped = shipped_quantization(model_dir, config.quantization, device.type)
-        weights = load_weights(model_dir, model_config, config.torch_dtype, device)
+        with clock.timing(StartupPhase.WEIGHTS_LOAD):
+            shipped = shipped_quantization(model_dir, config.quantization, device.type)
+            weights = load_weights(model_dir, model_config, config.torch_dtype, device)
         vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
         packed = not config.quantization and batch_invariant.resolve(config)
-        if config.quantization:
-            weights = quantize_weights(weights, config.quantization)
-        elif packed:  # with adapters, gate_up stays a plain matrix (lora/linear.py)
-            silu_mlp = model_config.hidden_act == "silu" and lora is None
-            weights = batch_invariant.pack_weights(weights, silu_mlp)
         self.adapters: AdapterBank | None = None
-        if lora is not None:
-            self.adapters = AdapterBank(model_config, lora, config.torch_dtype, device, packed)
-            weights = attach(weights, self.adapters)
+        with clock.timing(StartupPhase.WEIGHTS_PACK):
+            if config.quantization:
+                weights = quantize_weights(weights, config.quantization)
+            elif packed:  # with adapters, gate_up stays a plain matrix (lora/linear.py)
+                silu_mlp = model_config.hidden_act == "silu" and lora is None
+                weights = batch_invariant.pack_weights(weights, silu_mlp)
+            if lora is not None:
+                self.adapters = AdapterBank(model_config, lora, config.torch_dtype, device, packed)
+                weights = attach(weights, self.adapters)
+            moved, advised = (
+                move_onto_huge_pages(tensors_in(weights)) if device.type == "cpu" else (0, False)
+            )
         if device.type == "cpu":
             matmuls = describe_shipped(shipped) if shipped else None
             log.info("CPU matmuls: %s", matmuls or batch_invariant.describe_matmuls(config, packed))
-            moved, advised = move_onto_huge_pages(tensors_in(weights))
             log.info(
                 "weights: %s (transparent huge pages: %s)",
                 f"{moved >> 20} MiB on 2 MiB pages asked for" if advised else "4 KiB pages",
@@ -104,9 +111,10 @@ class ModelRunner:
             if self.model.native_layers
             else "the Python loop",
         )
-        self.kv_cache = KVCache(
-            model_config, num_blocks, config.block_size, config.torch_dtype, device
-        )
+        with clock.timing(StartupPhase.KV_ALLOCATION):
+            self.kv_cache = KVCache(
+                model_config, num_blocks, config.block_size, config.torch_dtype, device
+            )
         self.sampler = Sampler(vocab_size, model_config.eos_token_ids, self.model.ops.native)
 
     def run(self, chunks: list[ScheduledChunk]) -> list[list[SampledToken]]:

@@ -21,6 +21,7 @@ from services.gateway.app import create_runner
 from services.gateway.config import GatewayConfig
 from shared.bus import Bus
 from shared.config import CommonConfig
+from shared.engine.startup_phases import StartupPhase
 from shared.kv_tier_messages import TierCounters
 from shared.nats_server import NatsServer
 from shared.planner_messages import PlannerReport, ReportedDecision
@@ -36,6 +37,7 @@ from shared.protocol import (
     SubmitRequest,
     WorkerStatus,
 )
+from shared.startup_messages import PhaseTime
 from shared.subjects import Subjects
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
 
@@ -70,6 +72,8 @@ BEATS = [
         16,
         draining=True,
         prefix_queries=400,
+        startup=[PhaseTime(StartupPhase.WEIGHTS_LOAD, 1.25)],
+        ready_s=2.5,
         prefix_hits=100,
         kv_blocks_received=9,
         kv_transports=["nixl", "nats"],
@@ -223,6 +227,8 @@ def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
                 "hits": 7,
                 "load_seconds": 0.5,
             },
+            "ready_s": 2.5,
+            "startup": {"weights_load": 1.25},
         }
         assert (workers["p0"]["state"], workers["p0"]["waiting"]) == ("ready", 2)
         # Each pair the prefill worker sent KV to, by decode worker id, with its transport.

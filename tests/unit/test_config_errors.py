@@ -11,6 +11,7 @@ import pytest
 from loadtest.mesh_bench.burst import MeshBurstConfig
 from loadtest.peers.config import PeersConfig
 from loadtest.peers.offline import OfflineConfig
+from services.cannot_run import CANNOT_RUN
 from services.cli import build_parser
 from services.gateway.config import GatewayConfig
 from services.launch_plan import LauncherConfig
@@ -78,12 +79,15 @@ def test_a_flag_value_that_does_not_parse_is_a_config_error():
         by_name["dtype"].parse("fp8")
 
 
-def test_the_worker_cli_exits_on_a_config_error_but_not_on_a_bug(monkeypatch):
+def test_the_worker_cli_exits_on_a_config_error_but_not_on_a_bug(monkeypatch, capsys):
     parser = argparse.ArgumentParser()
     worker_cli.add_arguments(parser)
     args = parser.parse_args(["--model-dir", "/m", "--num-kv-blocks", "0"])
-    with pytest.raises(SystemExit, match="splitserve worker: num_kv_blocks must be positive"):
+    with pytest.raises(SystemExit) as exited:
         worker_cli.main(args)
+    assert exited.value.code == CANNOT_RUN  # `up` stops rather than restart it
+    refusal = capsys.readouterr().err
+    assert "splitserve worker: cannot run: num_kv_blocks must be positive" in refusal
 
     def bug(_: argparse.Namespace) -> WorkerConfig:
         raise ValueError("a bug")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from services.cannot_run import CANNOT_RUN
 from services.cli import build_parser
 from services.gateway.config import GatewayConfig
 from services.scheduler.config import SchedulerConfig
@@ -117,10 +118,12 @@ def test_a_bad_variable_is_refused_by_name(monkeypatch, variable, value):
         worker_parser()
 
 
-def test_an_impossible_engine_config_exits_with_its_reason():
+def test_an_impossible_engine_config_exits_with_its_reason(capsys):
     args = worker_parser().parse_args(["--model-dir", "/m", "--speculative", "draft"])
-    with pytest.raises(SystemExit, match="needs a draft_model_dir"):
+    with pytest.raises(SystemExit) as exited:
         worker_cli.main(args)
+    assert exited.value.code == CANNOT_RUN  # not restarted by `up`
+    assert "needs a draft_model_dir" in capsys.readouterr().err
 
 
 def test_worker_config_keeps_its_own_checks():

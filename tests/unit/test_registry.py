@@ -149,3 +149,21 @@ def test_a_newer_process_under_the_same_id_replaces_the_old_one():
     registry.on_heartbeat(old, now=101.0)  # the old process, late: ignored
     (status,) = registry.status()
     assert status.heartbeat.epoch == 2000 and status.assigned == []
+
+
+def test_the_scheduler_hashes_with_its_workers_block_size_one_size_per_model():
+    registry = Registry()
+    assert registry.block_size("m", 16) == 16  # no worker yet: the default
+    registry.on_heartbeat(Heartbeat("v1", "decode", "m", 0, 0, 100, 200, 32), now=0.0)
+    registry.on_heartbeat(Heartbeat("o1", "decode", "other", 0, 0, 100, 200, 16), now=0.0)
+    assert (registry.block_size("m", 16), registry.block_size("other", 32)) == (32, 16)
+    assert not registry.on_heartbeat(Heartbeat("v2", "decode", "m", 0, 0, 100, 200, 16), 0.0)
+    assert "v2" not in registry
+    assert registry.refused == {"v2": "blocks of 16 tokens: m hashes {32}"}
+
+
+def test_a_scheduler_given_a_block_size_refuses_workers_of_another():
+    registry = Registry(block_size=16)
+    assert not registry.on_heartbeat(Heartbeat("v1", "decode", "m", 0, 0, 100, 200, 32), 0.0)
+    assert registry.on_heartbeat(Heartbeat("n1", "decode", "m", 0, 0, 100, 200, 16), 0.0)
+    assert registry.block_size("m", 32) == 16 and "v1" in registry.refused

@@ -14,12 +14,15 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make install ENG
 from vllm.config.kv_events import KVEventsConfig
 
 from services.worker.config import WorkerConfig
-from services.worker.vllm_engine_args import engine_args, set_environment
-from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
+from services.worker.vllm_engine_args import engine_args, set_environment, vllm_engine_config
+from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV, without_ports
 from shared.engine.engine_config import EngineConfig
+from shared.errors import ConfigError
 
 SET_BY_THE_WORKER = (
     QUIET_NIXL_ENV,
+    STABLE_COMPILE_KEY_ENV,
+    "VLLM_CACHE_ROOT",
     "VLLM_ENABLE_V1_MULTIPROCESSING",
     "VLLM_NIXL_SIDE_CHANNEL_HOST",
     "VLLM_NIXL_SIDE_CHANNEL_PORT",
@@ -69,3 +72,43 @@ def test_the_kv_buffer_is_where_the_model_runs():
     args = engine_args(worker(), KVEventsConfig(enable_kv_cache_events=False))
     assert args.kv_transfer_config.kv_buffer_device == "cpu"
     assert args.kv_transfer_config.kv_connector == "NixlConnector"
+
+
+def test_the_block_size_follows_vllms_cpu_attention_and_a_size_it_cannot_run_is_refused():
+    def with_block_size(block_size: int) -> WorkerConfig:
+        engine = EngineConfig(model_dir=Path("/m"), block_size=block_size, device="cpu")
+        return WorkerConfig(
+            worker_id="p", role="prefill", model_name="m", engine_kind="vllm", engine=engine
+        )
+
+    assert vllm_engine_config(with_block_size(0)).block_size == 32  # unset: its own
+    assert vllm_engine_config(with_block_size(64)).block_size == 64
+    with pytest.raises(ConfigError, match=r"--block-size 16: .*MultipleOf\(32\)"):
+        vllm_engine_config(with_block_size(16))
+
+
+def test_a_workers_compile_cache_key_does_not_change_with_its_side_channel_port(
+    clean_environment, monkeypatch
+):
+    """vLLM hashes the NIXL side channel's port into its compile cache key, and a worker
+    takes a free port at each start: without the plugin each start compiled again."""
+    from vllm import envs
+    from vllm.compilation.caching import hash_factors
+
+    def key(port: int, factors) -> str:
+        monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(port))
+        envs.disable_envs_cache()  # the variables as they are now (an earlier test cached them)
+        return hash_factors(factors())
+
+    # vLLM's own (an earlier test may have had vLLM load the plugin in this process)
+    vllms = getattr(envs.compile_factors, "__wrapped__", envs.compile_factors)
+    assert key(41001, vllms) != key(41002, vllms)
+    stable = without_ports(vllms)
+    assert key(41001, stable) == key(41002, stable)
+
+
+def test_vllms_caches_persist_under_splitserve_home(clean_environment, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPLITSERVE_HOME", str(tmp_path))
+    set_environment(worker())
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
+    assert os.environ[STABLE_COMPILE_KEY_ENV] == "1"

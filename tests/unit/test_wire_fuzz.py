@@ -31,6 +31,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.service import SchedulerService
 from shared.bus import Bus
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.startup_phases import StartupPhase
 from shared.kvtransfer.nats_transport import serve_kv
 from shared.liveness_messages import Probe, ProbeAck
 from shared.lora_messages import AdapterAction, AdapterAnswer, AdapterCommand, AdapterReport
@@ -61,6 +62,7 @@ from shared.protocol import (
     decode,
     encode,
 )
+from shared.startup_messages import PhaseTime
 from shared.subjects import Subjects
 from shared.wire_codec import MAX_FRAME_BYTES, MAX_LIST_ITEMS, SCHEMA_VERSION
 
@@ -69,7 +71,9 @@ SUBMIT = SubmitRequest("r1", "g1", [1, 2, 3], SamplingParams(), deadline=time.ti
 SAMPLES: list[Any] = [
     SUBMIT,
     StatusQuery(),
-    Heartbeat("w1", "decode", "m", 0, 0, 10, 10, 16),
+    Heartbeat(
+        "w1", "decode", "m", 0, 0, 10, 10, 16, startup=[PhaseTime(StartupPhase.IMPORTS, 1.5)]
+    ),
     KVEvents("w0", 1, [1], []),
     Reserve(SUBMIT),
     PrefillTask(SUBMIT, "w2", 0),
@@ -124,6 +128,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "kv_blocks_sent": NEGATIVE,
         "prefill_rate": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "busy": st.floats(max_value=-1e-9),
+        "ready_s": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "next_role": st.sampled_from(["gateway", "prefil", "BOTH"]),
         "kv_tier.hits": NEGATIVE,
         "kv_tier.load_seconds": st.sampled_from([float("nan"), float("inf"), -1.0]),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from services.cannot_run import CANNOT_RUN
 from services.worker import cli as worker_cli
 from services.worker.pinning import cpu_list, parse_cpus, usable_cpus
 from shared.errors import ConfigError
@@ -94,8 +95,9 @@ def test_a_pinned_worker_runs_a_thread_per_core_unless_told_otherwise(monkeypatc
     assert worker_cli.config_from_args(worker_args()).pinned_cpus == (1,)
 
 
-def test_the_worker_refuses_a_bad_list_or_a_core_the_machine_lacks():
-    with pytest.raises(SystemExit, match="splitserve worker: cpus '0-x'"):
-        worker_cli.main(worker_args("--cpus", "0-x"))
-    with pytest.raises(SystemExit, match="splitserve worker: cpus 100000: not among"):
-        worker_cli.main(worker_args("--cpus", "100000"))
+def test_the_worker_refuses_a_bad_list_or_a_core_the_machine_lacks(capsys):
+    for cpus, message in (("0-x", "cpus '0-x'"), ("100000", "cpus 100000: not among")):
+        with pytest.raises(SystemExit) as exited:
+            worker_cli.main(worker_args("--cpus", cpus))
+        assert exited.value.code == CANNOT_RUN
+        assert f"splitserve worker: cannot run: {message}" in capsys.readouterr().err

