@@ -107,7 +107,7 @@ class Placer:
         model_id = self.registry.model_id(request.model, cfg.model_id)
         views = self.registry.views(request.model)
         max_tokens = request.sampling.max_tokens
-        plan = plan_route(views, tokens, model_id, request.model, cfg, max_tokens)
+        plan = plan_route(views, tokens, model_id, request.model, cfg, output_tokens=max_tokens)
         if not plan.decodes:
             return NoRoom(plan.no_room, asked=False)
         hashes, prefills = plan.hashes, plan.prefills
