@@ -120,7 +120,9 @@ class SimMesh:
         cfg, rtt = self.config, self.cost.control_latency_s
         views = self.registry.views()
         model_id = self.registry.model_id("", cfg.model_id)
-        plan = plan_route(views, request.tokens, model_id, "", cfg, output_tokens=request.output_len)
+        plan = plan_route(
+            views, request.tokens, model_id, "", cfg, output_tokens=request.output_len
+        )
         for decode in plan.decodes:
             choice = plan.choose(decode, cfg, rtt)
             worker = self.workers[decode.worker_id]
