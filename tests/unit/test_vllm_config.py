@@ -33,6 +33,7 @@ def test_native_by_default_and_vllm_by_flag_or_variable(monkeypatch):
         (["--quantization", "int8"], "--quantization"),
         (["--speculative", "ngram"], "--speculative"),
         (["--num-kv-blocks", "64"], "--num-kv-blocks"),
+        (["--kv-offloading-size", "1"], "--kv-offloading-size"),
     ],
 )
 def test_native_only_options_are_refused_with_vllm(argv, flag):
