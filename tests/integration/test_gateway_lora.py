@@ -21,7 +21,10 @@ from tests.integration.gateway_harness import (
     Harness,
     gw_fixture,  # noqa: F401  (fixtures)
     http,
+    migrating_gw_fixture,  # noqa: F401  (fixtures)
 )
+
+pytestmark = pytest.mark.e2e  # the gateway's tokenizer: the real default model's
 
 
 def post(gw: Harness, path: str, body: dict, key: str = KEY) -> tuple[int, str]:
@@ -72,3 +75,16 @@ def test_load_and_unload_reach_every_worker_behind_the_api_key(gw: Harness):
     assert status == 200 and "removed successfully" in text
     with pytest.raises(openai.BadRequestError):
         gw.client().chat.completions.create(model="chat-lora", messages=MESSAGES)
+
+
+def test_a_migrated_attempt_keeps_its_adapter(migrating_gw: Harness):
+    gw = migrating_gw
+    gw.reply_script()
+    gw.mesh.adapters[:] = ["sql-lora"]
+    first_chunk, *rest = gw.mesh.script
+    gw.mesh.script = [first_chunk, ([], None, "decode worker lost"), *rest]
+    reply = gw.client().chat.completions.create(model="sql-lora", messages=MESSAGES)
+    assert reply.model == "sql-lora"
+    first, migrated = gw.mesh.submitted[-2:]
+    assert migrated.attempt == 1 and migrated.sampling.adapter == "sql-lora"
+    assert migrated.sampling == first.sampling
