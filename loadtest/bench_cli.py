@@ -187,6 +187,7 @@ def _add_model_args(parser: argparse.ArgumentParser, when: str = "") -> None:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     from loadtest import cli as loadtest_cli
+    from loadtest.engine_bench import lora as lora_bench
     from loadtest.peers import cli as peers_cli
     from loadtest.sim import cli as sim_cli
     from loadtest.slo import cli as slo_cli
@@ -309,3 +310,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     isolation_cli.add_parser(targets)
     judge.add_parser(targets)
     sim_cli.add_parser(targets)  # sim: its own too (loadtest/sim/cli.py)
+    lora_bench.add_parser(targets)  # lora: loadtest/engine_bench/lora.py

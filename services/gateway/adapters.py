@@ -7,7 +7,7 @@ request names one it does not know (or its view is older than `FRESH_S`), and le
 or unload it forwarded at once. Load and unload go to the scheduler, which sends them to every
 worker of the base model (services/scheduler/adapters.py).
 The one rule: a name is an adapter only while some worker serves it, so a request for one
-just unloaded is refused here (404) rather than by every worker in turn.
+just unloaded is refused here (400, as any unknown model) rather than by every worker in turn.
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ class ModelRunner:
         input_ids, positions, meta, logits_rows = self._prepare(spans)
         if self.adapters is not None:
             by_span = [(span.adapter, len(span.token_ids), span.num_logits) for span in spans]
-            self.adapters.begin_step(StepRows.of(by_span, self.device))
+            self.adapters.begin_step(StepRows.of(by_span))
         return self.model.forward(input_ids, positions, meta, self.kv_cache.layers, logits_rows)
 
     def _prepare(self, spans: list[Span]):

@@ -167,9 +167,12 @@ class BatchScheduler:
             chunks.append(ScheduledChunk(seq, num_tokens))
             budget -= num_tokens
 
-        out.chunks = [c for c in chunks if c.num_tokens == 1] + [
-            c for c in chunks if c.num_tokens > 1
-        ]
+        # Decodes first, those of one LoRA adapter side by side (a row's bits never depend
+        # on its place: each adapter's rows are then one slice, lora/step_rows.py)
+        decodes = sorted(
+            (c for c in chunks if c.num_tokens == 1), key=lambda c: c.seq.params.adapter
+        )
+        out.chunks = decodes + [c for c in chunks if c.num_tokens > 1]
         return out
 
     def update(

@@ -29,6 +29,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.prompting import ModelText
 from shared.bus import Bus
 from shared.config import CommonConfig
+from shared.lora_messages import AdapterAction, AdapterAnswer, AdapterCommand, AdapterReport
 from shared.nats_server import NatsServer
 from shared.ports import free_port
 from shared.protocol import (
@@ -70,11 +71,15 @@ class FakeMesh:
     submitted: list[SubmitRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     log: list[tuple[str, str]] = field(default_factory=list)  # ("submit" | "token", id), in order
+    adapters: list[str] = field(default_factory=list)  # LoRA adapters its workers announce
+    adapter_commands: list[AdapterCommand] = field(default_factory=list)
 
     async def start(self) -> None:
         await self.bus.serve(self.subjects.status, StatusQuery, self._status, lambda _: None)
         self.submit_sub = await self.serve_submit()
         await self.bus.subscribe(self.subjects.cancel, Cancel, self._cancel)
+        refuse = lambda why: AdapterReport(error=why)  # noqa: E731
+        await self.bus.serve(self.subjects.adapters, AdapterCommand, self._adapters, refuse)
         await self.bus.nc.flush()
 
     async def serve_submit(self):
@@ -82,7 +87,10 @@ class FakeMesh:
         return await self.bus.serve(self.subjects.submit, SubmitRequest, self._submit, bad)
 
     async def _status(self, query: StatusQuery, headers: dict) -> MeshStatus:
-        beats = [Heartbeat(f"w{i}", r, MODEL, 0, 0, 10, 10, 16) for i, r in enumerate(self.roles)]
+        beats = [
+            Heartbeat(f"w{i}", r, MODEL, 0, 0, 10, 10, 16, adapters=list(self.adapters))
+            for i, r in enumerate(self.roles)
+        ]
         return MeshStatus([WorkerStatus(b, time.time()) for b in beats], 0, 0, 0)
 
     async def _submit(self, request: SubmitRequest, headers: dict) -> SubmitAck:
@@ -112,6 +120,17 @@ class FakeMesh:
                 await self.bus.publish(subject, chunk)  # a duplicate: dropped by index
             index += len(ids)
             await asyncio.sleep(0.01)
+
+    async def _adapters(self, command: AdapterCommand, headers: dict) -> AdapterReport:
+        """Every worker loads (unloads) it, unless its path has "bad" in it."""
+        self.adapter_commands.append(command)
+        if "bad" in command.path:
+            return AdapterReport([AdapterAnswer("w0", Outcome.INVALID, "no adapter_config.json")])
+        if command.action == AdapterAction.LOAD:
+            self.adapters.append(command.name)
+        else:
+            self.adapters.remove(command.name)
+        return AdapterReport([AdapterAnswer(f"w{i}", Outcome.OK) for i in range(len(self.roles))])
 
     async def _cancel(self, cancel: Cancel, headers: dict) -> None:
         self.cancelled.append(cancel.request_id)

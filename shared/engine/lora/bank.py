@@ -2,9 +2,11 @@
 matrices its rows are multiplied by.
 
 Three tiers, each LRU: known (name -> directory: `--lora-modules` and loads at run time),
-host (read and checked, our layout: `max_cpu_loras`) and slots (packed for the matmuls,
-on the engine's device: `max_loras`). A step names its adapters (`begin_step`); those not in
-a slot are filled, evicting the least recently used slot that the step does not need.
+host (read, checked and laid out as the matmuls read them — packed beside packed base
+weights —: `max_cpu_loras`) and slots (on the engine's device: `max_loras`; on a CPU a slot
+is the host copy itself, so a swap-in costs nothing). A step names its adapters
+(`begin_step`); those not in a slot are filled, evicting the least recently used slot that
+the step does not need.
 
 The one rule: the scheduler lets no step use more adapters than there are slots
 (BatchScheduler's `max_adapters`), so `begin_step` never has to evict a slot its own step
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.engine.errors import BadAdapter
-from shared.engine.lora.checkpoint import AdapterWeights, read_adapter
+from shared.engine.lora.checkpoint import read_adapter
 from shared.engine.lora.step_rows import StepRows
 from shared.engine.lora.targets import Target
 from shared.engine.model.linear_weights import PackedLinear
@@ -64,19 +66,18 @@ class AdapterBank:
         self.packed = packed
         self.paths: dict[str, Path] = {}  # every adapter a request may name
         self.stats = BankStats()
-        self._host: OrderedDict[str, AdapterWeights] = OrderedDict()
+        self._host: OrderedDict[str, list[SlotLayer]] = OrderedDict()
         self._slots: OrderedDict[str, list[SlotLayer]] = OrderedDict()
         self._step: StepRows | None = None
 
     # -- adapters in and out ------------------------------------------------------------------
-    def load(self, name: str, path: Path) -> AdapterWeights:
+    def load(self, name: str, path: Path) -> None:
         """Read and check the adapter (BadAdapter saying why not), then know it by `name`.
         Loading a known name again reads it afresh (a new checkpoint at the path)."""
-        weights = self._read(name, path)
+        layers = self._read(name, path)
         self.unload(name)
         self.paths[name] = path
-        self._keep_on_host(weights)
-        return weights
+        self._keep_on_host(name, layers)
 
     def unload(self, name: str) -> None:
         self.paths.pop(name, None)
@@ -116,47 +117,52 @@ class AdapterBank:
             if pair is None:
                 continue
             a, b = pair
-            rows = x if group.rows is None else x[group.rows]
-            delta = _matmul(_matmul(rows, a), b)  # [n, R] then [n, out]
-            if group.rows is None:
-                y += delta.to(y.dtype)
-            else:
-                y[group.rows] += delta.to(y.dtype)
+            for rows in group.slices:
+                y[rows] += _matmul(_matmul(x[rows], a), b).to(y.dtype)  # [n, R] -> [n, out]
         return y
 
     # -- internals ----------------------------------------------------------------------------
-    def _read(self, name: str, path: Path) -> AdapterWeights:
+    def _read(self, name: str, path: Path) -> list[SlotLayer]:
         self.stats.reads += 1
-        return read_adapter(name, path, self.config, self.limits.max_rank, self.dtype)
+        weights = read_adapter(name, path, self.config, self.limits.max_rank, self.dtype)
+        return [
+            {target: (self._lay_out(a), self._lay_out(b)) for target, (a, b) in layer.items()}
+            for layer in weights.layers
+        ]
 
-    def _keep_on_host(self, weights: AdapterWeights) -> None:
-        self._host[weights.name] = weights
-        self._host.move_to_end(weights.name)
+    def _keep_on_host(self, name: str, layers: list[SlotLayer]) -> None:
+        self._host[name] = layers
+        self._host.move_to_end(name)
         while len(self._host) > self.limits.host_slots:
             self._host.popitem(last=False)
 
     def _fill_slot(self, name: str) -> list[SlotLayer]:
         started = time.perf_counter()
-        weights = self._host.get(name)
-        if weights is None:  # evicted from the host: read again (it was checked at load)
+        layers = self._host.get(name)
+        if layers is None:  # evicted from the host: read again (it was checked at load)
             try:
-                weights = self._read(name, self.paths[name])
+                layers = self._read(name, self.paths[name])
             except BadAdapter as exc:
                 reason = f"adapter {name!r} changed on disk since it was loaded: {exc}"
                 raise RuntimeError(reason) from None
-            self._keep_on_host(weights)
+            self._keep_on_host(name, layers)
         else:
             self._host.move_to_end(name)
         slot = [
-            {target: (self._to_slot(a), self._to_slot(b)) for target, (a, b) in layer.items()}
-            for layer in weights.layers
+            {target: (self._to_device(a), self._to_device(b)) for target, (a, b) in layer.items()}
+            for layer in layers
         ]
         self.stats.swap_ins += 1
         self.stats.swap_in_seconds += time.perf_counter() - started
         return slot
 
-    def _to_slot(self, w: torch.Tensor) -> LowRank:
-        return PackedLinear.pack(w) if self.packed else w.to(self.device)
+    def _lay_out(self, w: torch.Tensor) -> LowRank:
+        """The host copy: packed for the kernel beside packed base weights, else as read."""
+        return PackedLinear.pack(w) if self.packed else w
+
+    def _to_device(self, w: LowRank) -> LowRank:
+        """A slot's copy: the host's own on a CPU (packed weights are only ever there)."""
+        return w if isinstance(w, PackedLinear) else w.to(self.device)
 
 
 def _matmul(x: torch.Tensor, w: LowRank) -> torch.Tensor:

@@ -1,23 +1,23 @@
 """Which rows of a step's flat batch belong to which adapter, for the two row counts a
 layer's matrices see: every token row, and (after the last layer's attention) only the rows
-whose logits are wanted (DecoderModel.rows_kept_after).
+whose logits are wanted (DecoderModel.rows_kept_after). A group is a list of row slices:
+the scheduler puts one adapter's decodes side by side and a prompt chunk is contiguous, so
+a group is a few slices, read as views and added back in place (no gather, no scatter).
 
-The one rule: a group's rows are gathered, multiplied by that adapter alone and added back
-in place, so a row's result never depends on which other rows share its step (each product
-is one batch-invariant kernel call per row set; docs/lora.md).
+The one rule: a group's rows are multiplied by that adapter alone and added back where they
+came from, so a row's result never depends on which other rows share its step (each
+product is a batch-invariant kernel call over some rows; docs/lora.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(slots=True, frozen=True)
 class RowGroup:
     adapter: str
-    rows: torch.Tensor | None  # [n] int64 row indices; None: every row of the call
+    slices: list[slice]  # its rows, in order; adjacent ones merged
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,19 +28,24 @@ class StepRows:
     kept_rows: list[RowGroup]
 
     @classmethod
-    def of(cls, spans: list[tuple[str, int, int]], device: torch.device) -> StepRows:
+    def of(cls, spans: list[tuple[str, int, int]]) -> StepRows:
         """spans: (adapter, tokens, logits rows: its last ones) in batch order; "" is the
         base model, which has no group."""
-        full: dict[str, list[int]] = {}
-        kept: dict[str, list[int]] = {}
+        full: dict[str, list[slice]] = {}
+        kept: dict[str, list[slice]] = {}
         row = kept_row = 0
         for adapter, num_tokens, num_logits in spans:
             if adapter:
-                full.setdefault(adapter, []).extend(range(row, row + num_tokens))
-                kept.setdefault(adapter, []).extend(range(kept_row, kept_row + num_logits))
+                _extend(full.setdefault(adapter, []), row, row + num_tokens)
+                _extend(kept.setdefault(adapter, []), kept_row, kept_row + num_logits)
             row += num_tokens
             kept_row += num_logits
-        return cls(row, kept_row, _groups(full, row, device), _groups(kept, kept_row, device))
+        return cls(
+            row,
+            kept_row,
+            [RowGroup(a, s) for a, s in full.items()],
+            [RowGroup(a, s) for a, s in kept.items() if s],
+        )
 
     @property
     def adapters(self) -> list[str]:
@@ -54,14 +59,11 @@ class StepRows:
         return self.kept_rows
 
 
-def _groups(rows: dict[str, list[int]], total: int, device: torch.device) -> list[RowGroup]:
-    return [
-        RowGroup(
-            adapter,
-            None
-            if len(indices) == total
-            else torch.tensor(indices, dtype=torch.int64).to(device, non_blocking=True),
-        )
-        for adapter, indices in rows.items()
-        if indices
-    ]
+def _extend(slices: list[slice], start: int, stop: int) -> None:
+    """Append rows [start, stop), merged into the last slice when they follow it."""
+    if start == stop:
+        return
+    if slices and slices[-1].stop == start:
+        slices[-1] = slice(slices[-1].start, stop)
+    else:
+        slices.append(slice(start, stop))

@@ -1,0 +1,145 @@
+"""`splitserve bench lora`: the native engine serving LoRA adapters against the base model.
+
+Output tok/s of `--concurrency` requests at once (all in the engine together, greedy, no
+early stop), first all of the base model, then spread round-robin over `--adapters` random
+adapters (PEFT layout, rank `--rank`, every q/k/v/o and gate/up/down target), on one engine
+with `--max-loras` slots; the issue's bar is a ratio of 0.8 or more. Also: the time to read
+and check one adapter (a load), and to fill one slot (a swap-in: packing it for the
+matmuls). The adapters are random, written to a temporary directory; nothing is pulled but
+the model. Figures are for this machine as it is (say how loaded it was when quoting them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from shared.engine.engine import LLMEngine
+from shared.engine.engine_config import EngineConfig
+from shared.engine.lora.targets import modules
+from shared.engine.model_config import ModelConfig
+from shared.engine.sampling_params import SamplingParams
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(slots=True, frozen=True)
+class LoraBenchConfig:
+    model_dir: Path
+    concurrency: int = 16
+    adapters: int = 8
+    rank: int = 16
+    input_len: int = 64
+    output_len: int = 64
+    max_loras: int = 8
+    num_threads: int | None = None
+
+
+def write_random_adapter(path: Path, config: ModelConfig, rank: int, seed: int) -> Path:
+    """A PEFT LoRA directory of random weights (~N(0, 0.02²)) for a model of `config`."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = modules(config)
+    tensors = {}
+    for layer in range(config.num_layers):
+        for name in TARGETS:
+            module = shapes[name]
+            group = "self_attn" if name[0] in "qkvo" else "mlp"
+            key = f"base_model.model.model.layers.{layer}.{group}.{name}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, module.in_features, generator=gen)
+            tensors[f"{key}.lora_B.weight"] = torch.randn(module.out_features, rank, generator=gen)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v * 0.02 for k, v in tensors.items()}, str(path / "adapter_model.safetensors"))
+    settings = f'{{"peft_type": "LORA", "r": {rank}, "lora_alpha": {2 * rank}, "bias": "none"}}'
+    (path / "adapter_config.json").write_text(settings)
+    return path
+
+
+def run_lora_bench(cfg: LoraBenchConfig) -> None:
+    config = ModelConfig.from_dir(cfg.model_dir)
+    with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
+        paths = {
+            f"bench-{i}": write_random_adapter(Path(tmp) / f"a{i}", config, cfg.rank, i)
+            for i in range(cfg.adapters)
+        }
+        engine = LLMEngine(
+            EngineConfig(
+                model_dir=cfg.model_dir,
+                enable_lora=True,
+                max_loras=cfg.max_loras,
+                max_cpu_loras=max(cfg.max_loras, cfg.adapters),
+                max_lora_rank=cfg.rank,
+                num_threads=cfg.num_threads,
+            )
+        )
+        started = time.perf_counter()
+        for name, path in paths.items():
+            engine.load_adapter(name, path)
+        load_ms = (time.perf_counter() - started) * 1000 / len(paths)
+        prompts = _prompts(cfg, config.vocab_size)
+        _run(engine, prompts[:2], [""] * 2, cfg.output_len)  # warm-up
+        base = _run(engine, prompts, [""] * cfg.concurrency, cfg.output_len)
+        names = [list(paths)[i % cfg.adapters] for i in range(cfg.concurrency)]
+        lora = _run(engine, prompts, names, cfg.output_len)
+        bank = engine.adapters
+        assert bank is not None
+        swap_ms = bank.stats.swap_in_seconds * 1000 / max(1, bank.stats.swap_ins)
+    print(f"model {cfg.model_dir.name}, dtype {engine.config.dtype}, c={cfg.concurrency}, "
+          f"{cfg.input_len} in / {cfg.output_len} out tokens, rank {cfg.rank}, "
+          f"{cfg.adapters} adapters, {cfg.max_loras} slots")  # fmt: skip
+    print(f"base alone        {base:8.1f} output tok/s")
+    print(f"over {cfg.adapters} adapters  {lora:8.1f} output tok/s  ({lora / base:.2f}x the base)")
+    print(f"adapter load (read + check) {load_ms:.1f} ms; swap-in (fill a slot) {swap_ms:.1f} ms "
+          f"({bank.stats.swap_ins} swap-ins)")  # fmt: skip
+
+
+def _prompts(cfg: LoraBenchConfig, vocab: int) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(3, vocab) for _ in range(cfg.input_len)] for _ in range(cfg.concurrency)]
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]], adapters: list[str], output_len: int):
+    """Output tok/s of the prompts run together, each with its adapter."""
+    started = time.perf_counter()
+    for i, (prompt, adapter) in enumerate(zip(prompts, adapters, strict=True)):
+        params = SamplingParams(
+            temperature=0.0, max_tokens=output_len, ignore_eos=True, adapter=adapter
+        )
+        engine.add_request(f"r{i}-{adapter}-{time.monotonic_ns()}", prompt, params)
+    tokens = 0
+    while engine.has_unfinished_requests():
+        tokens += sum(len(out.new_token_ids) for out in engine.step())
+    return tokens / (time.perf_counter() - started)
+
+
+def add_parser(targets: argparse._SubParsersAction) -> None:
+    lora = targets.add_parser("lora", help="LoRA adapters: tok/s over many adapters vs the base")
+    lora.add_argument("--model", default="", help="a known model (pulled; default: the default)")
+    lora.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
+    lora.add_argument("--concurrency", type=int, default=16)
+    lora.add_argument("--adapters", type=int, default=8)
+    lora.add_argument("--rank", type=int, default=16)
+    lora.add_argument("--max-loras", type=int, default=8, help="slots (adapters per step)")
+    lora.add_argument("--input-len", type=int, default=64)
+    lora.add_argument("--output-len", type=int, default=64)
+    lora.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    lora.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> None:
+    from shared.models.pull import pull_model
+    from shared.models.registry import DEFAULT_MODEL
+
+    model_dir = args.model_dir or pull_model(args.model or DEFAULT_MODEL)
+    run_lora_bench(
+        LoraBenchConfig(
+            model_dir, args.concurrency, args.adapters, args.rank, args.input_len,
+            args.output_len, args.max_loras, args.threads,
+        )
+    )  # fmt: skip
