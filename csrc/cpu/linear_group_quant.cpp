@@ -53,7 +53,7 @@ struct Layout {
   int super_shift;  // log2(per_super): no division per group (per_super is a power of 2)
 
   // scale and offset (min - zero * scale) of row n's group g
-  void factors(int64_t n, int64_t g, float& scale, float& offset) const {
+  [[gnu::always_inline]] void factors(int64_t n, int64_t g, float& scale, float& offset) const {
     const int64_t s = n * supers + (g >> super_shift);
     scale = super_scale[s];
     if (sub_scale) scale *= static_cast<float>(sub_scale[n * groups + g]);
@@ -135,7 +135,8 @@ float hsum16(__m512 a) {
 // 32 weights of row n from weight 32 b on, in two vectors (the lanes of chunks 2 b, 2 b + 1):
 // one load of their low nibbles, one of each plane's 32 bits, their group factors read once
 template <int BITS>
-void dequant32(const Layout& L, int64_t n, int64_t b, __m512& w0, __m512& w1) {
+[[gnu::always_inline]] inline void dequant32(const Layout& L, int64_t n, int64_t b, __m512& w0,
+                                             __m512& w1) {
   __m512i q0, q1;
   if constexpr (BITS == 8) {
     const int8_t* codes = L.codes + n * L.K + b * 32;
