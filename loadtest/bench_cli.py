@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from shared.engine.engine_config import CPU_TOKEN_BUDGET
@@ -141,11 +142,17 @@ def _bench_start(args: argparse.Namespace) -> None:
 
 
 def _bench_quant(args: argparse.Namespace) -> None:
-    from loadtest.engine_bench.quant import QuantBenchConfig, run_quant_bench
+    from loadtest.engine_bench.quant import FORMATS, QuantBenchConfig, run_quant_bench
     from shared.models.pull import pull_model
 
     model_dir = args.model_dir or pull_model(args.model)
-    run_quant_bench(QuantBenchConfig(model_dir=model_dir, num_threads=args.threads))
+    formats = tuple(args.formats.split(",")) if args.formats else QuantBenchConfig.formats
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        sys.exit(f"bench quant: unknown formats {unknown}; known: {', '.join(FORMATS)}")
+    run_quant_bench(
+        QuantBenchConfig(model_dir=model_dir, formats=formats, num_threads=args.threads)
+    )
 
 
 def _bench_kv(args: argparse.Namespace) -> None:
@@ -286,6 +293,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     _add_model_args(quant)
     quant.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    quant.add_argument(
+        "--formats",
+        help="comma-separated, of fp32,bf16,int8,int4,w8a8 and gguf (a checkpoint pulled "
+        "with --keep-quant, as it ships); default: all but gguf",
+    )
     quant.set_defaults(func=_bench_quant)
     kv = targets.add_parser("kv", help="KV block transfer GB/s between two processes: nixl, nats")
     kv.add_argument("--blocks", type=int, nargs="+", default=[1, 8, 64, 512])

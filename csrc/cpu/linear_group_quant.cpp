@@ -1,16 +1,18 @@
 // Batch-invariant linear over group-quantized weights as checkpoints ship them (GGUF Q4_0 ...
 // Q6_K, unpacked at pull into shared/models/gguf_quant.py's layout), dequantized in registers.
 //
-//   w[n, k] = fma(q[n, k] - zero, scale[n, g], min[n, g])        g = k / group
+//   w[n, k] = fma(q[n, k], scale[n, g], min[n, g] - zero * scale[n, g])   g = k / group
 //   scale = super_scale[n, g / per_super] * sub_scale[n, g]        (sub_scale absent: 1)
 //   min   = super_min[n, g / per_super] * sub_min[n, g]            (absent: 0, resp. 1)
 //   acc[m, n][l] = fma chain over k = 16 c + l, c = 0, 1, ...      (16 lanes, in k order)
 //   y[m, n] = the lanes summed by a fixed tree (hsum16)
 // Every y[m, n] is that one sequence whatever M, the blocking, the threads or the path: the
-// AVX-512 path (dequantizing 16 weights per register, or for many rows into a per-thread
+// AVX-512 path (dequantizing 32 weights into two registers, or for many rows into a per-thread
 // scratch panel first: the same values) and the generic one (scalar code doing the same
 // operations lane by lane; any CPU, and the tests' model of the vector path) give the same
-// bits. Columns are split across threads, in blocks of kCols.
+// bits. Columns are split across threads, in blocks of kCols. The fma gives the reference's
+// value (q - zero) * scale + min: zero is 0, or 8, 16, 32 where min is 0, so min - zero * scale
+// is exact, and the one rounding is of the exact (q - zero) * scale + min.
 //
 // Codes: bits 8: int8 [N, K]. Bits 4-6: low nibbles [N, K / 2], per 32 weights 16 bytes with
 // weight j in byte j's low nibble and weight j + 16 in its high one, and bit planes
@@ -48,17 +50,19 @@ struct Layout {
   const float* super_min;   // nullptr: 0
   const int8_t* sub_min;    // nullptr: 1
   int64_t K, bits, group, per_super, zero, planes, supers, groups;
+  int super_shift;  // log2(per_super): no division per group (per_super is a power of 2)
 
-  // scale and min of row n's group g
-  void factors(int64_t n, int64_t g, float& scale, float& min) const {
-    const int64_t s = n * supers + g / per_super;
+  // scale and offset (min - zero * scale) of row n's group g
+  [[gnu::always_inline]] void factors(int64_t n, int64_t g, float& scale, float& offset) const {
+    const int64_t s = n * supers + (g >> super_shift);
     scale = super_scale[s];
     if (sub_scale) scale *= static_cast<float>(sub_scale[n * groups + g]);
-    min = 0.f;
+    float min = 0.f;
     if (super_min) {
       min = super_min[s];
       if (sub_min) min *= static_cast<float>(sub_min[n * groups + g]);
     }
+    offset = min - static_cast<float>(zero) * scale;  // exact (see the top)
   }
 
   uint16_t plane_bits(int64_t n, int64_t p, int64_t c) const {
@@ -70,7 +74,7 @@ struct Layout {
   // weights 16 c .. 16 c + 15 of row n, scalar (the generic path)
   void dequant16(int64_t n, int64_t c, float* w) const {
     float scale, min;
-    factors(n, c * kLanes / group, scale, min);
+    factors(n, c * kLanes / group, scale, min);  // the generic path's, not the fast one
     int32_t q[kLanes];
     if (bits == 8) {
       for (int l = 0; l < kLanes; ++l) q[l] = codes[n * K + c * kLanes + l];
@@ -82,7 +86,7 @@ struct Layout {
         for (int l = 0; l < kLanes; ++l) q[l] |= ((b >> l) & 1) << (4 + p);
       }
     }
-    for (int l = 0; l < kLanes; ++l) w[l] = std::fma(static_cast<float>(q[l] - zero), scale, min);
+    for (int l = 0; l < kLanes; ++l) w[l] = std::fma(static_cast<float>(q[l]), scale, min);
   }
 };
 
@@ -128,42 +132,69 @@ float hsum16(__m512 a) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-__m512 dequant16(const Layout& L, int64_t n, int64_t c) {
-  float scale, min;
-  L.factors(n, c * kLanes / L.group, scale, min);
-  __m512i q;
-  if (L.bits == 8) {
-    q = _mm512_cvtepi8_epi32(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(L.codes + n * L.K + c * kLanes)));
+// 32 weights of row n from weight 32 b on, in two vectors (the lanes of chunks 2 b, 2 b + 1):
+// one load of their low nibbles, one of each plane's 32 bits, their group factors read once
+template <int BITS>
+[[gnu::always_inline]] inline void dequant32(const Layout& L, int64_t n, int64_t b, __m512& w0,
+                                             __m512& w1) {
+  __m512i q0, q1;
+  if constexpr (BITS == 8) {
+    const int8_t* codes = L.codes + n * L.K + b * 32;
+    q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+    q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16)));
   } else {
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(L.low + n * (L.K / 2) + (c / 2) * kLanes)));
-    q = c % 2 ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
-    for (int64_t p = 0; p < L.planes; ++p) {
-      q = _mm512_mask_add_epi32(q, L.plane_bits(n, p, c), q, _mm512_set1_epi32(16 << p));
+    const __m512i bytes = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(L.low + n * (L.K / 2) + b * kLanes)));
+    q0 = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
+    q1 = _mm512_srli_epi32(bytes, 4);
+#pragma GCC unroll 2
+    for (int p = 0; p < BITS - 4; ++p) {
+      uint32_t bits32;
+      std::memcpy(&bits32, L.high + (n * L.planes + p) * (L.K / 8) + b * 4, sizeof(bits32));
+      const __m512i add = _mm512_set1_epi32(16 << p);
+      q0 = _mm512_mask_add_epi32(q0, static_cast<__mmask16>(bits32), q0, add);
+      q1 = _mm512_mask_add_epi32(q1, static_cast<__mmask16>(bits32 >> 16), q1, add);
     }
   }
-  q = _mm512_sub_epi32(q, _mm512_set1_epi32(static_cast<int32_t>(L.zero)));
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale), _mm512_set1_ps(min));
+  float s0, o0, s1, o1;
+  if (L.group == 32) {
+    L.factors(n, b, s0, o0);
+    s1 = s0, o1 = o0;
+  } else {  // 16
+    L.factors(n, 2 * b, s0, o0);
+    L.factors(n, 2 * b + 1, s1, o1);
+  }
+  w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), _mm512_set1_ps(s0), _mm512_set1_ps(o0));
+  w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), _mm512_set1_ps(s1), _mm512_set1_ps(o1));
 }
 
 // rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: NB dequantized rows of w
-// ([NB, K]), or nullptr to dequantize in registers
-template <int MR, int NB>
+// ([NB, K]), or nullptr to dequantize in registers, 32 weights at a time
+template <int BITS, int MR, int NB>
 void tile(const Layout& L, const float* panel, const float* x, float* y, int64_t m0, int64_t n0,
           int64_t N) {
+  const int64_t K = L.K;
   __m512 acc[MR][NB];
   for (int r = 0; r < MR; ++r) {
     for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
   }
-  for (int64_t c = 0; c < L.K / kLanes; ++c) {
-    __m512 w[NB];
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m512 w0[NB], w1[NB];
     for (int j = 0; j < NB; ++j) {
-      w[j] = panel ? _mm512_loadu_ps(panel + j * L.K + c * kLanes) : dequant16(L, n0 + j, c);
+      if (panel) {
+        w0[j] = _mm512_loadu_ps(panel + j * K + b * 32);
+        w1[j] = _mm512_loadu_ps(panel + j * K + b * 32 + kLanes);
+      } else {
+        dequant32<BITS>(L, n0 + j, b, w0[j], w1[j]);
+      }
     }
     for (int r = 0; r < MR; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x + (m0 + r) * L.K + c * kLanes);
-      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_fmadd_ps(w[j], xv, acc[r][j]);
+      const float* xr = x + (m0 + r) * K + b * 32;
+      const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + kLanes);
+      for (int j = 0; j < NB; ++j) {
+        acc[r][j] = _mm512_fmadd_ps(w0[j], x0, acc[r][j]);
+        acc[r][j] = _mm512_fmadd_ps(w1[j], x1, acc[r][j]);
+      }
     }
   }
   for (int r = 0; r < MR; ++r) {
@@ -171,19 +202,20 @@ void tile(const Layout& L, const float* panel, const float* x, float* y, int64_t
   }
 }
 
-template <int NB>
+template <int BITS, int NB>
 void rows_tile(int64_t mr, const Layout& L, const float* panel, const float* x, float* y,
                int64_t m0, int64_t n0, int64_t N) {
   switch (mr) {
-    case 1: return tile<1, NB>(L, panel, x, y, m0, n0, N);
-    case 2: return tile<2, NB>(L, panel, x, y, m0, n0, N);
-    case 3: return tile<3, NB>(L, panel, x, y, m0, n0, N);
-    case 4: return tile<4, NB>(L, panel, x, y, m0, n0, N);
-    case 5: return tile<5, NB>(L, panel, x, y, m0, n0, N);
-    default: return tile<kRows, NB>(L, panel, x, y, m0, n0, N);
+    case 1: return tile<BITS, 1, NB>(L, panel, x, y, m0, n0, N);
+    case 2: return tile<BITS, 2, NB>(L, panel, x, y, m0, n0, N);
+    case 3: return tile<BITS, 3, NB>(L, panel, x, y, m0, n0, N);
+    case 4: return tile<BITS, 4, NB>(L, panel, x, y, m0, n0, N);
+    case 5: return tile<BITS, 5, NB>(L, panel, x, y, m0, n0, N);
+    default: return tile<BITS, kRows, NB>(L, panel, x, y, m0, n0, N);
   }
 }
 
+template <int BITS>
 void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(M > kScratchRows ? L.K * kCols : 0);
@@ -192,8 +224,11 @@ void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N)
       const float* panel = nullptr;
       if (M > kScratchRows) {
         for (int64_t j = 0; j < nb; ++j) {
-          for (int64_t c = 0; c < L.K / kLanes; ++c) {
-            _mm512_storeu_ps(&scratch[j * L.K + c * kLanes], dequant16(L, n0 + j, c));
+          for (int64_t b = 0; b < L.K / 32; ++b) {
+            __m512 w0, w1;
+            dequant32<BITS>(L, n0 + j, b, w0, w1);
+            _mm512_storeu_ps(&scratch[j * L.K + b * 32], w0);
+            _mm512_storeu_ps(&scratch[j * L.K + b * 32 + kLanes], w1);
           }
         }
         panel = scratch.data();
@@ -201,14 +236,23 @@ void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N)
       for (int64_t m0 = 0; m0 < M; m0 += kRows) {
         const int64_t mr = std::min<int64_t>(kRows, M - m0);
         switch (nb) {
-          case 1: rows_tile<1>(mr, L, panel, x, y, m0, n0, N); break;
-          case 2: rows_tile<2>(mr, L, panel, x, y, m0, n0, N); break;
-          case 3: rows_tile<3>(mr, L, panel, x, y, m0, n0, N); break;
-          default: rows_tile<kCols>(mr, L, panel, x, y, m0, n0, N); break;
+          case 1: rows_tile<BITS, 1>(mr, L, panel, x, y, m0, n0, N); break;
+          case 2: rows_tile<BITS, 2>(mr, L, panel, x, y, m0, n0, N); break;
+          case 3: rows_tile<BITS, 3>(mr, L, panel, x, y, m0, n0, N); break;
+          default: rows_tile<BITS, kCols>(mr, L, panel, x, y, m0, n0, N); break;
         }
       }
     }
   });
+}
+
+void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
+  switch (L.bits) {
+    case 4: return run_avx512<4>(L, x, y, M, N);
+    case 5: return run_avx512<5>(L, x, y, M, N);
+    case 6: return run_avx512<6>(L, x, y, M, N);
+    default: return run_avx512<8>(L, x, y, M, N);
+  }
 }
 
 #endif
@@ -236,10 +280,12 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
               "K a multiple of 32, group 16 or 32");
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits: 4, 5, 6 or 8");
   const int64_t groups = K / group, supers = groups / per_super;
-  TORCH_CHECK(groups % per_super == 0, "whole super-blocks per row");
+  TORCH_CHECK(groups % per_super == 0 && (per_super & (per_super - 1)) == 0,
+              "whole super-blocks of a power of 2 groups per row");
   Layout L{};
   L.K = K, L.bits = bits, L.group = group, L.per_super = per_super, L.zero = zero;
   L.planes = bits == 8 ? 0 : bits - 4, L.supers = supers, L.groups = groups;
+  L.super_shift = __builtin_ctzll(static_cast<uint64_t>(per_super));
   if (bits == 8) {
     L.codes = optional_data<int8_t>(codes, torch::kChar, N * K, "codes");
     TORCH_CHECK(L.codes, "8-bit weights need their codes");

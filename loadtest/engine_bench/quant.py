@@ -1,5 +1,6 @@
 """`splitserve bench quant`: accuracy and speed of each weight format (fp32, bf16, int8, int4,
-w8a8), each named with the activation dtype it runs in.
+w8a8, and gguf: a checkpoint kept quantized at pull), each named with the activation dtype
+it runs in.
 
 (a) perplexity on a fixed public-domain text (shared/models/data/perplexity.txt), in
     independent windows of `window` tokens;
@@ -126,8 +127,10 @@ def encode_chat(model_dir: Path, messages: list[str]) -> list[list[int]]:
     return [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
 
 
-# format: (dtype, quantization); the quantized ones are made from fp32 weights
+# format: (dtype, quantization); the quantized ones are made from fp32 weights, but gguf:
+# the checkpoint's own quantization (pulled with --keep-quant), its vectors and KV as auto picks
 FORMATS = {
+    "gguf": ("auto", None),
     "fp32": ("float32", None),
     "bf16": ("bfloat16", None),
     "int8": ("float32", "int8"),

@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from shared.engine import native
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.checkpoint import Checkpoint, quantized_formats
@@ -96,3 +97,21 @@ def test_q8_0_logits_stay_within_their_bound_of_the_float_model(dirs):
 def test_a_quantized_checkpoint_refuses_another_quantization(dirs):
     with pytest.raises(ConfigError, match=r"already quantized .*Q4_0.*int8"):
         LLMEngine(EngineConfig(model_dir=dirs / "kept", num_kv_blocks=32, quantization="int8"))
+
+
+@pytest.mark.skipif(native.load() is None, reason="batch invariance needs the C++ kernels")
+def test_a_requests_logits_are_the_same_bits_beside_others(dirs):
+    def rows(prompts: list[list[int]]) -> dict:
+        engine = LLMEngine(EngineConfig(model_dir=dirs / "kept", num_kv_blocks=64))
+        assert engine.config.batch_invariant
+        recorder = LogitsRecorder(engine)
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt, params)
+        run_to_completion(engine)
+        return {key: row for key, row in recorder.rows.items() if key[0] == tuple(PROMPT)}
+
+    alone = rows([PROMPT])
+    beside = rows([list(range(40, 51)), PROMPT, list(range(60, 100)), [7, 8, 9]])
+    assert alone.keys() == beside.keys() and len(alone) == 4
+    assert all(torch.equal(alone[key], beside[key]) for key in alone)

@@ -76,7 +76,8 @@ class Checkpoint:
         if params is None:
             return self.take(name)
         parts = {
-            part: self._where.pop(f"{name}.{part}").get_tensor(f"{name}.{part}")
+            # a copy: a tensor over the file's mapping keeps all of it mapped (and resident)
+            part: self._where.pop(f"{name}.{part}").get_tensor(f"{name}.{part}").clone()
             for part in ARRAY_NAMES
             if f"{name}.{part}" in self._where
         }
@@ -101,7 +102,7 @@ class Checkpoint:
             tensor = tensor.float() + offset
         # beside quantized matrices the residual stream is fp32: norms and biases load fp32
         dtype = torch.float32 if self._formats and tensor.dim() == 1 else self.dtype
-        return tensor.to(device=self.device, dtype=dtype)
+        return tensor.to(device=self.device, dtype=dtype, copy=True)  # off the file's mapping
 
     def discard(self, name: str) -> None:
         self._where.pop(name, None)
