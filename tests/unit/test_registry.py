@@ -149,3 +149,15 @@ def test_a_newer_process_under_the_same_id_replaces_the_old_one():
     registry.on_heartbeat(old, now=101.0)  # the old process, late: ignored
     (status,) = registry.status()
     assert status.heartbeat.epoch == 2000 and status.assigned == []
+
+
+def test_the_schedulers_own_outage_clears_suspicion():
+    registry = Registry(heartbeat_timeout=3.0)
+    registry.on_heartbeat(beat("w1"), now=100.0)
+    registry.on_heartbeat(beat("w2"), now=100.0)
+    registry.silent(now=104.0)
+    registry.touch_all(now=105.0)  # reconnected: the probes out meanwhile decide nothing
+    assert registry.lose("w1", epoch=0) is None
+    registry.recheck("w2")
+    assert registry.lose("w2", epoch=0) is None
+    assert len(registry.views()) == 2
