@@ -73,7 +73,14 @@ async def beam_search(
 def _step_spec(spec: RequestSpec, suffix: str, beam: Beam, step: SamplingParams) -> RequestSpec:
     """The request for the position after `beam`: its tokens join the prompt."""
     prompt_ids = spec.prompt_ids + list(beam.token_ids)
-    return RequestSpec(spec.request_id + suffix, prompt_ids, step, has_fallback=spec.has_fallback)
+    return RequestSpec(
+        spec.request_id + suffix,
+        prompt_ids,
+        step,
+        has_fallback=spec.has_fallback,
+        tenant=spec.tenant,
+        priority=spec.priority,
+    )
 
 
 async def _candidates(client: ModelClient, spec: RequestSpec) -> list[tuple[int, float]]:

@@ -11,7 +11,8 @@ its event loop (shared/liveness_messages.py), bounded by `probe_timeout`. Then:
     under the same id) → lost.
 The subtle rule: "lost" is decided only if no heartbeat came while the probe was out
 (registry `lose` checks it is still suspect), so a probe answered late never loses a worker
-that has since beaten.
+that has since beaten; and a probe that failed while the scheduler's own NATS connection
+was down decides nothing (the worker is probed again at the next sweep).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class Liveness:
 
     async def probe(self, worker_id: str, epoch: int, now: float) -> None:
         why = await self._ask(worker_id, epoch)
+        if why and not self.bus.nc.is_connected:  # our outage, not the worker's
+            log.info("worker %s: probe failed while disconnected (%s); later", worker_id, why)
+            self.registry.recheck(worker_id)
+            return
         if not why:
             log.info("worker %s answered its probe: alive", worker_id)
             self.registry.answered(worker_id, epoch, now)

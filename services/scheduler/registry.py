@@ -168,6 +168,7 @@ class Registry:
         """After the scheduler's own NATS outage, its silence is not the workers' fault."""
         for state in self._workers.values():
             state.last_seen = max(state.last_seen, now)
+            state.suspect = False  # a probe in flight meanwhile decides nothing
 
     def expire(self, now: float) -> list[WorkerState]:
         """Remove and return the workers silent for longer than `heartbeat_timeout`."""
@@ -193,6 +194,13 @@ class Registry:
         state = self._workers.get(worker_id)
         if state is not None and state.epoch == epoch:
             state.last_seen = max(state.last_seen, now)
+            state.suspect = False
+
+    def recheck(self, worker_id: str) -> None:
+        """No verdict on a suspect (the scheduler's own connection failed): the next sweep
+        probes it again if it is still silent."""
+        state = self._workers.get(worker_id)
+        if state is not None:
             state.suspect = False
 
     def lose(self, worker_id: str, epoch: int) -> WorkerState | None:

@@ -167,3 +167,15 @@ def test_a_scheduler_given_a_block_size_refuses_workers_of_another():
     assert not registry.on_heartbeat(Heartbeat("v1", "decode", "m", 0, 0, 100, 200, 32), 0.0)
     assert registry.on_heartbeat(Heartbeat("n1", "decode", "m", 0, 0, 100, 200, 16), 0.0)
     assert registry.block_size("m", 32) == 16 and "v1" in registry.refused
+
+
+def test_the_schedulers_own_outage_clears_suspicion():
+    registry = Registry(heartbeat_timeout=3.0)
+    registry.on_heartbeat(beat("w1"), now=100.0)
+    registry.on_heartbeat(beat("w2"), now=100.0)
+    registry.silent(now=104.0)
+    registry.touch_all(now=105.0)  # reconnected: the probes out meanwhile decide nothing
+    assert registry.lose("w1", epoch=0) is None
+    registry.recheck("w2")
+    assert registry.lose("w2", epoch=0) is None
+    assert len(registry.views()) == 2

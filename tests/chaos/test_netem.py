@@ -1,0 +1,57 @@
+"""Issue 60, case 5: the KV path degraded, not cut. The mesh across network namespaces
+(tests/e2e/test_netns.py's: KV by NIXL over UCX's TCP between distinct addresses); under
+load the prefill worker's link gets delay, jitter and loss (`tc netem`, both directions;
+where the kernel has no netem, a token bucket (`tbf`) that throttles the link to 1 Mbit/s
+and drops what queues past 100 ms: slow and lossy all the same).
+Transfers slow down, deadlines fire where they must, requests migrate or fall back; none
+hangs, and every stream that completes is the engine's own text. Needs root and `ip
+netns`."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.e2e.test_chaos import make_jobs, reference, report, run_load
+from tests.e2e.test_mesh import mesh_model_dir  # noqa: F401 (a fixture)
+from tests.e2e.test_netns import STREAMS, spread  # noqa: F401 (a fixture)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.chaos]
+NETEM = ["netem", "delay", "40ms", "20ms", "loss", "3%"]
+TBF = ["tbf", "rate", "1mbit", "burst", "16kb", "latency", "100ms"]
+ENDS = (([], "ss-p0-h"), (["ip", "netns", "exec", "ss-p0"], "ss-p0-n"))
+
+
+def tc(prefix: list[str], *args: str) -> bool:
+    done = subprocess.run([*prefix, "tc", "qdisc", *args], capture_output=True, timeout=10)
+    return done.returncode == 0
+
+
+def degrade() -> str:
+    """Degrade the prefill worker's veth pair, both ends; says how."""
+    kind = NETEM if tc([], "add", "dev", "ss-p0-h", "root", *NETEM) else TBF
+    for prefix, device in ENDS:
+        if prefix or kind is TBF:
+            assert tc(prefix, "add", "dev", device, "root", *kind), f"tc {kind[0]} on {device}"
+    return " ".join(kind)
+
+
+def restore() -> None:
+    for prefix, device in ENDS:
+        tc(prefix, "del", "dev", device, "root")
+
+
+def test_a_degraded_kv_path_slows_requests_and_hangs_none(spread, mesh_model_dir):  # noqa: F811
+    jobs = make_jobs(51)[:STREAMS]
+    expected = reference(mesh_model_dir, jobs)
+    how: list[str] = []
+    try:
+        outcomes = run_load(spread, jobs, lambda: how.append(degrade()), after_chunks=0, limit=120)
+    finally:
+        restore()
+    _, _, hung = report(f"netns KV path degraded ({how[0]})", outcomes)
+    assert hung == 0, [o.error for o in outcomes]
+    for i, (outcome, text) in enumerate(zip(outcomes, expected, strict=True)):
+        if not outcome.error:
+            assert outcome.text == text, f"stream {i} differs"
