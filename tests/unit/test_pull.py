@@ -101,9 +101,9 @@ def test_a_killed_pulls_scratch_is_removed_and_said(split_model, tmp_path, caplo
     assert f"removed {partial}, left by a pull that did not finish (3 MiB)" in caplog.text
 
 
-def test_a_pull_keeps_quantization_unless_told_not_to(split_model, tmp_path) -> None:
+def test_a_pull_keeps_quantization_when_told_to(split_model, tmp_path) -> None:
     spec, _ = split_model
-    model_dir = pull_model(NAME, home=tmp_path / "home")
+    model_dir = pull_model(NAME, home=tmp_path / "home", keep_quant=True)
     assert pull.is_complete(model_dir, spec, keep_quant=True)
     assert any(name.endswith(".low") for name in load_file(model_dir / "model.safetensors"))
     assert pull_model(NAME, home=tmp_path / "home", keep_quant=False) == model_dir
