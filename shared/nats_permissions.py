@@ -6,13 +6,14 @@ connection uses: shared/nats_options.py) and answer the requests it receives (NA
 with `*` in place of a worker's or gateway's id, so the table cannot drift from it.
 
 role       publishes                                   subscribes to
-gateway    sched.submit, sched.status, cancel          gateway.*.tokens, events
+gateway    sched.submit, sched.status, cancel,         gateway.*.tokens, events
+           worker.*.sleep
 scheduler  worker.*.reserve|prefill|decode|role,       sched.submit, sched.status,
            events, cancel                              workers.heartbeat, kv.events, cancel,
                                                        planner.report
-prefill    workers.heartbeat, kv.events,               worker.*.prefill|role, cancel, events
-           gateway.*.tokens, worker.*.kv
-decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role,
+prefill    workers.heartbeat, kv.events,               worker.*.prefill|role|sleep, cancel,
+           gateway.*.tokens, worker.*.kv               events
+decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role|sleep,
            gateway.*.tokens                            cancel, events
 both       prefill's and decode's                      prefill's and decode's
 planner    worker.*.role, pool.target, planner.report, workers.heartbeat
@@ -20,6 +21,7 @@ planner    worker.*.role, pool.target, planner.report, workers.heartbeat
 launcher   sched.status (which workers are registered)  pool.target
 observer   sched.status (the mesh view, tools, tests)  nothing
 
+`worker.*.sleep` (sleep and wake-up, vLLM's /sleep and /wake_up) is the gateway's to send.
 `worker.*.role` (SetRole) is the scheduler's and the planner's to send (`splitserve role`
 connects with the scheduler's credentials, `splitserve scale` with the planner's). A worker
 may serve only the roles its NATS user permits (`may_serve`): one that changes role while
@@ -74,10 +76,12 @@ def _table(subjects: Subjects) -> dict[str, Permissions]:
         return build(_ID).replace(f".{_ID}.", ".*.")
 
     workers_report = (s.heartbeat, s.kv_events, any_id(s.tokens))
-    workers_hear = (any_id(s.role), s.cancel, s.events)
+    workers_hear = (any_id(s.role), any_id(s.sleep), s.cancel, s.events)
     to_workers = (any_id(s.reserve), any_id(s.prefill), any_id(s.decode), any_id(s.role))
     table = {
-        "gateway": Permissions((s.submit, s.status, s.cancel), (any_id(s.tokens), s.events)),
+        "gateway": Permissions(
+            (s.submit, s.status, s.cancel, any_id(s.sleep)), (any_id(s.tokens), s.events)
+        ),
         "scheduler": Permissions(
             (*to_workers, s.events, s.cancel),
             (s.submit, s.status, s.heartbeat, s.kv_events, s.cancel, s.planner_report),

@@ -66,6 +66,9 @@ class Subjects:
     def role(self, worker_id: str) -> str:  # scheduler (planner, admin) → worker: SetRole
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.role"
 
+    def sleep(self, worker_id: str) -> str:  # gateway → worker: SleepCommand → SleepReply
+        return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.sleep"
+
     def kv(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.kv"
 

@@ -24,6 +24,7 @@ from services.worker.engines import make_engine
 from services.worker.prefill import PrefillSide
 from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
 from services.worker.role_change import Intake, RoleChange
+from services.worker.sleep import WorkerSleep
 from services.worker.startup import StartupReport
 from services.worker.telemetry import WorkerTelemetry
 from shared.bus import Bus, Headers
@@ -123,6 +124,7 @@ class Worker:
         await intake.serve(config.role)
         self.role_change = RoleChange(ctx, intake, self._beat)
         await self.role_change.start()
+        await WorkerSleep(ctx, self._beat, self._fail_all).start()
         await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
@@ -303,6 +305,7 @@ class Worker:
             next_role=self.ctx.next_role,
             startup=self.startup.wire(),
             ready_s=self.startup.ready_s,
+            sleep_level=self.ctx.sleep_level,
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)
