@@ -7,20 +7,21 @@ with `*` in place of a worker's or gateway's id, so the table cannot drift from 
 
 role       publishes                                   subscribes to
 gateway    sched.submit, sched.status, sched.adapters, gateway.*.tokens, events
-           cancel
+           cancel, worker.*.sleep
 scheduler  worker.*.reserve|prefill|decode|role|       sched.submit, sched.status,
            adapters|probe, events, cancel              sched.adapters, workers.heartbeat,
                                                        kv.events, cancel, planner.report
-prefill    workers.heartbeat, kv.events,               worker.*.prefill|role|adapters|probe,
-           gateway.*.tokens, worker.*.kv               cancel, events
+prefill    workers.heartbeat, kv.events,               worker.*.prefill|role|adapters|probe|
+           gateway.*.tokens, worker.*.kv               sleep, cancel, events
 decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role|
-           gateway.*.tokens                            adapters|probe, cancel, events
+           gateway.*.tokens                            adapters|probe|sleep, cancel, events
 both       prefill's and decode's                      prefill's and decode's
 planner    worker.*.role, pool.target, planner.report, workers.heartbeat
            sched.status
 launcher   sched.status (which workers are registered)  pool.target
 observer   sched.status (the mesh view, tools, tests)  nothing
 
+`worker.*.sleep` (sleep and wake-up, vLLM's /sleep and /wake_up) is the gateway's to send.
 `worker.*.role` (SetRole) is the scheduler's and the planner's to send (`splitserve role`
 connects with the scheduler's credentials, `splitserve scale` with the planner's). A worker
 may serve only the roles its NATS user permits (`may_serve`): one that changes role while
@@ -75,14 +76,18 @@ def _table(subjects: Subjects) -> dict[str, Permissions]:
         return build(_ID).replace(f".{_ID}.", ".*.")
 
     workers_report = (s.heartbeat, s.kv_events, any_id(s.tokens))
-    workers_hear = (any_id(s.role), any_id(s.worker_adapters), any_id(s.probe), s.cancel, s.events)
+    workers_hear = (
+        *(any_id(s.role), any_id(s.worker_adapters), any_id(s.probe), any_id(s.sleep)),
+        *(s.cancel, s.events),
+    )
     to_workers = (
         *(any_id(s.reserve), any_id(s.prefill), any_id(s.decode)),
         *(any_id(s.role), any_id(s.worker_adapters), any_id(s.probe)),
     )
     table = {
         "gateway": Permissions(
-            (s.submit, s.status, s.cancel, s.adapters), (any_id(s.tokens), s.events)
+            (s.submit, s.status, s.cancel, s.adapters, any_id(s.sleep)),
+            (any_id(s.tokens), s.events),
         ),
         "scheduler": Permissions(
             (*to_workers, s.events, s.cancel),

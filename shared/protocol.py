@@ -14,6 +14,7 @@ from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import FinishReason
 from shared.kv_tier_messages import TierCounters
 from shared.planner_messages import PlannerReport
+from shared.sleep_level import SleepLevel
 from shared.startup_messages import PhaseTime
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
 
@@ -145,6 +146,7 @@ class Heartbeat:
     epoch: int = 0  # the worker process's (shared/epoch.py); 0: an old worker, not said
     startup: list[PhaseTime] = field(default_factory=list)  # its start, phase by phase
     ready_s: float = 0.0  # its process's start → serving, seconds
+    sleep_level: SleepLevel = SleepLevel.AWAKE  # asleep: never placed on (sleep_messages.py)
 
 
 @dataclass(slots=True)

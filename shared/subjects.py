@@ -76,6 +76,9 @@ class Subjects:
     def probe(self, worker_id: str) -> str:  # scheduler → worker: Probe (is it alive?)
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.probe"
 
+    def sleep(self, worker_id: str) -> str:  # gateway → worker: SleepCommand → SleepReply
+        return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.sleep"
+
     def kv(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.kv"
 

@@ -2,10 +2,10 @@
 
 One NATS connection per process (opened in `cleanup_ctx`, drained on shutdown) and one
 token subscription for all requests. Errors leave in the OpenAI shape. With API keys
-configured, /v1/*, /tokenize and /detokenize need `Authorization: Bearer <key>`; /health,
-/ready, /ping, /version and /metrics stay open. Every POST to /v1/* runs in a
-`gateway.request` span (continuing the client's `traceparent`), marked ERROR when it
-answers 4xx/5xx or the generation fails.
+configured, /v1/*, /tokenize, /detokenize and the sleep routes (sleep_routes.py) need
+`Authorization: Bearer <key>`; /health, /ready, /ping, /version and /metrics stay open.
+Every POST to /v1/* runs in a `gateway.request` span (continuing the client's
+`traceparent`), marked ERROR when it answers 4xx/5xx or the generation fails.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from services.gateway.prompting import ModelText
 from services.gateway.refusals import GenerationFailed, Refused
 from services.gateway.responses_api import create_response
 from services.gateway.routed import ROUTING, setup_routing
+from services.gateway.sleep_routes import setup_sleep_routes
 from services.gateway.streams import TokenStreams
 from services.gateway.tokenize import detokenize, ping, server_version, tokenize
 from shared.bus import Bus
@@ -44,7 +45,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATUS_TIMEOUT_S = 2.0
 TRACING = web.AppKey("tracing", Tracing)
 METRICS = web.AppKey("metrics", GatewayMetrics)
-_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize")
+_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", "/sleep", "/wake_up", "/is_sleeping")
 
 
 def init_app(config: GatewayConfig) -> web.Application:
@@ -90,6 +91,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_post("/ping", ping)
     setup_pages(app)
     setup_adapters(app)
+    setup_sleep_routes(app)  # vLLM's /sleep, /wake_up, /is_sleeping
 
 
 def create_runner(config: GatewayConfig) -> web.AppRunner:
@@ -110,7 +112,8 @@ async def ready(request: web.Request) -> web.Response:
         )
     except Exception as exc:
         return web.json_response({"ready": False, "reason": f"no scheduler: {exc!r}"}, status=503)
-    roles = {w.heartbeat.role for w in status.workers if not w.heartbeat.draining}
+    awake = [w for w in status.workers if not (w.heartbeat.draining or w.heartbeat.sleep_level)]
+    roles = {w.heartbeat.role for w in awake}
     missing = [
         need
         for need, serving in (("prefill", {"prefill", "both"}), ("decode", {"decode", "both"}))

@@ -26,7 +26,8 @@ refills within one heartbeat interval).
   (`expect_cached`), before its KV event says so: a request with the same prefix right
   behind it (the sibling choices of an `n` > 1 request) goes where the blocks will be.
 - A worker changing its role (its heartbeat's `next_role`) is in the views as `changing`
-  (never placed on); its heartbeats name its new role once the change is over.
+  (never placed on); its heartbeats name its new role once the change is over. A sleeping
+  one (its heartbeat's `sleep_level`) is in no view until its heartbeats say it woke up.
 - LoRA: a view carries the adapters a worker serves and those in its slots, the latter
   with the adapters of requests placed on it since its heartbeat (`place_adapter`), so
   a burst of one adapter keeps to the worker that loaded it (routing.py).
@@ -103,6 +104,7 @@ class Registry:
         more_room = not heartbeat.draining and (
             old.draining
             or (bool(old.next_role) and not heartbeat.next_role)
+            or (bool(old.sleep_level) and not heartbeat.sleep_level)
             or heartbeat.free_blocks > old.free_blocks
             or heartbeat.num_running + heartbeat.num_waiting < old.num_running + old.num_waiting
         )
@@ -269,7 +271,8 @@ class Registry:
         )
 
     def views(self, model: str = "") -> list[WorkerView]:
-        """The workers of `model` ("": every worker)."""
+        """The workers of `model` ("": every worker) that are awake: a sleeping one is no
+        candidate (a request waits in line until one wakes up)."""
         return [
             WorkerView(
                 worker_id=worker_id,
@@ -288,7 +291,7 @@ class Registry:
                 tier_weight=tier_weight(s.heartbeat),
             )
             for worker_id, s in self._workers.items()
-            if model in ("", s.heartbeat.model) and not s.suspect
+            if model in ("", s.heartbeat.model) and not s.suspect and not s.heartbeat.sleep_level
         ]
 
     def status(self) -> list[WorkerStatus]:

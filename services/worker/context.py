@@ -23,6 +23,7 @@ from shared.engine.sequence import FinishReason
 from shared.kvtransfer import KVLayout
 from shared.kvtransfer.link import KVLink
 from shared.protocol import Outcome, PromptTokenLogprob, SubmitRequest, TokenChunk, TokenLogprob
+from shared.sleep_level import SleepLevel
 from shared.subjects import Subjects
 
 CHANGING = "changing role"  # the refusal of a side that a role change drops
@@ -41,6 +42,7 @@ class WorkerContext:
     link: KVLink  # the KV transports: each transfer's sender and receiver
     draining: bool = False  # set on SIGTERM: new tasks are refused
     next_role: str = ""  # mid-change (role_change.py): the role it changes to; "": none
+    sleep_level: SleepLevel = SleepLevel.AWAKE  # asleep or falling asleep (sleep.py): no intake
     kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
     kv_blocks_received: int = 0
 
@@ -61,6 +63,8 @@ class WorkerContext:
         request_id = request.request_id
         if self.draining:
             return None, Outcome.UNAVAILABLE, "draining"
+        if self.sleep_level:
+            return None, Outcome.UNAVAILABLE, "asleep"
         if self.next_role and not role_takes(self.next_role, decodes):
             return None, Outcome.UNAVAILABLE, CHANGING
         if request_id in self.table:

@@ -116,6 +116,13 @@ class EngineClient(Protocol):
     async def unload_adapter(self, name: str) -> None:
         """Stop serving adapter `name` (InvalidRequest while requests use it)."""
 
+    async def sleep(self, level: int) -> None:
+        """Give back the KV pool (level 1) and the weights too (level 2); only while it holds
+        no request (an error otherwise, or where the engine has no sleep mode)."""
+
+    async def wake_up(self) -> None:
+        """Bring back what `sleep` gave back."""
+
     async def drain(self, timeout: float) -> bool:
         """Wait until the engine holds no request; False when `timeout` passed first."""
 

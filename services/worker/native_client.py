@@ -95,6 +95,12 @@ class NativeEngineClient:
     def take_kv_events(self) -> KVCacheEvents:
         return self._thread.take_kv_events()
 
+    async def sleep(self, level: int) -> None:
+        await self._thread.call(lambda engine: engine.sleep(level))
+
+    async def wake_up(self) -> None:
+        await self._thread.call(lambda engine: engine.wake_up())
+
     async def drain(self, timeout: float) -> bool:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout

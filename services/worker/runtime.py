@@ -25,6 +25,7 @@ from services.worker.engines import make_engine
 from services.worker.prefill import PrefillSide
 from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
 from services.worker.role_change import Intake, RoleChange
+from services.worker.sleep import WorkerSleep
 from services.worker.startup import StartupReport
 from services.worker.telemetry import WorkerTelemetry
 from services.worker.tier_metrics import tier_counters
@@ -138,6 +139,7 @@ class Worker:
         await self.role_change.start()
         await AdapterCommands(ctx, self._beat).start()
         await bus.serve(subjects.probe(wid), Probe, self._on_probe, _bad_probe)
+        await WorkerSleep(ctx, self._beat, self._fail_all).start()
         await bus.subscribe(subjects.events, (RequestFailed, WorkerLost), self._on_event)
         await bus.subscribe(subjects.cancel, Cancel, self._on_cancel)
         self._background.append(asyncio.create_task(self._publish_tokens()))
@@ -341,6 +343,7 @@ class Worker:
             epoch=self.epoch,
             startup=self.startup.wire(),
             ready_s=self.startup.ready_s,
+            sleep_level=self.ctx.sleep_level,
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)

@@ -38,7 +38,7 @@ from services.worker.vllm_outputs import flat_block_ids, request_output
 from services.worker.vllm_sampling import to_vllm
 from services.worker.vllm_stats import CounterLogger, VllmCounters
 from services.worker.vllm_transport import VllmNixlTransport
-from shared.engine.errors import InvalidRequest
+from shared.engine.errors import EngineError, InvalidRequest
 from shared.engine.kv_handoff import HeldBlocks
 from shared.engine.outputs import RequestOutput, StepOutput
 from shared.engine.sequence import FinishReason
@@ -100,6 +100,15 @@ class VllmEngineClient:
     def startup_phases(self) -> dict[StartupPhase, float]:
         """None apart: vLLM loads, compiles and allocates in its engine core process."""
         return {}
+
+    async def sleep(self, level: int) -> None:
+        raise EngineError(
+            "this worker's vLLM engine has no sleep mode here (vLLM's sleep needs CUDA, ROCm "
+            "or XPU memory; its CPU build has none)"
+        )
+
+    async def wake_up(self) -> None:
+        """Never asleep (see `sleep`): nothing to bring back."""
 
     @property
     def block_size(self) -> int:

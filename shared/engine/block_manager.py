@@ -183,6 +183,11 @@ class BlockManager:
         child.num_computed_tokens = parent.num_computed_tokens
         return copies
 
+    def forget_cached(self) -> None:
+        """Evict every cached block no sequence holds (each reported removed)."""
+        while self._evictable:
+            self._empty.append(self._evict_oldest())
+
     # -- internals --------------------------------------------------------------------------
     def _lookup(self, seq: Sequence) -> tuple[list[tuple[int, int]], list[int]]:
         """(block id, hash) of the cached full blocks that prefix `seq.token_ids[:-1]`, and
@@ -234,6 +239,9 @@ class BlockManager:
     def _pop_free(self) -> int:
         if self._empty:
             return self._empty.pop()
+        return self._evict_oldest()
+
+    def _evict_oldest(self) -> int:
         block_id, _ = self._evictable.popitem(last=False)
         block_hash = self.block_hashes[block_id]
         assert block_hash is not None, "an evictable block has a hash"

@@ -40,6 +40,7 @@ from shared.engine.resolve import resolve
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import BatchScheduler
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
+from shared.engine.sleep_mode import put_to_sleep, wake_up
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
 from shared.engine.spec_decode.ngram import NgramProposer
@@ -352,6 +353,20 @@ class LLMEngine:
             state = "unknown" if seq is None else seq.status.name
             raise UnknownRequest(f"request {request_id!r} is {state}, not {status.name}")
         return seq
+
+    # -- sleep (sleep_mode.py) ---------------------------------------------------------------
+    def sleep(self, level: int) -> None:
+        """Level 1: give back the KV pool; level 2: the weights too. EngineError while a
+        block is in use."""
+        put_to_sleep(self.block_manager, self._runners(), level)
+
+    def wake_up(self) -> None:
+        wake_up(self._runners())
+
+    def _runners(self) -> list[ModelRunner]:
+        proposer = self.proposer
+        draft = [proposer.runner] if isinstance(proposer, DraftProposer) else []
+        return [self.runner, *draft]
 
     # -- speculative decoding (spec_decode/) -------------------------------------------------
     def _proposer(self, draft_config: ModelConfig | None, num_blocks: int) -> Proposer | None:

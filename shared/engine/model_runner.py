@@ -60,12 +60,25 @@ class ModelRunner:
         self.device = device = config.torch_device
         if device.type == "cuda":
             torch.cuda.set_device(device)  # Triton launches on the current device
-        model_dir = model_dir or config.model_dir
         if config.quantization and model_config.num_experts:
             raise ConfigError(
                 f"quantization {config.quantization} is not supported for MoE models: "
                 "serve them without --quantization"
             )
+        self._made_of = (config, model_config, model_dir or config.model_dir, max_len)
+        vocab_size = self.load_model(clock)
+        with clock.timing(StartupPhase.KV_ALLOCATION):
+            self.kv_cache = KVCache(
+                model_config, num_blocks, config.block_size, config.torch_dtype, device
+            )
+        self.sampler = Sampler(vocab_size, model_config.eos_token_ids, self.model.ops.native)
+
+    def load_model(self, clock: PhaseClock | None = None) -> int:
+        """Load, pack and build the model (at start, and waking up from sleep level 2); the
+        rows of its head (before quantization replaces it)."""
+        clock = clock or PhaseClock()
+        config, model_config, model_dir, max_len = self._made_of
+        device = self.device
         with clock.timing(StartupPhase.WEIGHTS_LOAD):
             shipped = shipped_quantization(model_dir, config.quantization, device.type)
             weights = load_weights(model_dir, model_config, config.torch_dtype, device)
@@ -111,11 +124,15 @@ class ModelRunner:
             if self.model.native_layers
             else "the Python loop",
         )
-        with clock.timing(StartupPhase.KV_ALLOCATION):
-            self.kv_cache = KVCache(
-                model_config, num_blocks, config.block_size, config.torch_dtype, device
-            )
-        self.sampler = Sampler(vocab_size, model_config.eos_token_ids, self.model.ops.native)
+        return vocab_size
+
+    @property
+    def has_weights(self) -> bool:
+        return hasattr(self, "model")
+
+    def release_weights(self) -> None:
+        """Drop the model and its weights (sleep level 2) until `load_model`."""
+        del self.model
 
     def run(self, chunks: list[ScheduledChunk]) -> list[list[SampledToken]]:
         """Compute `chunks` (decodes first) and sample for those that complete, in order: one

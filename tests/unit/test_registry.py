@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from services.scheduler.registry import Registry
 from shared.protocol import Heartbeat, KVEvents
+from shared.sleep_level import SleepLevel
 
 
 def beat(worker_id: str = "w1", role: str = "decode", free: int = 100, running: int = 0):
@@ -179,3 +180,14 @@ def test_the_schedulers_own_outage_clears_suspicion():
     registry.recheck("w2")
     assert registry.lose("w2", epoch=0) is None
     assert len(registry.views()) == 2
+
+
+def test_a_sleeping_worker_is_no_candidate_until_it_wakes_up():
+    registry = Registry()
+    registry.on_heartbeat(beat("w1"), now=0.0)
+    asleep = beat("w1")
+    asleep.sleep_level = SleepLevel.KV_FREED
+    registry.on_heartbeat(asleep, now=1.0)
+    assert registry.views() == [] and "w1" in registry  # registered, never placed on
+    assert registry.on_heartbeat(beat("w1"), now=2.0)  # awake: room the waiting line may use
+    assert [v.worker_id for v in registry.views()] == ["w1"]

@@ -62,6 +62,8 @@ from shared.protocol import (
     decode,
     encode,
 )
+from shared.sleep_level import SleepLevel
+from shared.sleep_messages import SleepCommand, SleepReply
 from shared.startup_messages import PhaseTime
 from shared.subjects import Subjects
 from shared.wire_codec import MAX_FRAME_BYTES, MAX_LIST_ITEMS, SCHEMA_VERSION
@@ -93,6 +95,8 @@ SAMPLES: list[Any] = [
     AdapterReport([AdapterAnswer("w1", Outcome.OK)]),
     Probe("w1", 7),
     ProbeAck("w1", 7),
+    SleepCommand(SleepLevel.KV_FREED, 5.0),
+    SleepReply("w1", SleepLevel.AWAKE),
 ]
 SAMPLE = {type(m): m for m in SAMPLES}
 # Values out of range per message: (path of the field, a bad value). Paths go into nested
@@ -382,8 +386,16 @@ def worker_harness(loop) -> tuple[Harness, Callable[[], Any]]:
         harness.calls.append(("probe", message))
         return ProbeAck("w1", 7)
 
+    async def sleep(message: SleepCommand, headers: Any) -> SleepReply:
+        harness.calls.append(("sleep", message))
+        return SleepReply("w1", message.level)
+
+    def refuse_sleep(reason: str) -> SleepReply:
+        return SleepReply("w1", SleepLevel.AWAKE, Outcome.INVALID, reason)
+
     async def subscribe() -> None:
         await bus.serve(s.probe("w1"), Probe, probe, lambda r: ProbeAck("", 0, Outcome.INVALID, r))
+        await bus.serve(s.sleep("w1"), SleepCommand, sleep, refuse_sleep)
         await bus.serve(s.reserve("w1"), Reserve, harness.record("reserve"), refuse_reserve)
         await bus.serve(s.prefill("w1"), PrefillTask, harness.record("prefill"), refuse)
         await bus.serve(s.decode("w1"), DecodeTask, harness.record("decode"), refuse)
@@ -434,6 +446,7 @@ CASES = [
     Case("worker", "ss.worker.w1.role", (SetRole,), TaskAck),
     Case("worker", "ss.worker.w1.adapters", (AdapterCommand,), AdapterAnswer),
     Case("worker", "ss.worker.w1.probe", (Probe,), ProbeAck),
+    Case("worker", "ss.worker.w1.sleep", (SleepCommand,), SleepReply),
     Case("worker", "ss.cancel", (Cancel,)),
     Case("worker", "ss.events", (RequestFailed, WorkerLost)),
     Case("launcher", "ss.pool.target", (PoolTarget,)),
