@@ -66,6 +66,8 @@ class ModelRunner:
                 "serve them without --quantization"
             )
         self._made_of = (config, model_config, model_dir or config.model_dir, max_len)
+        self._lora = lora
+        self.adapters: AdapterBank | None = None  # made once: it outlives a sleep's reload
         vocab_size = self.load_model(clock)
         with clock.timing(StartupPhase.KV_ALLOCATION):
             self.kv_cache = KVCache(
@@ -84,7 +86,7 @@ class ModelRunner:
             weights = load_weights(model_dir, model_config, config.torch_dtype, device)
         vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
         packed = not config.quantization and batch_invariant.resolve(config)
-        self.adapters: AdapterBank | None = None
+        lora = self._lora
         with clock.timing(StartupPhase.WEIGHTS_PACK):
             if config.quantization:
                 weights = quantize_weights(weights, config.quantization)
@@ -92,7 +94,9 @@ class ModelRunner:
                 silu_mlp = model_config.hidden_act == "silu" and lora is None
                 weights = batch_invariant.pack_weights(weights, silu_mlp)
             if lora is not None:
-                self.adapters = AdapterBank(model_config, lora, config.torch_dtype, device, packed)
+                if self.adapters is None:
+                    bank = AdapterBank(model_config, lora, config.torch_dtype, device, packed)
+                    self.adapters = bank
                 weights = attach(weights, self.adapters)
             moved, advised = (
                 move_onto_huge_pages(tensors_in(weights)) if device.type == "cpu" else (0, False)
