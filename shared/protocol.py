@@ -1,4 +1,6 @@
-"""Every message that crosses a process boundary: one dataclass each (DESIGN.md section 3).
+"""Every message that crosses a process boundary: one dataclass each (DESIGN.md section 3);
+the KV hand-off's live in shared/kv_messages.py and `Outcome` in shared/outcome.py, both
+re-exported here.
 
 Encode with `encode(msg)`, decode with `decode(data, Cls)` (strict: see shared/wire_codec.py).
 Times are Unix seconds (float). The W3C `traceparent` travels in NATS headers, not here.
@@ -8,30 +10,31 @@ No torch here: the gateway and the scheduler import this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
 
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.sequence import FinishReason
+from shared.kv_messages import KVChunk, KVDone, KVReady
 from shared.kv_tier_messages import TierCounters
+from shared.outcome import Outcome
 from shared.planner_messages import PlannerReport
 from shared.sleep_level import SleepLevel
 from shared.startup_messages import PhaseTime
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
 
-__all__ = ["SCHEMA_VERSION", "FinishReason", "WireError", "decode", "decode_one_of", "encode"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "FinishReason",
+    "KVChunk",
+    "KVDone",
+    "KVReady",
+    "Outcome",
+    "WireError",
+    "decode",
+    "decode_one_of",
+    "encode",
+]
 
 ROLES = ("prefill", "decode", "both")
-
-
-class Outcome(IntEnum):
-    """How a worker, or the scheduler, answered a request for work (acks, reservations,
-    KV transfers). Every refusal names its reason in the message's `error`."""
-
-    OK = 0
-    BUSY = 1  # no room right now (KV blocks, queue): ask again later, or elsewhere
-    UNAVAILABLE = 2  # this one takes no such work (draining, no such worker or role)
-    INVALID = 3  # the request itself is bad (the engine's reason): nobody will take it
-    FAILED = 4  # an internal error or a lost peer: try another worker
 
 
 # -- gateway ⇄ scheduler ------------------------------------------------------------------
@@ -225,62 +228,6 @@ class TaskAck:
     @property
     def ok(self) -> bool:
         return self.outcome == Outcome.OK
-
-
-# -- prefill → decode (KV transfer) ---------------------------------------------------------
-@dataclass(slots=True)
-class KVChunk:
-    request_id: str
-    chunk_index: int
-    layer_start: int
-    layer_end: int  # exclusive
-    first_block: int  # index in the request's block table
-    block_hashes: list[int | None]
-    dtype: str  # "float32" | "bfloat16" | "float16"
-    shape: list[int]  # [layers, blocks, block_size, 2, kv_heads, head_dim]
-    data: bytes
-    epoch: int = 0  # the sending process's (shared/epoch.py; 0: not said)
-    to_epoch: int = 0  # the receiving process's, from its reservation: another refuses it
-
-
-@dataclass(slots=True)
-class KVDone:
-    request_id: str
-    num_chunks: int
-    first_token_id: int  # the token the prefill worker sampled and already streamed
-    outcome: Outcome = Outcome.OK  # anything else: the transfer is off, drop the reservation
-    error: str = ""
-    epoch: int = 0  # as KVChunk's
-    to_epoch: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == Outcome.OK
-
-
-@dataclass(slots=True)
-class KVReady:
-    """The one-sided transports (`nixl`): the prefill worker's blocks are ready to be READ.
-    The decode worker checks every field, READs them into its reservation, then answers
-    (a `TaskAck`); the prefill worker keeps them until that answer or its own deadline."""
-
-    request_id: str
-    transport: str  # "nixl"
-    agent: str  # the prefill worker's agent name
-    agent_metadata: bytes  # what the decode worker needs to connect to it
-    num_cache_blocks: int  # blocks in the prefill worker's cache: every id is below
-    layout: list[int]  # [num_layers, block_size, 2, kv_heads, head_dim]
-    dtype: str  # "float32" | "bfloat16" | "float16"
-    first_block: int  # index in the request's block table of block_ids[0]
-    block_ids: list[int]  # in the prefill worker's cache, in table order
-    block_hashes: list[int | None]  # chained prefix hash of each; None: partly filled
-    first_token_id: int  # the token the prefill worker sampled and already streamed
-    read_by: float  # Unix seconds: the READ must be over (done or failed) by then
-    # The prefill engine's own hand-off parameters, opaque to the mesh: for vLLM workers its
-    # `kv_transfer_params` (JSON), with which the decode engine READs; b"" for ours.
-    engine_params: bytes = b""
-    epoch: int = 0  # the offering process's: an older one of the same agent is refused
-    to_epoch: int = 0  # the receiving process's, from its reservation: another refuses it
 
 
 # -- workers → gateway --------------------------------------------------------------------

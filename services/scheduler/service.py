@@ -38,18 +38,17 @@ import logging
 import time
 from collections.abc import Callable
 
-from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import SpanKind
 
 from services.scheduler.adapters import AdapterFanOut, count_placement
 from services.scheduler.adapters import refuse as refuse_adapters
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hit_check import HitBook
 from services.scheduler.liveness import Liveness
-from services.scheduler.path_cost import Path
 from services.scheduler.placement import RELEASED, BadSubmit, Placer
-from services.scheduler.predictions import Prediction, PredictionBook
+from services.scheduler.predictions import PredictionBook
 from services.scheduler.registry import Registry, WorkerState
+from services.scheduler.route_span import record_route
 from services.scheduler.waiting import ModelLines, WaitEnd, Waiter, WaitingLine
 from shared.bus import Bus, Headers
 from shared.lora_messages import AdapterCommand
@@ -67,7 +66,7 @@ from shared.protocol import (
 )
 from shared.subjects import SCHEDULER_QUEUE_GROUP, Subjects
 from shared.telemetry.metrics import SchedulerMetrics
-from shared.telemetry.tracing import extract, fail, inject, setup_tracing
+from shared.telemetry.tracing import extract, inject, setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -222,35 +221,10 @@ class SchedulerService:
             span.set_attribute("gen_ai.request.model", request.model)
             ack = await self._admit(request, inject(span))
             count_placement(self.registry, self.metrics, request, ack)
-            span.set_attributes(
-                {
-                    "splitserve.accepted": ack.accepted,
-                    "splitserve.outcome": ack.outcome.name,
-                    "splitserve.prefill_worker": ack.prefill_worker,
-                    "splitserve.decode_worker": ack.decode_worker,
-                    "splitserve.disaggregated": bool(ack.prefill_worker),
-                }
-            )
-            if ack.accepted:
-                self._predicted(request, ack, span)
-            else:
-                fail(span, ack.error)
+            record_route(span, request, ack, self.predictions, self.clock())
         path = "disaggregated" if ack.prefill_worker else "decode_only" if ack.accepted else ""
         self.metrics.placements.labels(request.model, _outcome_label(ack), path).inc()
         return ack
-
-    def _predicted(self, request: SubmitRequest, ack: SubmitAck, span: Span) -> None:
-        """The path and its predicted TTFT on the route span; kept to compare with the
-        observed one when the gateway timed the submit and there is a prediction."""
-        path = Path.SPLIT if ack.prefill_worker else Path.LOCAL
-        span.set_attribute("splitserve.path", path.label)
-        span.set_attribute("splitserve.predicted_ttft_s", ack.predicted_ttft)
-        if ack.predicted_ttft > 0 and request.submitted_at > 0:
-            route = trace.set_span_in_context(span)
-            prediction = Prediction(
-                path, ack.predicted_ttft, request.submitted_at, self.clock(), route
-            )
-            self.predictions.remember(request.request_id, prediction)
 
     async def _admit(self, request: SubmitRequest, headers: Headers) -> SubmitAck:
         model = request.model

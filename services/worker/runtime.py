@@ -22,13 +22,13 @@ from services.worker.context import WorkerContext
 from services.worker.decode import DecodeSide
 from services.worker.engine_client import EngineClient
 from services.worker.engines import make_engine
+from services.worker.heartbeat import worker_heartbeat
 from services.worker.prefill import PrefillSide
 from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
 from services.worker.role_change import Intake, RoleChange
 from services.worker.sleep import WorkerSleep
 from services.worker.startup import StartupReport
 from services.worker.telemetry import WorkerTelemetry
-from services.worker.tier_metrics import tier_counters
 from shared.bus import Bus, Headers
 from shared.engine.outputs import StepOutput
 from shared.engine.startup_phases import StartupPhase
@@ -37,7 +37,7 @@ from shared.kvtransfer.link import KVLink
 from shared.kvtransfer.select import make_transport
 from shared.kvtransfer.transfer import TransportFactory
 from shared.liveness_messages import Probe, ProbeAck
-from shared.protocol import Cancel, Heartbeat, KVEvents, Outcome, RequestFailed, WorkerLost
+from shared.protocol import Cancel, KVEvents, Outcome, RequestFailed, WorkerLost
 from shared.subjects import Subjects
 from shared.telemetry.metrics import serve_metrics
 
@@ -302,48 +302,16 @@ class Worker:
         assert self.ctx is not None
         stats = self.engine.stats()  # counters the engine thread keeps: never waits
         config, bus, subjects = self.config, self.ctx.bus, self.ctx.subjects
-        layout, costs, now = self.ctx.layout, stats.costs, time.time()
-        beat = Heartbeat(
-            worker_id=config.worker_id,
-            role=config.role,
-            model=config.model_name,
-            engine=config.engine_kind,
-            num_running=stats.num_running,
-            num_waiting=stats.num_waiting,
-            free_blocks=stats.free_blocks,
-            total_blocks=stats.total_blocks,
-            block_size=stats.block_size,
-            draining=self.ctx.draining,
+        beat = worker_heartbeat(
+            config,
+            self.ctx,
+            stats,
+            self.telemetry,
             num_requests=len(self.table),
-            kv_blocks_sent=self.ctx.kv_blocks_sent,
-            kv_blocks_received=self.ctx.kv_blocks_received,
-            prefix_queries=stats.prefix_queries,
-            prefix_hits=stats.prefix_hits,
-            spec_proposed_tokens=stats.spec_decode.proposed,
-            spec_accepted_tokens=stats.spec_decode.accepted,
-            spec_verify_steps=stats.spec_decode.verify_steps,
             metrics_port=self.metrics_port,
-            kv_transports=self.ctx.link.names,
             kv_peers=self.prefill.peers.snapshot() if self.prefill is not None else [],
-            prefill_rate=costs.prefill_rate,
-            decode_step_s=costs.decode_step_s,
-            stall_s=costs.stall_s,
-            stream_tokens=stats.min_stream_tokens,
-            decode_batch=costs.decode_batch,
-            queued_prompt_tokens=stats.queued_prompt_tokens,
-            busy=self.telemetry.busy_share(stats, now),
-            block_bytes=layout.block_bytes * layout.num_layers,
-            first_tokens=self.telemetry.take_first_tokens(),
-            stream_tpots=self.telemetry.take_stream_tpots(),
-            next_role=self.ctx.next_role,
-            adapters=list(stats.adapters),
-            adapters_loaded=list(stats.adapters_loaded),
-            adapter_swap_ins=stats.adapter_swap_ins,
-            kv_tier=tier_counters(stats.tier),
             epoch=self.epoch,
-            startup=self.startup.wire(),
-            ready_s=self.startup.ready_s,
-            sleep_level=self.ctx.sleep_level,
+            startup=self.startup,
         )
         await bus.publish(subjects.heartbeat, beat)
         self.telemetry.on_stats(stats)

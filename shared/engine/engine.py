@@ -31,7 +31,8 @@ from shared.engine.kv_handoff import HeldBlocks, KVBlocks, KVHandOff, PinKind, R
 from shared.engine.kv_tier.tier import open_tier
 from shared.engine.kv_tier.tier_stats import TierStats
 from shared.engine.lora.bank import AdapterBank, BankLimits
-from shared.engine.lora.modules import adapter_name_error, parse_lora_modules
+from shared.engine.lora.modules import parse_lora_modules
+from shared.engine.lora.serving import adapter_stats, check_adapter, serve_adapter, stop_adapter
 from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner
 from shared.engine.outputs import RequestOutput, StepOutput
@@ -43,8 +44,7 @@ from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
 from shared.engine.sleep_mode import put_to_sleep, wake_up
 from shared.engine.spec_decode import SpecDecodeStats
 from shared.engine.spec_decode.draft import DraftProposer, check_same_vocabulary
-from shared.engine.spec_decode.ngram import NgramProposer
-from shared.engine.spec_decode.proposer import Proposer
+from shared.engine.spec_decode.make import make_proposer
 from shared.engine.startup_phases import PhaseClock
 from shared.engine.stats import (
     EngineStats,
@@ -73,13 +73,10 @@ class LLMEngine:
             check_same_vocabulary(
                 config.model_dir, self.model_config, config.draft_model_dir, draft_config
             )
-        # The cache's memory holds the target's blocks and, beside them, the draft model's.
-        bytes_per_block = sum(
-            KVCache.bytes_per_block(model, config.block_size, config.torch_dtype)
-            for model in (self.model_config, draft_config)
-            if model is not None
+        models = [m for m in (self.model_config, draft_config) if m is not None]
+        num_blocks = config.num_kv_blocks or KVCache.blocks_in(
+            config.kv_cache_gib, config.block_size, config.torch_dtype, *models
         )
-        num_blocks = config.num_kv_blocks or int(config.kv_cache_gib * 2**30 // bytes_per_block)
         lora = None
         if config.lora_enabled:
             lora = BankLimits(config.max_loras, config.max_lora_rank, config.lora_host_slots)
@@ -90,7 +87,9 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.model_id, config.enable_prefix_caching, self.tier
         )
-        self.proposer = self._proposer(draft_config, num_blocks)
+        self.proposer = make_proposer(
+            config, draft_config, num_blocks, self.max_model_len, self.runner, self.startup
+        )
         self.scheduler = BatchScheduler(
             self.block_manager,
             config.token_budget,
@@ -126,7 +125,7 @@ class LLMEngine:
     ) -> None:
         """Raise InvalidRequest unless the engine could ever serve this request. Safe from any
         thread: it reads only limits fixed at start and the lock-guarded grammar cache."""
-        self._check_adapter(params.adapter)
+        check_adapter(self.runner.adapters, params.adapter)
         self.checker.check(prompt_token_ids, params, output_token_ids)
 
     def add_request(
@@ -200,7 +199,7 @@ class LLMEngine:
             spec_decode=replace(scheduler.spec_stats),
             queued_prompt_tokens=queued_prompt_tokens(scheduler.waiting, scheduler.running),
             min_stream_tokens=min_stream_tokens(scheduler.running),
-            **_adapter_stats(self.runner.adapters),
+            **adapter_stats(self.runner.adapters),
             tier=self.tier.stats() if self.tier is not None else TierStats(),
         )
 
@@ -238,21 +237,11 @@ class LLMEngine:
     def load_adapter(self, name: str, path: Path) -> None:
         """Read and check a PEFT adapter and serve it as `name` (BadAdapter saying why not;
         the engine serves on). A known name is read again from `path`."""
-        bank = self._bank()
-        if (reason := adapter_name_error(name)) is not None:
-            raise InvalidRequest("lora_name", reason)
-        if name in self._adapters_in_use():
-            raise InvalidRequest("lora_name", f"adapter {name!r} is serving requests")
-        bank.load(name, path)
+        serve_adapter(self.runner.adapters, self._adapters_in_use(), name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Stop serving `name`; InvalidRequest while requests use it or when it is unknown."""
-        bank = self._bank()
-        if not bank.knows(name):
-            raise InvalidRequest("lora_name", f"no adapter {name!r} is loaded")
-        if name in self._adapters_in_use():
-            raise InvalidRequest("lora_name", f"adapter {name!r} is serving requests")
-        bank.unload(name)
+        stop_adapter(self.runner.adapters, self._adapters_in_use(), name)
 
     # -- KV hand-off: prefill side ----------------------------------------------------------
     def export_kv(
@@ -319,23 +308,13 @@ class LLMEngine:
         if request_id in self.requests:
             reason = f"request id {request_id!r} is already in the engine"
             raise InvalidRequest("request_id", reason)
-        self._check_adapter(params.adapter)
+        check_adapter(self.runner.adapters, params.adapter)
         grammar = self.checker.check(prompt_token_ids, params, output_token_ids)
         tokens = [*prompt_token_ids, *output_token_ids]
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = Sequence(request_id, tokens, len(prompt_token_ids), params, seed)
         seq.grammar = grammar
         return seq
-
-    def _bank(self) -> AdapterBank:
-        if self.runner.adapters is None:
-            raise InvalidRequest("lora_name", "this engine serves no LoRA adapters (enable_lora)")
-        return self.runner.adapters
-
-    def _check_adapter(self, adapter: str) -> None:
-        bank = self.runner.adapters
-        if adapter and (bank is None or not bank.knows(adapter)):
-            raise InvalidRequest("model", f"no LoRA adapter {adapter!r} is loaded")
 
     def _adapters_in_use(self) -> set[str]:
         return {seq.params.adapter for seq in self.requests.values()}
@@ -367,26 +346,3 @@ class LLMEngine:
         proposer = self.proposer
         draft = [proposer.runner] if isinstance(proposer, DraftProposer) else []
         return [self.runner, *draft]
-
-    # -- speculative decoding (spec_decode/) -------------------------------------------------
-    def _proposer(self, draft_config: ModelConfig | None, num_blocks: int) -> Proposer | None:
-        config, k, max_len = self.config, self.config.num_speculative_tokens, self.max_model_len
-        if config.speculative == "ngram":
-            return NgramProposer(k, max_len)
-        if config.speculative == "draft":
-            assert draft_config is not None and config.draft_model_dir is not None
-            runner = ModelRunner(
-                config, draft_config, num_blocks, max_len, config.draft_model_dir, self.startup
-            )
-            return DraftProposer(k, max_len, runner, self.runner.sampler)
-        return None
-
-
-def _adapter_stats(bank: AdapterBank | None) -> dict[str, object]:
-    if bank is None:
-        return {}
-    return {
-        "adapters": tuple(bank.paths),
-        "adapters_loaded": tuple(bank.in_slots),
-        "adapter_swap_ins": bank.stats.swap_ins,
-    }

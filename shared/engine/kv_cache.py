@@ -55,6 +55,13 @@ class KVCache:
         per_layer = block_size * 2 * config.num_kv_heads * config.head_dim
         return per_layer * config.num_layers * torch.empty((), dtype=dtype).element_size()
 
+    @staticmethod
+    def blocks_in(gib: float, block_size: int, dtype: torch.dtype, *models: ModelConfig) -> int:
+        """Blocks `gib` of memory holds, each with every one of `models`' layers (a draft
+        model's beside the target's)."""
+        per_block = sum(KVCache.bytes_per_block(m, block_size, dtype) for m in models)
+        return int(gib * 2**30 // per_block)
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
