@@ -108,7 +108,9 @@ class FullTier(FakeTier):
 def test_a_tier_load_leaves_a_block_for_the_token_computed_after_it():
     bm = BlockManager(4, BS, MODEL_ID, tier=FullTier({}, None))  # type: ignore[arg-type]
     seq = Sequence("s", list(range(9)), 9, SamplingParams(), 0)  # 4 full blocks, then 1 token
-    assert bm.can_allocate(seq, token_budget=8)
+    # the whole prompt takes 5 blocks: admitted by its first chunk (chunked prefill)
+    assert not bm.can_allocate(seq, token_budget=8)
+    assert bm.can_allocate(seq, token_budget=BS)
     bm.allocate(seq)
     assert seq.num_cached_tokens == 3 * BS  # not 4 blocks: the pool has only 4
     assert bm.room(seq) == BS
