@@ -11,13 +11,16 @@ roles (SET_ROLE among the workers there are, e.g. `up --pool` pinned to cores):
                 mesh (both workers with the fewest streams first) → prefill, the rest →
                 decode, in one decision (both+both → prefill+decode; 8 both → 4 + 4: a
                 split a step at a time would send every long prompt to one prefill worker).
-                Otherwise, with two prefill workers or more, the idlest → decode.
-  MORE_PREFILL  decode workers but one (fewest streams first) → prefill; a mesh of one
-                decode worker and at most `max_moves` workers in all merges: every worker
+                Otherwise, with two prefill workers or more, the idlest → decode when
+                the others' busy shares over one worker fewer stay within `margin`.
+  MORE_PREFILL  decode workers but one (fewest streams first) → prefill, as many as leave
+                the decode side's TPOT p99, scaled by its workers before / after, within
+                margin x its objective (none: hold, the decode side cannot spare any). A
+                mesh of one decode worker and at most `max_moves` in all merges: every worker
                 → both (under the fixed path rule a both worker prefills long prompts only
                 when no prefill worker is left); else the one decode worker → both.
-  LESS_PREFILL  with two prefill workers or more, the idlest → decode; a mesh of one prefill
-                and one decode worker (at most `max_moves` in all) merges → both+both.
+  LESS_PREFILL  nothing: an idle prefill side keeps its workers till decode needs them (one
+                moved away is missing at the next burst of long prompts)
   LESS_DECODE   nothing: fixed hardware has nothing to give back
 In roles mode at most `--planner-max-moves` (2) workers change per decision but for the
 split, which moves the whole mesh at once.
@@ -60,13 +63,14 @@ def replica_actions(need: Need, signals: MeshSignals, config: PlannerConfig) -> 
 def role_actions(need: Need, signals: MeshSignals, config: PlannerConfig) -> Outcome:
     """The role changes for `need`: a split of both workers whole, any other change at most
     `config.max_moves` workers, in the order below."""
-    made, why, whole = _role_changes(need, signals, config.max_moves)
+    made, why, whole = _role_changes(need, signals, config)
     return (made if whole else made[: config.max_moves]), why
 
 
 def _role_changes(
-    need: Need, signals: MeshSignals, max_moves: int
+    need: Need, signals: MeshSignals, config: PlannerConfig
 ) -> tuple[list[Decision], str, bool]:
+    max_moves = config.max_moves
     prefill, decode, both = (side(signals, (r,)).workers for r in ("prefill", "decode", "both"))
 
     def to(role: str, workers: Sequence[WorkerSignal]) -> list[Decision]:
@@ -83,23 +87,39 @@ def _role_changes(
                 k = min(len(both), max(1, (len(both) + len(decode)) // 2))
                 return to("prefill", ordered[:k]) + to("decode", ordered[k:]), "", True
         if len(prefill) >= 2:
+            busy = sum(w.busy for w in prefill) / (len(prefill) - 1)
+            if busy > config.margin:
+                return [], f"the prefill side cannot spare a worker: {busy:.0%} busy after", False
             return to("decode", [_idlest(prefill)]), "", False
         return [], "no worker can move to decode and leave prompts a worker to prefill them", False
     if need.kind is NeedKind.MORE_PREFILL:
-        if len(decode) >= 2:  # keep one: the fewest streams move
-            return to("prefill", sorted(decode, key=_streams_order)[:-1]), "", False
+        if len(decode) >= 2:  # keep one: the fewest streams move, as many as decode spares
+            spares = [
+                k for k in range(1, len(decode)) if _tpot_after(signals, len(decode), k, config)
+            ]
+            if not spares:
+                tpot = signals.tpot_p99 * 1e3
+                return [], f"the decode side cannot spare a worker (TPOT p99 {tpot:.1f} ms)", False
+            return to("prefill", sorted(decode, key=_streams_order)[: spares[-1]]), "", False
         if decode and not both and len(prefill) + 1 <= max_moves:  # small: merge it whole
             return to("both", [*prefill, *decode]), "", False
         if decode:  # it prefills its own requests too, as the path choice gives them
             return to("both", decode), "", False
         return [], "every worker that decodes prefills already", False
     if need.kind is NeedKind.LESS_PREFILL:
-        if len(prefill) >= 2:
-            return to("decode", [_idlest(prefill)]), "", False
-        if prefill and decode and not both and len(prefill) + len(decode) <= max_moves:
-            return to("both", [*prefill, *decode]), "", False  # small: merge it whole
-        return [], "roles mode: the one prefill worker stays", False
+        return (
+            [],
+            "roles mode: an idle prefill side keeps its workers till decode needs them",
+            False,
+        )
     return [], "roles mode: an idle decode side keeps its workers", False
+
+
+def _tpot_after(signals: MeshSignals, decoders: int, moved: int, config: PlannerConfig) -> bool:
+    """Does the decode side keep its objective (margin x) when `moved` of its `decoders`
+    leave? TPOT p99 taken to grow as the streams spread over fewer workers; no sample: yes."""
+    limit = config.margin * config.tpot_slo
+    return not signals.tpot_samples or signals.tpot_p99 * decoders / (decoders - moved) <= limit
 
 
 def _decodes_after(counts: RoleCounts, drained: str) -> bool:
