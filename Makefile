@@ -58,7 +58,7 @@ pull: install
 # The whole mesh on this machine: embedded nats-server, scheduler, gateway on :8000,
 # one prefill and one decode worker. Ctrl-C stops everything in order.
 up: pull
-	$(VENV)/bin/splitserve up --model $(MODEL) $(if $(filter vllm,$(ENGINE)),--engine vllm --block-size 32)
+	$(VENV)/bin/splitserve up --model $(MODEL) $(if $(filter vllm,$(ENGINE)),--engine vllm)
 
 lint: install
 	$(VENV)/bin/ruff check .
