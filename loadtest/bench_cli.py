@@ -194,7 +194,7 @@ def _add_model_args(parser: argparse.ArgumentParser, when: str = "") -> None:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     from loadtest import cli as loadtest_cli
-    from loadtest.engine_bench import lora as lora_bench
+    from loadtest.engine_bench import lora_cli as lora_bench
     from loadtest.peers import cli as peers_cli
     from loadtest.sim import cli as sim_cli
     from loadtest.slo import cli as slo_cli

@@ -11,7 +11,6 @@ the model. Figures are for this machine as it is (say how loaded it was when quo
 
 from __future__ import annotations
 
-import argparse
 import random
 import tempfile
 import time
@@ -116,30 +115,3 @@ def _run(engine: LLMEngine, prompts: list[list[int]], adapters: list[str], outpu
     while engine.has_unfinished_requests():
         tokens += sum(len(out.new_token_ids) for out in engine.step())
     return tokens / (time.perf_counter() - started)
-
-
-def add_parser(targets: argparse._SubParsersAction) -> None:
-    lora = targets.add_parser("lora", help="LoRA adapters: tok/s over many adapters vs the base")
-    lora.add_argument("--model", default="", help="a known model (pulled; default: the default)")
-    lora.add_argument("--model-dir", type=Path, help="an HF-layout directory instead")
-    lora.add_argument("--concurrency", type=int, default=16)
-    lora.add_argument("--adapters", type=int, default=8)
-    lora.add_argument("--rank", type=int, default=16)
-    lora.add_argument("--max-loras", type=int, default=8, help="slots (adapters per step)")
-    lora.add_argument("--input-len", type=int, default=64)
-    lora.add_argument("--output-len", type=int, default=64)
-    lora.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    lora.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> None:
-    from shared.models.pull import pull_model
-    from shared.models.registry import DEFAULT_MODEL
-
-    model_dir = args.model_dir or pull_model(args.model or DEFAULT_MODEL)
-    run_lora_bench(
-        LoraBenchConfig(
-            model_dir, args.concurrency, args.adapters, args.rank, args.input_len,
-            args.output_len, args.max_loras, args.threads,
-        )
-    )  # fmt: skip

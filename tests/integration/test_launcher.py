@@ -127,20 +127,7 @@ def test_a_gateway_that_keeps_crashing_stops_the_mesh(tmp_path):
             stand_in(tmp_path, "gw", "gateway", "crash"),
         ]
 
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            run_mesh(config, threading.Event(), children, lambda: False)
-        except BaseException as exc:  # handed to the test's thread
-            failures.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    runner.join(20)  # never stopped from outside: it ends by itself
-    assert not runner.is_alive()
-    assert len(failures) == 1 and isinstance(failures[0], MeshDown)
-    assert "gave up on gw" in str(failures[0])
+    assert "gave up on gw" in str(mesh_down(config, children, timeout=20))
     assert [line.split()[0] for line in lines(tmp_path / "starts")].count("gw") == 3
     assert lines(tmp_path / "stops") == ["w", "sched"]  # the rest stopped, in order
     assert_closed(nats_port)  # nats-server stopped
@@ -330,3 +317,22 @@ def test_a_child_of_another_role_stops_first(tmp_path):
     wait_for(lambda: len(lines(tmp_path / "starts")) == 4)
     supervisor.stop_all()
     assert lines(tmp_path / "stops") == ["plan", "gw", "w", "sched"]
+
+
+def mesh_down(config: LauncherConfig, children: list[ChildSpec], timeout: float) -> MeshDown:
+    """Run the mesh of `children` in a thread until it stops by itself (never stopped from
+    outside) within `timeout` seconds; the MeshDown it stopped with."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_mesh(config, threading.Event(), children, lambda: False)
+        except BaseException as exc:  # handed to the test's thread
+            failures.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    runner.join(timeout)
+    assert not runner.is_alive()
+    assert len(failures) == 1 and isinstance(failures[0], MeshDown)
+    return failures[0]

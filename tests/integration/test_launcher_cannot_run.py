@@ -4,14 +4,12 @@ its configuration (a flag its engine refuses): no crash loop."""
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 
 from services.launch_plan import LauncherConfig
-from services.launcher import run_mesh
-from services.supervisor import ChildSpec, MeshDown
+from services.supervisor import ChildSpec
 from shared.ports import free_port
-from tests.integration.test_launcher import lines, stand_in
+from tests.integration.test_launcher import lines, mesh_down, stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGE = "--block-size 16: vLLM's CPU attention runs blocks of [MultipleOf(32)] tokens"
@@ -41,19 +39,7 @@ def test_a_worker_that_cannot_run_stops_up_with_its_message(tmp_path):
             stand_in(tmp_path, "gw", "gateway"),
         ]
 
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            run_mesh(config, threading.Event(), children, lambda: False)
-        except BaseException as exc:  # handed to the test's thread
-            failures.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    runner.join(30)  # never stopped from outside: it ends by itself
-    assert not runner.is_alive()
-    assert len(failures) == 1 and isinstance(failures[0], MeshDown)
-    assert str(failures[0]) == f"prefill-0 cannot run this configuration: {MESSAGE}"
+    down = mesh_down(config, children, timeout=30)
+    assert str(down) == f"prefill-0 cannot run this configuration: {MESSAGE}"
     assert lines(starts) == ["refusing"]  # started once, never restarted
     assert lines(tmp_path / "stops") == ["gw", "sched"]  # the rest stopped, in order
