@@ -120,6 +120,9 @@ def _submit(m: SubmitRequest, where: str = "SubmitRequest") -> None:
     _measure(m.submitted_at, f"{where}.submitted_at")
     _count(m.attempt, f"{where}.attempt", 1 << 16)
     _adapter(m.sampling.adapter, f"{where}.sampling.adapter", empty=True)
+    _require(m.tenant == "" or bool(_SUBJECT_TOKEN.match(m.tenant)), f"{where}.tenant")
+    _require(len(m.tenant) <= MAX_TENANT_CHARS, f"{where}.tenant: too long")
+    _require(abs(m.priority) < PRIORITY_LIMIT, f"{where}.priority: out of range")
 
 
 def _adapter(name: str, where: str, empty: bool = False) -> None:
@@ -141,9 +144,6 @@ def _counts_and_measures(m: Any, where: str) -> None:
             _measure(value, f"{where}.{field.name}")
         elif isinstance(value, int) and not isinstance(value, bool):
             _count(value, f"{where}.{field.name}")
-    _require(m.tenant == "" or bool(_SUBJECT_TOKEN.match(m.tenant)), f"{where}.tenant")
-    _require(len(m.tenant) <= MAX_TENANT_CHARS, f"{where}.tenant: too long")
-    _require(abs(m.priority) < PRIORITY_LIMIT, f"{where}.priority: out of range")
 
 
 def _heartbeat(m: Heartbeat) -> None:

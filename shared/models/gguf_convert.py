@@ -38,7 +38,7 @@ MODEL_FILES = (
 )
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, keep_quant: bool = True) -> None:
+def convert_gguf(gguf_path: Path, out_dir: Path, keep_quant: bool = False) -> None:
     """Convert the GGUF file at `gguf_path` into an HF-layout model directory `out_dir`;
     keep_quant: quantized matrices stay quantized (else every tensor becomes float32)."""
     reader = GGUFReader(gguf_path, "r")

@@ -33,7 +33,7 @@ def dirs(tmp_path_factory):
     """(kept, float32) conversions of one quantized tiny GGUF, and of its all-F32 twin."""
     root = tmp_path_factory.mktemp("keep-quant")
     quantized = tiny.write_tiny_gguf(root / "q.gguf", arch="qwen2")
-    convert_gguf(quantized.path, root / "kept")
+    convert_gguf(quantized.path, root / "kept", keep_quant=True)
     convert_gguf(quantized.path, root / "float", keep_quant=False)
     all_q8 = dict.fromkeys(tiny.STORED_AS, T.Q8_0) | {"token_embd.weight": T.Q8_0}
     with pytest.MonkeyPatch.context() as patch:
@@ -42,7 +42,7 @@ def dirs(tmp_path_factory):
         patch.setattr(tiny, "STORED_AS", all_q8)
         q8 = tiny.write_tiny_gguf(root / "q8.gguf", arch="qwen2")
     convert_gguf(original.path, root / "f32")
-    convert_gguf(q8.path, root / "q8")
+    convert_gguf(q8.path, root / "q8", keep_quant=True)
     return root
 
 
