@@ -47,6 +47,7 @@ SIDES = ("compute", "reserve")
 class Expected:
     worker_id: str  # the worker computing the prompt
     predicted_tokens: int
+    block_size: int  # of its model's workers: the divergence bound's unit
     placed_at: float  # the scheduler's clock
     route: Context | None  # the `scheduler.route` span's context
 
@@ -60,12 +61,10 @@ def predicted_tokens(overlap: int, num_tokens: int, block_size: int) -> int:
 class HitBook:
     def __init__(
         self,
-        block_size: int,
         registry: CollectorRegistry | None = None,
         tracer: trace.Tracer | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.block_size = block_size
         self.tracer = tracer or trace.get_tracer(__name__)
         self.clock = clock
         registry = registry or CollectorRegistry()
@@ -91,10 +90,15 @@ class HitBook:
         return len(self._kept)
 
     def remember(
-        self, request_id: str, worker_id: str, predicted: int, route: Context | None = None
+        self,
+        request_id: str,
+        worker_id: str,
+        predicted: int,
+        block_size: int,
+        route: Context | None = None,
     ) -> None:
         self._kept.pop(request_id, None)
-        self._kept[request_id] = Expected(worker_id, predicted, self.clock(), route)
+        self._kept[request_id] = Expected(worker_id, predicted, block_size, self.clock(), route)
         while len(self._kept) > MAX_KEPT:
             self._kept.popitem(last=False)
 
@@ -116,16 +120,23 @@ class HitBook:
         )
         span.end()
         self.compare("compute", first.request_id, worker_id, expected.predicted_tokens,
-                     first.cached_tokens)  # fmt: skip
+                     first.cached_tokens, expected.block_size)  # fmt: skip
         return first.cached_tokens - expected.predicted_tokens
 
     def compare(
-        self, side: str, request_id: str, worker_id: str, predicted: int, actual: int
+        self,
+        side: str,
+        request_id: str,
+        worker_id: str,
+        predicted: int,
+        actual: int,
+        block_size: int,
     ) -> bool:
-        """Count one comparison; True (and logged, rate-limited) when it diverges."""
+        """Count one comparison; True (and logged, rate-limited) when it diverges by more
+        than DIVERGENCE_BLOCKS blocks of `block_size` tokens."""
         self.predicted.labels(side).inc(predicted)
         self.actual.labels(side).inc(actual)
-        if abs(actual - predicted) <= DIVERGENCE_BLOCKS * self.block_size:
+        if abs(actual - predicted) <= DIVERGENCE_BLOCKS * block_size:
             return False
         self.divergences.labels(side).inc()
         self._unlogged += 1

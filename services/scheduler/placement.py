@@ -95,7 +95,7 @@ class Placer:
         self.clock = clock
         self.is_cancelled = is_cancelled
         # predicted against actual prefix hits (an empty book is falsy: no `or` here)
-        self.hits = hits if hits is not None else HitBook(config.block_size)
+        self.hits = hits if hits is not None else HitBook()
         self.subjects = Subjects(config.common.namespace)
         # Requests to workers in flight (worker id -> their tasks): cancelled when the worker
         # is lost, so a placement moves on without waiting out `reserve_timeout`.
@@ -130,7 +130,7 @@ class Placer:
             if choice.path is Path.LOCAL:
                 ack = await self._decode_only(request, decode, headers, give_up)
                 if ack.ok:
-                    self._predict_hit(request, decode, len(tokens))
+                    self._predict_hit(request, decode, len(tokens), block_size)
                     computed = uncached_tokens(len(tokens), decode.overlap, block_size)
                     self._assign(request, decode.worker_id, len(tokens), computed)
                     self.registry.expect_cached(decode.worker_id, hashes)
@@ -146,7 +146,7 @@ class Placer:
             if not reservation.ok:
                 refusal = _refusal(decode.worker_id, reservation.outcome, reservation.error)
                 continue
-            self._check_reservation(request, decode, reservation, len(tokens))
+            self._check_reservation(request, decode, reservation, len(tokens), block_size)
             for prefill_id, predicted_ttft in choice.prefills:
                 prefill = prefills[prefill_id]
                 if self.is_cancelled(request.request_id):  # Cancel frees the reservation too
@@ -155,7 +155,7 @@ class Placer:
                     )
                 ack = await self._prefill(request, prefill, decode, reservation, headers, give_up)
                 if ack.ok:
-                    self._predict_hit(request, prefill, len(tokens))
+                    self._predict_hit(request, prefill, len(tokens), block_size)
                     self._assign(request, decode.worker_id, len(tokens))
                     computed = uncached_tokens(len(tokens), prefill.overlap, block_size)
                     self._assign(request, prefill.worker_id, 0, computed)
@@ -175,27 +175,34 @@ class Placer:
             return NoRoom(f"no prefill worker took the request (last: {refusal})", asked=True)
         return NoRoom(f"no decode worker took the request (last: {refusal})", asked=True)
 
-    def _predict_hit(self, request: SubmitRequest, worker: Candidate, num_tokens: int) -> None:
+    def _predict_hit(
+        self, request: SubmitRequest, worker: Candidate, num_tokens: int, block_size: int
+    ) -> None:
         """`worker` computes the prompt: its predicted hit on the route span and in the book,
         for its first token's report to be compared with."""
         span = trace.get_current_span()
         span.set_attribute("splitserve.prefix_predicted_blocks", worker.overlap)
         span.set_attribute("splitserve.prefix_tier_blocks", worker.tier_blocks)
-        predicted = predicted_tokens(worker.overlap, num_tokens, self.config.block_size)
+        predicted = predicted_tokens(worker.overlap, num_tokens, block_size)
         route = trace.set_span_in_context(span)
-        self.hits.remember(request.request_id, worker.worker_id, predicted, route)
+        self.hits.remember(request.request_id, worker.worker_id, predicted, block_size, route)
 
     def _check_reservation(
-        self, request: SubmitRequest, decode: Candidate, reservation: Reservation, num_tokens: int
+        self,
+        request: SubmitRequest,
+        decode: Candidate,
+        reservation: Reservation,
+        num_tokens: int,
+        block_size: int,
     ) -> None:
         """The decode worker's reservation says what it holds: against what was predicted."""
-        block_size = self.config.block_size
         trace.get_current_span().set_attribute(
             "splitserve.reserve_cached_blocks", reservation.num_cached_blocks
         )
         predicted = predicted_tokens(decode.overlap, num_tokens, block_size)
         actual = reservation.num_cached_blocks * block_size
-        self.hits.compare("reserve", request.request_id, decode.worker_id, predicted, actual)
+        side, worker = "reserve", decode.worker_id
+        self.hits.compare(side, request.request_id, worker, predicted, actual, block_size)
 
     def _assign(
         self, request: SubmitRequest, worker_id: str, num_tokens: int, computed: int = 0

@@ -92,9 +92,7 @@ class SchedulerService:
         # Request ids cancelled lately (id -> when): a placement still in progress for one
         # stops instead of starting work nobody will read (the gateway migrated it).
         self.cancelled: dict[str, float] = {}
-        self.hits = HitBook(
-            config.block_size, self.metrics.registry, self.tracing.tracer, clock=clock
-        )
+        self.hits = HitBook(self.metrics.registry, self.tracing.tracer, clock=clock)
         self.placer = Placer(config, bus, self.registry, clock, self._is_cancelled, self.hits)
         self.predictions = PredictionBook(self.tracing.tracer, self.metrics.ttft_error)
         self.planner_report: PlannerReport | None = None  # the newest (services/planner/)

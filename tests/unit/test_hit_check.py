@@ -64,8 +64,8 @@ def test_predicted_hits_never_cover_the_last_token():
 
 def test_the_computing_workers_report_is_compared_once():
     registry = CollectorRegistry()
-    book = HitBook(16, registry)
-    book.remember("r1", "p0", predicted=48)
+    book = HitBook(registry)
+    book.remember("r1", "p0", predicted=48, block_size=16)
     assert book.observe(FirstToken("r1", 0.1, cached_tokens=48), "other") is None
     assert book.observe(FirstToken("r1", 0.1, cached_tokens=32), "p0") == -16
     assert book.observe(FirstToken("r1", 0.1, cached_tokens=32), "p0") is None  # once
@@ -76,13 +76,13 @@ def test_the_computing_workers_report_is_compared_once():
 
 def test_divergences_beyond_the_bound_are_counted_and_logged_once_an_interval(caplog):
     registry, clock = CollectorRegistry(), Clock()
-    book = HitBook(16, registry, clock=clock)
+    book = HitBook(registry, clock=clock)
     with caplog.at_level(logging.WARNING, logger="services.scheduler.hit_check"):
-        assert book.compare("reserve", "r1", "d0", predicted=64, actual=0)
-        assert book.compare("reserve", "r2", "d0", predicted=0, actual=48)
-        assert not book.compare("reserve", "r3", "d0", predicted=48, actual=32)
+        assert book.compare("reserve", "r1", "d0", predicted=64, actual=0, block_size=16)
+        assert book.compare("reserve", "r2", "d0", predicted=0, actual=48, block_size=16)
+        assert not book.compare("reserve", "r3", "d0", predicted=48, actual=32, block_size=16)
         clock.now += LOG_EVERY_S
-        assert book.compare("reserve", "r4", "d0", predicted=64, actual=16)
+        assert book.compare("reserve", "r4", "d0", predicted=64, actual=16, block_size=16)
     assert value(registry, "divergences", "reserve") == 3
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 2 and "r1" in logged[0] and "r4" in logged[1]
@@ -91,10 +91,10 @@ def test_divergences_beyond_the_bound_are_counted_and_logged_once_an_interval(ca
 
 def test_the_book_forgets_old_predictions():
     clock = Clock()
-    book = HitBook(16, clock=clock)
-    book.remember("r1", "p0", predicted=16)
+    book = HitBook(clock=clock)
+    book.remember("r1", "p0", predicted=16, block_size=16)
     clock.now += 301.0
-    book.remember("r2", "p0", predicted=16)
+    book.remember("r2", "p0", predicted=16, block_size=16)
     book.forget_older(clock.now)
     assert len(book) == 1
     assert book.observe(FirstToken("r1", 0.1, 16), "p0") is None
