@@ -55,6 +55,7 @@ def read_measured(path: Path, long_len: int) -> Measured:
             attainment=data["attainment_target"],
             phase_seconds=data["shift"]["phase_seconds"],
             phases=data["shift"]["phases"],
+            shift_mix=tuple(data["shift"].get("mix", ("chat", "long"))),
             long_len=data.get("long_len", long_len),
             seed=data["seed"],
         )

@@ -85,6 +85,7 @@ def run_point(
         bench.phases,
         trace_dir,
         bench.long_len,
+        bench.shift_mix,
     )
     seed = run_seed(bench.seed, workload, rate_index)
     requests = workload_requests(workload, spec, rate, seed)

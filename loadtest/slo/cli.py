@@ -46,6 +46,9 @@ def add_sweep_flags(parser: argparse.ArgumentParser, workloads: str) -> None:
     parser.add_argument("--phase-seconds", type=float, default=120.0, help="shift: each phase")
     parser.add_argument("--phases", type=int, default=2, help="shift: chat, long, chat, ...")
     parser.add_argument(
+        "--shift-mix", default="chat,long", help="shift: the phases' kinds in turn (chat,long,gen)"
+    )
+    parser.add_argument(
         "--long-len", type=int, default=2048, help="prompt tokens of long (mixed, shift) prompts"
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -62,6 +65,7 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
         "phase_seconds": args.phase_seconds,
         "phases": args.phases,
         "long_len": args.long_len,
+        "shift_mix": tuple(k.strip() for k in args.shift_mix.split(",") if k.strip()),
         "seed": args.seed,
     }
 

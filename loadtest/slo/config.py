@@ -23,7 +23,8 @@ from shared.errors import ConfigError
 from shared.models.registry import DEFAULT_MODEL
 
 PEERS = ("vllm",)
-WORKLOADS = ("chat", "long", "agent", "mixed", "mooncake", "shift")  # made by workloads.py
+SHIFT_KINDS = ("chat", "long", "gen")  # what a shift phase can be (workloads.py)
+WORKLOADS = ("chat", "long", "gen", "agent", "mixed", "mooncake", "shift")  # made by workloads.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,7 @@ class SloBenchConfig:
     phase_seconds: float = 120.0  # shift: the length of each phase
     phases: int = 2  # shift: chat, long, chat, ...
     long_len: int = 2048  # long (and mixed, shift): prompt tokens of a long prompt
+    shift_mix: tuple[str, ...] = ("chat", "long")  # shift: each phase's kind, in turn
     seed: int = 0
     peer: str = ""  # "vllm": a vLLM-CPU row per core set; "": none
     model: str = DEFAULT_MODEL
@@ -133,6 +135,8 @@ class SloBenchConfig:
             raise ConfigError("--num-prompts, --phases and --phase-seconds must be positive")
         if self.long_len < 1:
             raise ConfigError("--long-len must be positive")
+        if not self.shift_mix or not set(self.shift_mix) <= set(SHIFT_KINDS):
+            raise ConfigError(f"--shift-mix {','.join(self.shift_mix)!r}: of {SHIFT_KINDS}")
         if not self.rates or min(self.rates) <= 0:
             raise ConfigError("the rates must be positive")
 

@@ -35,7 +35,11 @@ def result_json(
         "rates": list(cfg.rates),
         "workloads": list(cfg.workloads),
         "num_prompts": cfg.num_prompts,
-        "shift": {"phase_seconds": cfg.phase_seconds, "phases": cfg.phases},
+        "shift": {
+            "phase_seconds": cfg.phase_seconds,
+            "phases": cfg.phases,
+            "mix": list(cfg.shift_mix),
+        },
         "seed": cfg.seed,
         "up_args": list(cfg.up_args),
         "configurations": [row.as_json() for row in cfg.rows],

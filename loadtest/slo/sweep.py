@@ -158,6 +158,7 @@ async def run_sweep(
         cfg.phases,
         cfg.out / "traces",
         cfg.long_len,
+        cfg.shift_mix,
     )
     points: list[Point] = []
     for row in cfg.rows:

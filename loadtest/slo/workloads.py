@@ -11,9 +11,11 @@
 - mooncake: a synthetic trace in Mooncake's format (`timestamp` ms, `input_length`,
   `output_length`, `hash_ids` of 128-token blocks; 4 documents whose leading blocks requests
   share, then blocks of their own), written as JSONL and replayed by datasets.py's loader.
-- shift: Poisson arrivals over `phases` phases of `phase_seconds` each, alternating chat
-  and long (chat first); its request count is the rate × the phases' length, not
-  `num_prompts`.
+- gen: a 128-token prompt → 512 tokens (code or text generation: decode-heavy).
+- shift: Poisson arrivals over `phases` phases of `phase_seconds` each, each phase's
+  requests of one kind of `shift_mix` in turn (chat, long, chat, … by default: a phase
+  of gen against one of long is a shift between the decode side's work and the prefill
+  side's); its request count is the rate × the phases' length, not `num_prompts`.
 
 The one subtle rule: mooncake and shift carry their own send times (the open-loop runner
 takes timestamps over the rate), drawn at the rate asked; the others are sent at that rate
@@ -59,6 +61,7 @@ class Lengths:
 CHAT_PROMPT = Lengths(128, 1.0, 4, 1024)
 CHAT_REPLY = Lengths(120, 1.0, 4, 512)
 LONG_PROMPT, LONG_REPLY = 2048, 128
+GEN_PROMPT, GEN_REPLY = 128, 512
 AGENT_SYSTEM, AGENT_TURN, AGENT_REPLY = 1024, 64, 64
 MOONCAKE_BLOCK = 128  # tokens per hash id
 MOONCAKE_DOCUMENTS = 4  # shared prefixes
@@ -75,6 +78,7 @@ class WorkloadSpec:
     phases: int = 2  # shift
     trace_dir: Path | None = None  # mooncake: where its traces go (None: a temporary dir)
     long_len: int = LONG_PROMPT  # long, mixed and shift: a long prompt's tokens
+    shift_mix: tuple[str, ...] = ("chat", "long")  # shift: the phases' kinds, in turn
 
 
 def workload_requests(name: str, spec: WorkloadSpec, rate: float, seed: int) -> list[BenchRequest]:
@@ -82,9 +86,9 @@ def workload_requests(name: str, spec: WorkloadSpec, rate: float, seed: int) -> 
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
     data = DatasetConfig(num_prompts=spec.num_prompts, vocab_size=spec.vocab_size, seed=seed)
-    if name == "chat":
+    if name in ("chat", "gen"):
         rng = random.Random(seed)
-        return [_chat(rng, spec.vocab_size) for _ in range(spec.num_prompts)]
+        return [_one(name, rng, spec) for _ in range(spec.num_prompts)]
     if name == "long":
         requests = random_requests(replace(data, input_len=spec.long_len, output_len=LONG_REPLY))
     elif name == "agent":
@@ -149,23 +153,26 @@ def mooncake_trace(num: int, rate: float, seed: int) -> list[dict[str, object]]:
 
 
 def shift_requests(spec: WorkloadSpec, rate: float, seed: int) -> list[BenchRequest]:
-    """Poisson arrivals over the phases; a request is chat in even phases, long in odd."""
+    """Poisson arrivals over the phases; phase i's requests are of kind shift_mix[i % len]."""
     rng = random.Random(seed)
     horizon = spec.phases * spec.phase_seconds
     requests, t = [], 0.0
     while t < horizon:
-        if int(t // spec.phase_seconds) % 2 == 0:
-            request = _chat(rng, spec.vocab_size)
-        else:
-            request = _request(rng, spec.vocab_size, spec.long_len, LONG_REPLY, "long")
-        requests.append(replace(request, timestamp=t))
+        kind = spec.shift_mix[int(t // spec.phase_seconds) % len(spec.shift_mix)]
+        requests.append(replace(_one(kind, rng, spec), timestamp=t))
         t += rng.expovariate(rate)
     return requests
 
 
-def _chat(rng: random.Random, vocab_size: int) -> BenchRequest:
-    prompt_len, reply_len = CHAT_PROMPT.draw(rng), CHAT_REPLY.draw(rng)
-    return _request(rng, vocab_size, prompt_len, reply_len, "chat")
+def _one(kind: str, rng: random.Random, spec: WorkloadSpec) -> BenchRequest:
+    """One request of a shift kind (chat, long or gen)."""
+    if kind == "chat":
+        prompt_len, reply_len = CHAT_PROMPT.draw(rng), CHAT_REPLY.draw(rng)
+    elif kind == "long":
+        prompt_len, reply_len = spec.long_len, LONG_REPLY
+    else:
+        prompt_len, reply_len = GEN_PROMPT, GEN_REPLY
+    return _request(rng, spec.vocab_size, prompt_len, reply_len, kind)
 
 
 def _request(

@@ -16,7 +16,7 @@ from shared.errors import ConfigError
 from shared.flags import add_flags, build, flag
 from shared.slo import parse_slo
 
-PATH_CHOICES = ("cost", "fixed", "slo")
+PATH_CHOICES = ("auto", "cost", "fixed", "slo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +36,11 @@ class SchedulerConfig:
         "this many tokens uncached on its decode worker skips prefill",
     )
     path_choice: str = flag(
-        "fixed",
+        "auto",
         help="fixed: the --local-prefill-tokens rule; cost: each request split or prefilled "
         "where it decodes, by measured cost (the prediction and its error are recorded "
-        "either way); slo: the path that keeps --path-slo's objectives, then by cost",
+        "either way); slo: the path that keeps --path-slo's objectives, then by cost; "
+        "auto: slo when --path-slo is given, else fixed",
         choices=PATH_CHOICES,
     )
     path_slo: str = flag(
@@ -104,6 +105,8 @@ class SchedulerConfig:
             raise ConfigError(f"local_prefill_tokens must be >= 0, got {self.local_prefill_tokens}")
         if self.path_choice not in PATH_CHOICES:
             raise ConfigError(f"path_choice must be one of {PATH_CHOICES}, got {self.path_choice}")
+        if self.path_choice == "auto":  # resolved here: the services see the rule they run
+            object.__setattr__(self, "path_choice", "slo" if self.path_slo else "fixed")
         if self.path_choice == "slo":
             if not self.path_slo:
                 raise ConfigError("--path-choice slo needs --path-slo ttft=SECONDS,tpot=SECONDS")

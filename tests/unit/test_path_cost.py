@@ -206,6 +206,14 @@ def test_slo_paths_that_both_keep_the_objectives_are_left_to_the_cost_rule():
     assert decide(idle, objectives=SLO).path is decide(idle).path is Path.LOCAL
 
 
+def test_the_default_path_choice_keeps_the_objectives_when_given_else_the_fixed_rule():
+    assert SchedulerConfig().path_choice == "fixed"
+    given = SchedulerConfig(path_slo="ttft=4s,tpot=50ms")
+    assert (given.path_choice, given.objectives) == ("slo", (4.0, 0.05))
+    with pytest.raises(ConfigError, match="--path-slo"):
+        SchedulerConfig(path_slo="ttft=4s")
+
+
 def test_slo_path_choice_needs_its_objectives():
     with pytest.raises(ConfigError, match="--path-slo"):
         SchedulerConfig(path_choice="slo")

@@ -10,20 +10,24 @@ from pathlib import Path
 import pytest
 
 from loadtest.datasets import LOW_TOKEN_ID
+from loadtest.slo.config import SloBenchConfig, parse_configs
 from loadtest.slo.workloads import (
     AGENT_SYSTEM,
     CHAT_PROMPT,
     CHAT_REPLY,
+    GEN_PROMPT,
+    GEN_REPLY,
     MOONCAKE_BLOCK,
     WORKLOADS,
     WorkloadSpec,
     workload_requests,
 )
+from shared.errors import ConfigError
 
 VOCAB = 1000
 
 
-def spec(tmp_path: Path, num: int = 200, **kwargs: float) -> WorkloadSpec:
+def spec(tmp_path: Path, num: int = 200, **kwargs: object) -> WorkloadSpec:
     return WorkloadSpec(num, VOCAB, trace_dir=tmp_path, **kwargs)  # type: ignore[arg-type]
 
 
@@ -101,6 +105,20 @@ def test_shift_alternates_chat_and_long_phases_at_the_rate(tmp_path):
         if request.label == "long":
             assert (request.prompt_len, request.output_len) == (2048, 128)
     assert {int(r.timestamp // 30) for r in requests if r.timestamp is not None} == {0, 1, 2}
+
+
+def test_shift_takes_its_phases_kinds_from_the_mix_in_turn(tmp_path):
+    s = spec(tmp_path, phase_seconds=20.0, phases=4, shift_mix=("gen", "long", "chat"))
+    requests = workload_requests("shift", s, 2.0, seed=7)
+    kinds = {int(r.timestamp // 20): r.label for r in requests if r.timestamp is not None}
+    assert kinds == {0: "gen", 1: "long", 2: "chat", 3: "gen"}
+    gen = [r for r in requests if r.label == "gen"]
+    assert gen and {(r.prompt_len, r.output_len) for r in gen} == {(GEN_PROMPT, GEN_REPLY)}
+
+
+def test_a_shift_mix_of_an_unknown_kind_is_refused():
+    with pytest.raises(ConfigError, match="--shift-mix 'chat,poetry'"):
+        SloBenchConfig(configs=parse_configs("a=both:0"), shift_mix=("chat", "poetry"))
 
 
 def test_an_unknown_workload_is_refused(tmp_path):
