@@ -150,6 +150,7 @@ class VllmEngineClient:
             prefix_hits=c.prompt_tokens_not_computed,
             num_preemptions=c.num_preemptions,
             spec_decode=SpecDecodeStats(),
+            costs=c.timer.current,
         )
 
     async def load_adapter(self, name: str, path: str) -> None:

@@ -5,16 +5,24 @@ vLLM calls `record` on the worker's event loop after each engine step it hears o
 engine did not compute: a prompt token is a hit when it came from the local prefix cache
 or from a peer's KV (vLLM's `external_kv_transfer`), so a decode worker whose prompts all
 arrived over NIXL computes only the one token vLLM recomputes per request.
+
+Step costs (the path choice's and the planner's measures, step_costs.py) come from the same
+records: vLLM's engine core runs in a process of its own and says nothing of its step
+times, so a step's seconds are the time between two iteration records while the engine
+had requests running (an idle gap is no step), its prompt tokens those it computed, its
+decode rows the tokens it generated less the first tokens (each ends a prefill).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+from services.worker.step_costs import StepTimer
 
 
 @dataclass(slots=True)
@@ -26,6 +34,9 @@ class VllmCounters:
     prompt_tokens_computed: int = 0  # of those, computed here
     prompt_tokens_transferred: int = 0  # of those, pulled from a peer (NIXL)
     num_preemptions: int = 0
+    timer: StepTimer = field(default_factory=StepTimer)  # step costs, from the records
+    last_record_at: float | None = None  # the last iteration record's time
+    running_since_last: bool = False  # requests were running when it came
 
     @property
     def prompt_tokens_not_computed(self) -> int:
@@ -65,6 +76,19 @@ class CounterLogger(StatLoggerBase):
             counters.prompt_tokens_computed += prompt.computed
             counters.prompt_tokens_transferred += prompt.external_kv_transfer
             counters.num_preemptions += iteration_stats.num_preempted_reqs
+            _time_step(counters, iteration_stats)
+        if scheduler_stats is not None:
+            counters.running_since_last = scheduler_stats.num_running_reqs > 0
 
     def log_engine_initialized(self) -> None:
         """Nothing to say: the worker logs its own start."""
+
+
+def _time_step(counters: VllmCounters, stats: IterationStats) -> None:
+    """Feed the step timer the step this record ends (see the module's docstring)."""
+    last, counters.last_record_at = counters.last_record_at, stats.iteration_timestamp
+    seconds = stats.iteration_timestamp - last if last is not None else 0.0
+    if counters.running_since_last and seconds > 0:
+        first_tokens = len(stats.time_to_first_tokens_iter)
+        decode_rows = max(0, stats.num_generation_tokens - first_tokens)
+        counters.timer.observe(seconds, stats.prompt_token_stats.computed, decode_rows)
