@@ -2,20 +2,26 @@
 
 Without a GPU, Triton kernels run in its interpreter. TRITON_INTERPRET is set here, before
 any test module imports triton (vLLM's import does, in the vLLM tests), since a kernel
-defined before it was set cannot be interpreted."""
+defined before it was set cannot be interpreted. The packed-weight cache of the engines a
+test makes is kept in the session's own directory, and the services a test starts keep
+none (SPLITSERVE_PACKED_CACHE), so no test writes into the user's home."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from shared.engine.model import packed_cache
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("SPLITSERVE_PACKED_CACHE", "false")
 
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -76,6 +82,16 @@ def write_tiny_model(path: Path, seed: int = 0, **overrides) -> Path:
     save_file(tensors, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def packed_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The packed-weight cache of in-process engines, in a directory of the session's."""
+    home = tmp_path_factory.mktemp("packed")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(packed_cache, "cache_home", lambda: home)
+    yield home
+    patch.undo()
 
 
 @pytest.fixture(scope="session")
