@@ -136,6 +136,7 @@ def test_a_model_swap_under_load_fails_no_request(up, mesh_model_dir):  # noqa: 
         os.kill(process.pid, signal.SIGHUP)
         wait_for(log, "reload of", process, 180)  # new worker ready, ramp, old one retired
         wait_for(log, "smol-a-both-0 drained and exited", process, 60)
+        time.sleep(1)  # a stream smol-a finished as it exited has reached its client
         served_after = len(load.answers)
         time.sleep(3)
     finally:
