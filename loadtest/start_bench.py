@@ -64,6 +64,7 @@ class StartRow:
     second_ready_s: float = 0.0  # a second worker, started while the first serves
     second_phases: dict[str, float] = field(default_factory=dict)
     wake_s: float = 0.0  # level-1 sleep, then POST /wake_up → the next token served (0: none)
+    token_s: float = 0.0  # the same 1-token completion on the awake worker, just before
 
 
 def drop_page_cache() -> bool:
@@ -109,18 +110,21 @@ def _mesh(cfg: StartBenchConfig, engine: str, cache: str) -> StartRow:
             finally:
                 stop_group(second)
             if engine in SLEEPING_ENGINES:
-                row.wake_s = _wake_up_to_token(mesh, first["id"], cfg)
+                row.token_s, row.wake_s = _wake_up_to_token(mesh, first["id"], cfg)
         finally:
             mesh.stop()
     return row
 
 
-def _wake_up_to_token(mesh: MeshProcess, worker: str, cfg: StartBenchConfig) -> float:
-    """Seconds from POST /wake_up (after a level-1 sleep) to the next token served."""
+def _wake_up_to_token(mesh: MeshProcess, worker: str, cfg: StartBenchConfig) -> tuple[float, float]:
+    """Seconds of a 1-token completion on the awake worker, and from POST /wake_up (after
+    a level-1 sleep) to the next one served."""
+    asked = time.monotonic()
+    awake = _first_served(mesh.url, cfg.model_dir.name, mesh.process, cfg.timeout_s) - asked
     _post(f"{mesh.url}/sleep?level=1&worker={worker}", cfg.timeout_s)
     woken = time.monotonic()
     _post(f"{mesh.url}/wake_up?worker={worker}", cfg.timeout_s)
-    return _first_served(mesh.url, cfg.model_dir.name, mesh.process, cfg.timeout_s) - woken
+    return awake, _first_served(mesh.url, cfg.model_dir.name, mesh.process, cfg.timeout_s) - woken
 
 
 def _post(url: str, timeout_s: float) -> None:
@@ -220,6 +224,7 @@ def describe(row: StartRow) -> str:
         text += _phases(row.second_phases)
     if row.wake_s:
         text += f"; woken from level-1 sleep, a token served {row.wake_s:.2f}s after /wake_up"
+        text += f" (awake, a token took {row.token_s:.2f}s)"
     return text
 
 
@@ -229,12 +234,12 @@ def _phases(phases: dict[str, float]) -> str:
 
 def table(rows: list[StartRow]) -> str:
     names = [p.name.lower() for p in StartupPhase]
-    head = ["engine", "cache", "served_s", "ready_s", *names, "second_ready_s", "wake_s"]
+    head = ["engine", "cache", "served_s", "ready_s", *names, "second_ready_s", "token_s", "wake_s"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for row in rows:
         cells = [row.engine, row.cache, f"{row.served_s:.1f}", f"{row.ready_s:.1f}"]
         cells += [f"{row.phases[n]:.2f}" if n in row.phases else "-" for n in names]
         cells.append(f"{row.second_ready_s:.1f}" if row.second_ready_s else "-")
-        cells.append(f"{row.wake_s:.2f}" if row.wake_s else "-")
+        cells += [f"{row.token_s:.2f}", f"{row.wake_s:.2f}"] if row.wake_s else ["-", "-"]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
