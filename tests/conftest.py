@@ -2,9 +2,10 @@
 
 Without a GPU, Triton kernels run in its interpreter. TRITON_INTERPRET is set here, before
 any test module imports triton (vLLM's import does, in the vLLM tests), since a kernel
-defined before it was set cannot be interpreted. The packed-weight cache of the engines a
-test makes is kept in the session's own directory, and the services a test starts keep
-none (SPLITSERVE_PACKED_CACHE), so no test writes into the user's home."""
+defined before it was set cannot be interpreted. Engines keep no packed-weight cache in
+tests (a start that maps it has other phases than one that packs, and no test may depend
+on which ran first), neither in-process nor in the services a test starts
+(SPLITSERVE_PACKED_CACHE); tests/unit/test_packed_cache.py turns it on for itself."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from shared.engine.model import packed_cache
+from shared.engine.model.packed_start import PackedCache
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -84,13 +85,15 @@ def write_tiny_model(path: Path, seed: int = 0, **overrides) -> Path:
     return path
 
 
+PACKED_CACHE_OF = PackedCache.of  # what test_packed_cache.py puts back
+
+
 @pytest.fixture(scope="session", autouse=True)
-def packed_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The packed-weight cache of in-process engines, in a directory of the session's."""
-    home = tmp_path_factory.mktemp("packed")
+def no_packed_cache() -> Iterator[None]:
+    """In-process engines keep no packed-weight cache (test_packed_cache.py's aside)."""
     patch = pytest.MonkeyPatch()
-    patch.setattr(packed_cache, "cache_home", lambda: home)
-    yield home
+    patch.setattr(PackedCache, "of", classmethod(lambda cls, *args: None))
+    yield
     patch.undo()
 
 

@@ -17,14 +17,22 @@ from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model import packed_cache
 from shared.engine.model.linear_weights import PackedGateUp, PackedLinear
+from shared.engine.model.packed_start import PackedCache
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.startup_phases import StartupPhase
-from tests.conftest import write_tiny_model
+from tests.conftest import PACKED_CACHE_OF, write_tiny_model
 from tests.engine_harness import run_to_completion
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason="needs the C++ kernels")
 PROMPT = [(7 * i) % 200 + 3 for i in range(30)]
 SEEDED = SamplingParams(temperature=0.9, seed=5, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache as it runs outside the tests, in this test's own directory."""
+    monkeypatch.setattr(PackedCache, "of", PACKED_CACHE_OF)
+    monkeypatch.setattr(packed_cache, "cache_home", lambda: tmp_path / "packed")
 
 
 @pytest.fixture
