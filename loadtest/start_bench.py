@@ -9,6 +9,9 @@ For each engine asked, cold (the page cache dropped first, where this process ma
   worker started beside the first (its process start → serving, and its phases);
 - `vllm-server`: vLLM's OpenAI server from the peers' venv (loadtest/peers/servers.py),
   launch to the first request served (its own phases are in its log).
+Then, for `native` (vLLM's CPU build has no sleep mode), the first worker alone is put to
+sleep at level 1 through the gateway (POST /sleep?level=1&worker=ID) and woken up: `wake_s`
+is POST /wake_up sent → its answer → the next 1-token completion served.
 
 The subtle rule: `vllm` compiles the model at its first start and loads the compile cache
 at the next ones, so its cold row (first) and warm row (second) differ by that too.
@@ -38,6 +41,7 @@ ENGINES = ("native", "vllm", "vllm-server")
 KV_CACHE_GIB = 1  # every engine's, small: the bench measures starts, not serving
 VLLM_FLAGS = ("--engine", "vllm", "--dtype", "bfloat16")
 POLL_S = 0.25
+SLEEPING_ENGINES = ("native",)  # vLLM's CPU build has no sleep mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,8 @@ class StartRow:
     phases: dict[str, float] = field(default_factory=dict)
     second_ready_s: float = 0.0  # a second worker, started while the first serves
     second_phases: dict[str, float] = field(default_factory=dict)
+    wake_s: float = 0.0  # level-1 sleep, then POST /wake_up → the next token served (0: none)
+    token_s: float = 0.0  # the same 1-token completion on the awake worker, just before
 
 
 def drop_page_cache() -> bool:
@@ -103,9 +109,28 @@ def _mesh(cfg: StartBenchConfig, engine: str, cache: str) -> StartRow:
                 row.second_ready_s, row.second_phases = beat["ready_s"], beat["startup"]
             finally:
                 stop_group(second)
+            if engine in SLEEPING_ENGINES:
+                row.token_s, row.wake_s = _wake_up_to_token(mesh, first["id"], cfg)
         finally:
             mesh.stop()
     return row
+
+
+def _wake_up_to_token(mesh: MeshProcess, worker: str, cfg: StartBenchConfig) -> tuple[float, float]:
+    """Seconds of a 1-token completion on the awake worker, and from POST /wake_up (after
+    a level-1 sleep) to the next one served."""
+    asked = time.monotonic()
+    awake = _first_served(mesh.url, cfg.model_dir.name, mesh.process, cfg.timeout_s) - asked
+    _post(f"{mesh.url}/sleep?level=1&worker={worker}", cfg.timeout_s)
+    woken = time.monotonic()
+    _post(f"{mesh.url}/wake_up?worker={worker}", cfg.timeout_s)
+    return awake, _first_served(mesh.url, cfg.model_dir.name, mesh.process, cfg.timeout_s) - woken
+
+
+def _post(url: str, timeout_s: float) -> None:
+    """POST with no body; an answer other than 200 raises (urllib's HTTPError)."""
+    with urllib.request.urlopen(urllib.request.Request(url, b"", method="POST"), timeout=timeout_s):
+        pass
 
 
 def _vllm_server(cfg: StartBenchConfig, cache: str) -> StartRow:
@@ -197,6 +222,9 @@ def describe(row: StartRow) -> str:
     if row.second_ready_s:
         text += f"; a second worker beside it ready in {row.second_ready_s:.1f}s: "
         text += _phases(row.second_phases)
+    if row.wake_s:
+        text += f"; woken from level-1 sleep, a token served {row.wake_s:.2f}s after /wake_up"
+        text += f" (awake, a token took {row.token_s:.2f}s)"
     return text
 
 
@@ -206,11 +234,12 @@ def _phases(phases: dict[str, float]) -> str:
 
 def table(rows: list[StartRow]) -> str:
     names = [p.name.lower() for p in StartupPhase]
-    head = ["engine", "cache", "served_s", "ready_s", *names, "second_ready_s"]
+    head = ["engine", "cache", "served_s", "ready_s", *names, "second_ready_s", "token_s", "wake_s"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for row in rows:
         cells = [row.engine, row.cache, f"{row.served_s:.1f}", f"{row.ready_s:.1f}"]
         cells += [f"{row.phases[n]:.2f}" if n in row.phases else "-" for n in names]
         cells.append(f"{row.second_ready_s:.1f}" if row.second_ready_s else "-")
+        cells += [f"{row.token_s:.2f}", f"{row.wake_s:.2f}"] if row.wake_s else ["-", "-"]
         lines.append(" | ".join(cells))
     return "\n".join(lines)

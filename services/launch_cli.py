@@ -73,6 +73,7 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
         decode=0 if args.aggregated else args.decode,
         worker_args=engine_argv(args) + changed_argv(WorkerConfig, args, WORKER_SET_BY_UP),
         gateway_args=changed_argv(GatewayConfig, args, GATEWAY_SET_BY_UP),
+        swap_ramp=args.swap_ramp,
         scheduler_args=changed_argv(SchedulerConfig, args),
         planner_args=changed_argv(PlannerServiceConfig, args) + changed_argv(PlannerConfig, args),
     )
@@ -124,10 +125,11 @@ def main(args: argparse.Namespace) -> None:
         ModelConfig.from_dir(config.model_dir)
     except (UnsupportedArchitecture, FileNotFoundError) as e:
         sys.exit(f"splitserve up: {e}")
-    stop = threading.Event()
+    stop, reload = threading.Event(), threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())  # --config read again
     try:
-        run_mesh(config, stop)
+        run_mesh(config, stop, reload=reload)
     except MeshDown as exc:
         sys.exit(f"splitserve up: {exc}")

@@ -145,6 +145,7 @@ class LauncherConfig:
     max_workers: int = flag(
         0, variable=None, help="most workers while following PoolTargets (0: the cores)"
     )
+    swap_ramp: float = 30.0  # the gateway's --swap-ramp: a reload's ramp (mesh_reload.py)
     worker_args: tuple[str, ...] = ()  # engine and worker flags passed to every worker
     gateway_args: tuple[str, ...] = ()  # gateway flags, passed to it as they are
     scheduler_args: tuple[str, ...] = ()  # scheduler flags, passed to it as they are
@@ -240,6 +241,18 @@ def worker_template(config: LauncherConfig, nats_url: str) -> WorkerTemplate:
     return WorkerTemplate(config.model_dir, common, config.worker_args, pools=config.pinned_pools())
 
 
+def planned_workers(config: LauncherConfig) -> list[tuple[WorkerPool, str]]:
+    """Each worker of the plan with its id, `<prefix><role>-<i>` numbered over every pool."""
+    numbered: Counter[str] = Counter()  # workers of each model and role, over every pool
+    workers = []
+    for pool in worker_pools(config):
+        for _ in range(pool.count):
+            name = pool.prefix + pool.role
+            workers.append((pool, f"{name}-{numbered[name]}"))
+            numbered[name] += 1
+    return workers
+
+
 def child_specs(
     config: LauncherConfig, nats_url: str, metrics_ports: Iterator[int]
 ) -> list[ChildSpec]:
@@ -251,14 +264,9 @@ def child_specs(
     scheduler += ("--metrics-port", str(port), *config.scheduler_args)
     specs = [ChildSpec("scheduler", "scheduler", scheduler, port)]
     template = worker_template(config, nats_url)
-    numbered: Counter[str] = Counter()  # workers of each model and role, over every pool
-    for pool in worker_pools(config):
-        for _ in range(pool.count):
-            name = pool.prefix + pool.role
-            worker_id = f"{name}-{numbered[name]}"
-            numbered[name] += 1
-            port = next(metrics_ports)
-            specs.append(template.for_pool(pool).spec(pool.role, worker_id, pool.cpus, port))
+    for pool, worker_id in planned_workers(config):
+        port = next(metrics_ports)
+        specs.append(template.for_pool(pool).spec(pool.role, worker_id, pool.cpus, port))
     if config.planner:  # pinned pools are fixed hardware: roles, unless its flags say
         mode = ("--planner-mode", "roles") if config.pools else ()
         port = next(metrics_ports)

@@ -26,6 +26,10 @@ then SIGUSR1 for a hung child's thread stacks, then SIGKILL), nats-server last. 
 gateway's `/ready` answers 200 it prints `splitserve is up: http://HOST:PORT/v1`; if that
 takes longer than `ready_timeout` it names the children not running and keeps going.
 
+With a mesh config, `reload` (set on SIGHUP) reads the file again while serving: new models'
+workers start, routes ramp to them, removed models' workers drain and exit
+(services/mesh_reload.py); a bad file is refused and the mesh serves as before.
+
 The subtle rule: a free metrics port is never the gateway's, which is free until the
 gateway binds it after the others started (`set_aside`).
 """
@@ -38,11 +42,13 @@ import shutil
 import socket
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from services.launch_plan import LauncherConfig, child_specs, worker_template
+from services.mesh_reload import MeshReload
 from services.pool_follower import PoolFollower, usable_cores
 from services.pool_link import PoolLink
 from services.supervisor import ChildSpec, MeshDown, Supervisor
@@ -62,8 +68,10 @@ def metrics_ports(config: LauncherConfig) -> Iterator[int]:
     return (free_port() for _ in itertools.count())
 
 
-def http_ready(host: str, port: int) -> Callable[[], bool]:
+def http_ready(host: str, port: int, model: str = "") -> Callable[[], bool]:
+    """The gateway's /ready answers 200 (for `model`'s workers alone, when given)."""
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/ready"
+    url += f"?model={urllib.parse.quote(model)}" if model else ""
 
     def probe() -> bool:
         try:
@@ -81,9 +89,10 @@ def run_mesh(
     children: Callable[[str], list[ChildSpec]] | None = None,
     probe: Callable[[], bool] | None = None,
     poll_interval: float = 0.1,
+    reload: threading.Event | None = None,
 ) -> None:
     """Run the mesh until `stop` is set; `children(nats_url)` and `probe` default to the
-    plan's children and the gateway's `/ready`."""
+    plan's children and the gateway's `/ready`; `reload` set: read the mesh config again."""
     ports = metrics_ports(config)
     children = children or (lambda url: child_specs(config, url, ports))
     probe = probe or http_ready(config.host, config.port)
@@ -117,11 +126,19 @@ def run_mesh(
         template = worker_template(config, nats_url)
         most = config.max_workers or len(usable_cores())
         follower = PoolFollower(link, template, supervisor, ports, most, credentialed)
+    reloader = None
+    if config.mesh is not None:
+
+        def model_ready(model: str) -> bool:
+            return http_ready(config.host, config.port, model)()
+
+        reloader = MeshReload(config, supervisor, nats_url, ports, credentialed, model_ready)
+    watch = Watch(follower, reloader, reload or threading.Event())
     try:
         supervisor.start_all()
         if follower is not None:
             follower.link.start()
-        _supervise(config, supervisor, follower, stop, probe, poll_interval)
+        _supervise(config, supervisor, watch, stop, probe, poll_interval)
     finally:
         if follower is not None:  # first: nothing starts or drains while the mesh stops
             follower.link.close()
@@ -132,10 +149,19 @@ def run_mesh(
             shutil.rmtree(nats_dir, ignore_errors=True)  # its passwords outlive nothing
 
 
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """What changes the running mesh: PoolTargets (one model) or a reload (a mesh config)."""
+
+    follower: PoolFollower | None
+    reloader: MeshReload | None
+    reload: threading.Event  # set on SIGHUP
+
+
 def _supervise(
     config: LauncherConfig,
     supervisor: Supervisor,
-    follower: PoolFollower | None,
+    watch: Watch,
     stop: threading.Event,
     probe: Callable[[], bool],
     poll_interval: float,
@@ -145,6 +171,15 @@ def _supervise(
     next_probe = 0.0
     while not stop.wait(poll_interval):
         supervisor.poll()
+        now = time.monotonic()
+        if watch.reload.is_set():
+            watch.reload.clear()
+            if watch.reloader is None:
+                log.warning("SIGHUP: no mesh config (--config) to read again; nothing changes")
+            else:
+                watch.reloader.begin(now)
+        if watch.reloader is not None:  # before cannot_run: a reload's own failure is its own
+            watch.reloader.step(now)
         if refused := supervisor.cannot_run():
             name, message = refused[0]
             raise MeshDown(f"{name} cannot run this configuration: {message}")
@@ -153,9 +188,8 @@ def _supervise(
                 f"gave up on {', '.join(lost)} (see its log above): the mesh cannot serve "
                 "without it, so it is stopped"
             )
-        now = time.monotonic()
-        if follower is not None:
-            follower.step(now)
+        if watch.follower is not None:
+            watch.follower.step(now)
         if not waiting_for_ready or now < next_probe:
             continue
         next_probe = now + 0.5

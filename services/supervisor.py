@@ -11,6 +11,10 @@ A child that exits with services/cannot_run.py's status (its configuration canno
 a restart would fail the same way) is not restarted; `cannot_run` names it with the message
 it left, and `up` stops with that message.
 
+Every child finds the launcher's pid in UP_PID_ENV (the gateway's POST /admin/reload
+signals it); `hangup` sends the children of a role SIGHUP (the gateway reads its mesh
+config again: services/mesh_reload.py).
+
 The subtle rule: a retired child that exits is removed, never restarted.
 """
 
@@ -37,6 +41,7 @@ STOP_ORDER = ("planner", "gateway", "worker", "scheduler")  # then nats-server
 ESSENTIAL_ROLES = ("gateway", "scheduler")
 MAX_BACKOFF_S = 30.0
 STACK_DUMP_WAIT_S = 2.0  # for a hung child to print its stacks before SIGKILL
+UP_PID_ENV = "SPLITSERVE_UP_PID"  # set for every child: the launcher's pid
 
 
 class MeshDown(RuntimeError):
@@ -74,6 +79,7 @@ class Child:
         environment = os.environ | {
             "PYTHONUNBUFFERED": "1",
             MESSAGE_FILE_ENV: str(self.message_file),
+            UP_PID_ENV: str(os.getpid()),
         }
         self.process = subprocess.Popen(
             self.argv(), stdin=subprocess.DEVNULL, start_new_session=True, env=environment
@@ -133,6 +139,13 @@ class Supervisor:
             log.info("draining %s (pid %d)", child.spec.name, child.process.pid)
             child.process.terminate()
 
+    def hangup(self, role: str) -> None:
+        """SIGHUP to each running child of `role`."""
+        for child in self.children:
+            if child.spec.role == role and child.running:
+                log.info("SIGHUP to %s (pid %d)", child.spec.name, child.process.pid)
+                child.process.send_signal(signal.SIGHUP)
+
     def held_cores(self) -> set[int]:
         """The cores of every child that runs or will start again (a retiring one holds
         its cores until it exits)."""
@@ -185,8 +198,11 @@ class Supervisor:
         return [c.spec.name for c in self.children if c.gave_up and c.spec.role in ESSENTIAL_ROLES]
 
     def cannot_run(self) -> list[tuple[str, str]]:
-        """(name, message) of each child that exited saying it cannot run its configuration."""
-        return [(c.spec.name, c.cannot_run) for c in self.children if c.cannot_run]
+        """(name, message) of each child that exited saying it cannot run its configuration
+        (but one retired: a reload's worker that could not run is the reload's failure)."""
+        return [
+            (c.spec.name, c.cannot_run) for c in self.children if c.cannot_run and not c.retiring
+        ]
 
     def missing(self) -> list[str]:
         return [child.spec.name for child in self.children if not child.running]

@@ -2,20 +2,27 @@
 
 Without a GPU, Triton kernels run in its interpreter. TRITON_INTERPRET is set here, before
 any test module imports triton (vLLM's import does, in the vLLM tests), since a kernel
-defined before it was set cannot be interpreted."""
+defined before it was set cannot be interpreted. Engines keep no packed-weight cache in
+tests (a start that maps it has other phases than one that packs, and no test may depend
+on which ran first), neither in-process nor in the services a test starts
+(SPLITSERVE_PACKED_CACHE); tests/unit/test_packed_cache.py turns it on for itself."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from shared.engine.model.packed_start import PackedCache
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("SPLITSERVE_PACKED_CACHE", "false")
 
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -76,6 +83,18 @@ def write_tiny_model(path: Path, seed: int = 0, **overrides) -> Path:
     save_file(tensors, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return path
+
+
+PACKED_CACHE_OF = PackedCache.of  # what test_packed_cache.py puts back
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_packed_cache() -> Iterator[None]:
+    """In-process engines keep no packed-weight cache (test_packed_cache.py's aside)."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr(PackedCache, "of", classmethod(lambda cls, *args: None))
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")

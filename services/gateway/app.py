@@ -3,7 +3,8 @@
 One NATS connection per process (opened in `cleanup_ctx`, drained on shutdown) and one
 token subscription for all requests. Errors leave in the OpenAI shape. With API keys
 configured, /v1/*, /tokenize, /detokenize and the sleep routes (sleep_routes.py) need
-`Authorization: Bearer <key>`; /health, /ready, /ping, /version and /metrics stay open.
+`Authorization: Bearer <key>`, and so does /admin/reload (reload.py); /health, /ready,
+/ping, /version and /metrics stay open.
 Every POST to /v1/* runs in a `gateway.request` span (continuing the client's
 `traceparent`), marked ERROR when it answers 4xx/5xx or the generation fails.
 """
@@ -29,6 +30,7 @@ from services.gateway.model_client import ModelClient
 from services.gateway.pages import setup_pages
 from services.gateway.prompting import ModelText
 from services.gateway.refusals import GenerationFailed, Refused
+from services.gateway.reload import setup_reload
 from services.gateway.responses_api import create_response
 from services.gateway.routed import ROUTING, setup_routing
 from services.gateway.sleep_routes import setup_sleep_routes
@@ -45,7 +47,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATUS_TIMEOUT_S = 2.0
 TRACING = web.AppKey("tracing", Tracing)
 METRICS = web.AppKey("metrics", GatewayMetrics)
-_KEYED_PATHS = ("/v1/", "/tokenize", "/detokenize", "/sleep", "/wake_up", "/is_sleeping")
+_KEYED_PATHS = (
+    "/v1/", "/tokenize", "/detokenize", "/sleep", "/wake_up", "/is_sleeping", "/admin/"
+)  # fmt: skip
 
 
 def init_app(config: GatewayConfig) -> web.Application:
@@ -73,6 +77,7 @@ def init_app(config: GatewayConfig) -> web.Application:
     app.cleanup_ctx.append(mesh_connection)
     setup_routes(app)
     setup_routing(app, config)  # several models, routes and fallbacks (routed.py, chain.py)
+    setup_reload(app)  # the mesh config read again (reload.py)
     return app
 
 
@@ -104,7 +109,8 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 once the scheduler knows a prefill-capable and a decode-capable worker."""
+    """200 once the scheduler knows an awake prefill-capable and decode-capable worker (of
+    the model `?model=NAME` when given)."""
     client = request.app[CLIENT]
     try:
         status = await client.bus.request(
@@ -112,7 +118,13 @@ async def ready(request: web.Request) -> web.Response:
         )
     except Exception as exc:
         return web.json_response({"ready": False, "reason": f"no scheduler: {exc!r}"}, status=503)
-    awake = [w for w in status.workers if not (w.heartbeat.draining or w.heartbeat.sleep_level)]
+    model = request.query.get("model", "")
+    awake = [
+        w
+        for w in status.workers
+        if not (w.heartbeat.draining or w.heartbeat.sleep_level)
+        and model in ("", w.heartbeat.model)
+    ]
     roles = {w.heartbeat.role for w in awake}
     missing = [
         need

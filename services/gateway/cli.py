@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 from typing import Any
 
 from services.gateway.config import GatewayConfig
@@ -24,6 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the app can reload (reload.py)
     run(serve(GatewayConfig.from_args(args)))
 
 
@@ -32,12 +35,15 @@ async def serve(config: GatewayConfig) -> None:
     from aiohttp import web
 
     from services.gateway.app import create_runner  # aiohttp loads here, not at parsing
+    from services.gateway.reload import hangup_handler
 
     runner = create_runner(config)
 
     async def start() -> None:
         await runner.setup()
         await web.TCPSite(runner, config.host, config.port).start()
+        if config.mesh_config is not None:  # SIGHUP: read the mesh config again
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup_handler(runner.app))
         log.info("gateway %s on http://%s:%d", config.gateway_id, config.host, config.port)
 
     await run_until_signal(start, runner.cleanup)

@@ -68,6 +68,11 @@ class GatewayConfig:
     mesh_config: Path | None = flag(
         None, help="a mesh config (several models, routes, fallbacks; docs/mesh-config.md)"
     )
+    swap_ramp: float = flag(
+        30.0,
+        help="seconds a route takes to move its traffic from a reloaded mesh config's old "
+        "targets to its new ones (SIGHUP, POST /admin/reload)",
+    )
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -76,6 +81,8 @@ class GatewayConfig:
             raise ConfigError("timeouts must be positive")
         if self.scheduler_grace < 0:
             raise ConfigError("scheduler_grace must be >= 0")
+        if self.swap_ramp < 0:
+            raise ConfigError("swap_ramp must be >= 0 seconds")
         if self.sse_heartbeat <= 0:
             raise ConfigError("sse_heartbeat must be positive")
         if self.max_pending < 1:

@@ -28,7 +28,13 @@ from services.gateway.prompting import ModelText
 from services.gateway.request_body import RequestBody
 from services.gateway.router import Decision, Fallback, Router, route_header
 from services.gateway.upstream import UpstreamClient
-from services.mesh_config import MeshConfig, Upstream, load_mesh_config, model_dir_of
+from services.mesh_config import (
+    MeshConfig,
+    MeshModel,
+    Upstream,
+    load_mesh_config,
+    model_dir_of,
+)
 from shared.models.pull import default_home
 
 ROUTE_HEADER = "x-splitserve-route"
@@ -64,21 +70,9 @@ class Routing:
 
     @classmethod
     def load(cls, config: GatewayConfig, mesh_config: MeshConfig) -> Routing:
-        configs, texts = {}, {}
-        for model in mesh_config.mesh_models:
-            model_dir = model_dir_of(model, default_home())
-            if not (model_dir / "tokenizer.json").is_file():
-                raise FileNotFoundError(
-                    f"model {model.name!r}: no tokenizer in {model_dir} (pull the model first)"
-                )
-            configs[model.name] = dataclasses.replace(
-                config,
-                model_dir=model_dir,
-                served_model_name=model.name,
-                max_model_len=model_max_len(model_dir),
-            )
-            texts[model.name] = ModelText.load(model_dir)
-        return cls(Router(mesh_config), configs, texts)
+        routing = cls(Router(mesh_config), {}, {})
+        routing.configs, routing.texts = model_settings(config, mesh_config.mesh_models)
+        return routing
 
     def cards(self) -> list[dict[str, object]]:
         """`/v1/models`: every model and route of the mesh config."""
@@ -104,11 +98,42 @@ class Routing:
         """The decision's chain: each model's client, or its upstream."""
         chain: list[Target] = []
         for model in decision.chain:
-            upstream = self.router.config.model(model).upstream
+            upstream = self.router.model(model).upstream
             chain.append(
                 self.clients[model] if upstream is None else UpstreamTarget(model, upstream)
             )
         return chain
+
+
+def model_settings(
+    config: GatewayConfig, models: tuple[MeshModel, ...]
+) -> tuple[dict[str, GatewayConfig], dict[str, ModelText]]:
+    """Per mesh model: the gateway's settings and its text (FileNotFoundError: no tokenizer)."""
+    configs, texts = {}, {}
+    for model in models:
+        model_dir = model_dir_of(model, default_home())
+        if not (model_dir / "tokenizer.json").is_file():
+            raise FileNotFoundError(
+                f"model {model.name!r}: no tokenizer in {model_dir} (pull the model first)"
+            )
+        configs[model.name] = dataclasses.replace(
+            config,
+            model_dir=model_dir,
+            served_model_name=model.name,
+            max_model_len=model_max_len(model_dir),
+        )
+        texts[model.name] = ModelText.load(model_dir)
+    return configs, texts
+
+
+def model_clients(
+    own: ModelClient, configs: dict[str, GatewayConfig], texts: dict[str, ModelText]
+) -> dict[str, ModelClient]:
+    """A client per mesh model, sharing the gateway's own bus, token streams and metrics."""
+    return {
+        name: ModelClient(config, own.bus, own.streams, texts[name], own.metrics, name)
+        for name, config in configs.items()
+    }
 
 
 ROUTING = web.AppKey("routing", Routing)
@@ -123,11 +148,8 @@ def setup_routing(app: web.Application, config: GatewayConfig) -> None:
     app.on_response_prepare.append(_route_header)
 
     async def connections(app: web.Application) -> AsyncIterator[None]:
-        own = app[CLIENT]  # its bus, token streams and metrics serve every model
-        routing.clients = {
-            name: ModelClient(config, own.bus, own.streams, routing.texts[name], own.metrics, name)
-            for name, config in routing.configs.items()
-        }
+        # its bus, token streams and metrics serve every model
+        routing.clients = model_clients(app[CLIENT], routing.configs, routing.texts)
         async with aiohttp.ClientSession() as session:
             routing.upstreams = UpstreamClient(session)
             yield

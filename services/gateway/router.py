@@ -8,15 +8,21 @@ A client's `model` names a model or a route. A route picks its target:
 The chosen model's fallback chain follows it: its fallbacks in order, each followed by its
 own (depth first), no model twice. The config refuses fallback cycles, so a chain ends.
 The gateway tries the chain in order while a model is unavailable (services/gateway/chain.py).
+
+After a reload (services/gateway/reload.py) a route whose targets changed ramps: a request
+takes the new route's choice with the ramp's share (0 → 1 over its seconds), else the old
+route's; a model the reload removed stays reachable through the old route (`retiring`)
+until the ramp ends, but is no longer called by name.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.mesh_config import MeshConfig, Route
+from services.mesh_config import MeshConfig, MeshModel, Route
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,20 +50,60 @@ def route_header(decision: Decision, served: str, fallbacks: list[Fallback]) -> 
     return "; ".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class Ramp:
+    """A route moving from the previous config's `old` to the current one over `seconds`."""
+
+    old: Route
+    started: float  # time.monotonic() of the reload
+    seconds: float
+
+    def share(self, now: float) -> float:
+        """The new route's share of the requests: 0 at the start, 1 from the end on."""
+        if self.seconds <= 0:
+            return 1.0
+        return min(1.0, max(0.0, (now - self.started) / self.seconds))
+
+
 class Router:
-    def __init__(self, config: MeshConfig, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        config: MeshConfig,
+        rng: random.Random | None = None,
+        ramps: dict[str, Ramp] | None = None,
+        retiring: tuple[MeshModel, ...] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`ramps`: per route name; `retiring`: removed models the ramps' old routes name."""
         self.config = config
         self.rng = rng or random.Random()
+        self.ramps = ramps or {}
+        self.retiring = retiring
+        self.clock = clock
         self._routes = {route.name: route for route in config.routes}
         self._models = {model.name for model in config.models}
+
+    def model(self, name: str) -> MeshModel:
+        """A model of the config, or one retiring after a reload."""
+        found = [m for m in (*self.config.models, *self.retiring) if m.name == name]
+        if not found:
+            raise KeyError(name)
+        return found[0]
+
+    def ramping(self) -> list[str]:
+        """The routes whose ramp has not ended."""
+        now = self.clock()
+        return [name for name, ramp in self.ramps.items() if ramp.share(now) < 1.0]
 
     def knows(self, name: str) -> bool:
         return name in self._routes or name in self._models
 
     def counts_prompt(self, name: str) -> bool:
         """The route `name` chooses by prompt size (so the caller counts its tokens)."""
-        route = self._routes.get(name)
-        return route is not None and any(r.max_prompt_tokens is not None for r in route.rules)
+        routes = [self._routes.get(name)] + ([self.ramps[name].old] if name in self.ramps else [])
+        return any(
+            r.max_prompt_tokens is not None for route in routes if route for r in route.rules
+        )
 
     def rule_models(self, name: str) -> list[str]:
         """The models the rules of route `name` name, in order ([] for any other name)."""
@@ -89,6 +135,9 @@ class Router:
         return tuple(order)
 
     def _choose(self, route: Route, prompt_tokens: Callable[[], int], traffic: str) -> str:
+        ramp = self.ramps.get(route.name)
+        if ramp is not None and self.rng.random() >= ramp.share(self.clock()):
+            route = ramp.old
         if route.rules:
             count = prompt_tokens() if self.counts_prompt(route.name) else 0
             return next(

@@ -102,6 +102,12 @@ class EngineConfig:
         help="batch-invariant matmuls, so seeded tokens survive migration "
         "(default: on when the C++ kernels are built and the weights are float)",
     )
+    # The packed weights kept on disk and mapped at the next start (model/packed_cache.py)
+    packed_cache: bool = flag(
+        True,
+        help="keep the weights packed for the CPU kernels under SPLITSERVE_HOME/packed and "
+        "map them at the next start instead of packing again (rebuilt when stale)",
+    )
     model_id: str = ""  # mixed into block hashes so two models never share cache entries
     # Unset: offline, torch's default; in a worker, the cores its machine's workers leave
     # idle (services/worker/core_lease.py).

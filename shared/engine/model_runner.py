@@ -20,6 +20,7 @@ from shared.engine.lora.bank import AdapterBank, BankLimits
 from shared.engine.lora.linear import attach
 from shared.engine.lora.step_rows import StepRows
 from shared.engine.model.families import model_class
+from shared.engine.model.packed_start import PackedCache, rows_of
 from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
@@ -81,34 +82,41 @@ class ModelRunner:
         clock = clock or PhaseClock()
         config, model_config, model_dir, max_len = self._made_of
         device = self.device
-        with clock.timing(StartupPhase.WEIGHTS_LOAD):
-            shipped = shipped_quantization(model_dir, config.quantization, device.type)
-            weights = load_weights(model_dir, model_config, config.torch_dtype, device)
-        vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
+        shipped = shipped_quantization(model_dir, config.quantization, device.type)
         packed = not config.quantization and batch_invariant.resolve(config)
         lora = self._lora
+        # with adapters, gate_up stays a plain matrix (lora/linear.py)
+        silu_mlp = model_config.hidden_act == "silu" and lora is None
+        cache = PackedCache.of(config, model_dir, silu_mlp) if packed and not shipped else None
+        weights = cache.load(clock) if cache is not None else None
+        mapped = weights is not None
+        if weights is None:
+            with clock.timing(StartupPhase.WEIGHTS_LOAD):
+                weights = load_weights(model_dir, model_config, config.torch_dtype, device)
+        vocab_size = rows_of(weights.lm_head)  # before quantization replaces the head
         with clock.timing(StartupPhase.WEIGHTS_PACK):
             if config.quantization:
                 weights = quantize_weights(weights, config.quantization)
-            elif packed:  # with adapters, gate_up stays a plain matrix (lora/linear.py)
-                silu_mlp = model_config.hidden_act == "silu" and lora is None
+            elif packed and not mapped:
                 weights = batch_invariant.pack_weights(weights, silu_mlp)
+            moved, advised = (  # mapped: the page cache's pages, shared by the host's workers
+                move_onto_huge_pages(tensors_in(weights))
+                if device.type == "cpu" and not mapped
+                else (0, False)
+            )
+            if cache is not None and not mapped:
+                cache.store(weights)
             if lora is not None:
                 if self.adapters is None:
                     bank = AdapterBank(model_config, lora, config.torch_dtype, device, packed)
                     self.adapters = bank
                 weights = attach(weights, self.adapters)
-            moved, advised = (
-                move_onto_huge_pages(tensors_in(weights)) if device.type == "cpu" else (0, False)
-            )
         if device.type == "cpu":
             matmuls = describe_shipped(shipped) if shipped else None
             log.info("CPU matmuls: %s", matmuls or batch_invariant.describe_matmuls(config, packed))
-            log.info(
-                "weights: %s (transparent huge pages: %s)",
-                f"{moved >> 20} MiB on 2 MiB pages asked for" if advised else "4 KiB pages",
-                thp_mode(),
-            )
+            pages = f"{moved >> 20} MiB on 2 MiB pages asked for" if advised else "4 KiB pages"
+            pages = "mapped from the packed-weight cache" if mapped else pages
+            log.info("weights: %s (transparent huge pages: %s)", pages, thp_mode())
         attention = get_backend(config.attention_backend, device)
         if isinstance(attention, CpuAttention):
             log.info(

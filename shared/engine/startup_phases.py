@@ -1,6 +1,7 @@
 """The phases of a worker's start, from its process's start to serving, and a clock for them.
 
-The engine times its own (weights loaded, packed, the KV cache allocated) on the clock it
+The engine times its own (weights loaded and packed, or mapped from the packed-weight
+cache; the KV cache allocated) on the clock it
 is built with; the worker adds the rest (services/worker/startup.py). The subtle rule: a
 phase entered twice (a draft model's weights beside the target's) adds up, so each phase
 is the time the start spent in it, whatever ran it.
@@ -23,6 +24,7 @@ class StartupPhase(IntEnum):
     KV_REGISTRATION = 5  # the KV transport's registration of the cache (NIXL)
     CONNECT = 6  # NATS connected, subscriptions made: serving from here
     FIRST_STEP = 7  # the first engine step (lazy compiles, warm-up), once it ran
+    WEIGHTS_MAPPED = 8  # the packed-weight cache mapped, in place of loading and packing
 
 
 class PhaseClock:

@@ -39,6 +39,7 @@ CHANGED = {
     "kv_offloading_dir": "/tier",
     "attention_backend": "torch",
     "batch_invariant": False,
+    "packed_cache": False,
     "num_threads": 3,
     "quantization": "int8",
     "speculative": "draft",
