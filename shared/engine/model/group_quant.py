@@ -10,7 +10,9 @@ which makes it batch-invariant (on a CPU without AVX-512 the kernel's generic pa
 the same bits, slowly). Without the kernels the matrix is dequantized per call.
 
 A matrix whose rows came from tensors of different formats (a fused qkv whose v is Q6_K and
-q, k Q5_0) is a `GroupQuantParts`: its parts' outputs side by side.
+q, k Q5_0) is a `GroupQuantParts`: its parts' outputs side by side. A matrix stored with its
+columns permuted (GPTQ's act order, model/wna16_linear.py) has `in_perm`: the kernel takes x's
+columns gathered by it, and `dequantize` gives the matrix in its own column order.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class GroupQuantLinear:
     sub_scale: torch.Tensor | None = None  # [N, K / group] int8; None: 1
     super_min: torch.Tensor | None = None  # [N, K / (group * per_super)] float32; None: 0
     sub_min: torch.Tensor | None = None  # [N, K / group] int8; None: 1
+    in_perm: torch.Tensor | None = None  # [K] int64: stored column i is column in_perm[i]
 
     @classmethod
     def from_tensors(cls, params: dict[str, int | str], arrays: dict[str, torch.Tensor]):
@@ -121,10 +124,12 @@ class GroupQuantLinear:
         """Whether `other`'s rows can join this matrix's (the same layout and columns)."""
         same = [getattr(self, n) == getattr(other, n) for n in (*_PARAMS, "in_features")]
         present = [(getattr(self, n) is None) == (getattr(other, n) is None) for n in ARRAY_NAMES]
-        return all(same) and all(present)
+        a, b = self.in_perm, other.in_perm
+        perm = a is b or (a is not None and b is not None and torch.equal(a, b))
+        return all(same) and all(present) and perm
 
     def codes_of_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """[R, K] int32: q - zero of the rows `rows` (None: all)."""
+        """[R, K] int32: q - zero of the rows `rows` (None: all), in the stored column order."""
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         if self.bits == 8:
             q = pick(self.codes).to(torch.int32)
@@ -153,13 +158,18 @@ class GroupQuantLinear:
             if self.sub_min is not None:
                 low = low * pick(self.sub_min).float()
             q = q + low.unsqueeze(-1)
-        return q.reshape(r, self.in_features)
+        stored = q.reshape(r, self.in_features)
+        if self.in_perm is None:
+            return stored
+        return torch.empty_like(stored).index_copy_(1, self.in_perm, stored)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, K] fp32 or bf16 -> [T, N] fp32 (the kernel's) or x's dtype (the fallback)."""
         kernels = native.load()
         if kernels is None or x.device.type != "cpu":
             return torch.nn.functional.linear(x, self.dequantize().to(x.device, x.dtype))
+        if self.in_perm is not None:
+            x = x.index_select(1, self.in_perm)
         return kernels.linear_group_quant(x, *self.kernel_args())
 
     def kernel_args(self) -> tuple:
