@@ -20,10 +20,16 @@ from shared.engine.lora.bank import AdapterBank, BankLimits
 from shared.engine.lora.linear import attach
 from shared.engine.lora.step_rows import StepRows
 from shared.engine.model.families import model_class
+from shared.engine.model.int8_activations import with_int8_activations
 from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
-from shared.engine.quantization import describe_shipped, quantize_weights, shipped_quantization
+from shared.engine.quantization import (
+    describe_shipped,
+    int8_dot_product,
+    quantize_weights,
+    shipped_quantization,
+)
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.spec_decode.verify import verify_drafts
@@ -84,6 +90,9 @@ class ModelRunner:
         with clock.timing(StartupPhase.WEIGHTS_LOAD):
             shipped = shipped_quantization(model_dir, config.quantization, device.type)
             weights = load_weights(model_dir, model_config, config.torch_dtype, device)
+            int8_activations = bool(shipped) and config.group_quant_activations == "int8"
+            if int8_activations:
+                weights = with_int8_activations(weights, int8_dot_product())
         vocab_size = weights.lm_head.shape[0]  # before quantization replaces the head
         packed = not config.quantization and batch_invariant.resolve(config)
         lora = self._lora
@@ -102,7 +111,7 @@ class ModelRunner:
                 move_onto_huge_pages(tensors_in(weights)) if device.type == "cpu" else (0, False)
             )
         if device.type == "cpu":
-            matmuls = describe_shipped(shipped) if shipped else None
+            matmuls = describe_shipped(shipped, int8_activations) if shipped else None
             log.info("CPU matmuls: %s", matmuls or batch_invariant.describe_matmuls(config, packed))
             log.info(
                 "weights: %s (transparent huge pages: %s)",

@@ -71,11 +71,14 @@ def shipped_quantization(model_dir: Path, quantization: str | None, device: str)
     return formats
 
 
-def describe_shipped(formats: list[str]) -> str:
+def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
     """The start-up log's words for a checkpoint's own quantization and its kernel."""
     kernels = native.load()
     if kernels is None:
         kernel = "dequantized per call through torch (the C++ kernels are not built)"
+    elif int8_activations:
+        path = "AVX512-VNNI" if int8_dot_product() else "its generic path (no VNNI; slow)"
+        kernel = f"the group-quant kernel with int8 activations per block, {path}"
     elif kernels.group_quant_kernel():
         kernel = "the group-quant kernel, AVX-512, dequantizing in registers (batch-invariant)"
     else:

@@ -41,6 +41,7 @@ CHANGED = {
     "batch_invariant": False,
     "num_threads": 3,
     "quantization": "int8",
+    "group_quant_activations": "int8",
     "speculative": "draft",
     "num_speculative_tokens": 2,
     "draft_model_dir": Path("/draft"),
