@@ -118,3 +118,30 @@ def test_a_checkpoint_missing_a_part_is_refused_at_load_by_name(root, tmp_path):
     (tmp_path / "config.json").write_text((src / "config.json").read_text())
     with pytest.raises(ValueError, match=r"AWQ 4-bit g128 model.layers.1.self_attn.o_proj.\*: "):
         LLMEngine(EngineConfig(model_dir=tmp_path, num_kv_blocks=32))
+
+
+@pytest.mark.skipif(native.load() is None, reason="the int8 kernel needs the C++ kernels")
+def test_int8_activations_keep_batch_invariance_and_stay_near_float_ones(root, caplog):
+    name = "gptq8-channel-sym"
+
+    def rows(prompts: list[list[int]]) -> dict:
+        config = EngineConfig(
+            model_dir=root / name, num_kv_blocks=64, dtype="float32", group_quant_activations="int8"
+        )
+        engine = LLMEngine(config)
+        recorder = LogitsRecorder(engine)
+        params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt, params)
+        run_to_completion(engine)
+        return {key: row for key, row in recorder.rows.items() if key[0] == tuple(PROMPT)}
+
+    with caplog.at_level(logging.INFO):
+        alone = rows([PROMPT])
+    assert "kept quantized: the group-quant kernel with int8 activations per block" in caplog.text
+    beside = rows([list(range(40, 51)), PROMPT, [7, 8, 9]])
+    assert alone.keys() == beside.keys() and len(alone) == 3
+    assert all(torch.equal(alone[key], beside[key]) for key in alone)
+    first = alone[min(alone)]
+    exact = _logits(root / name, dtype="float32")[0]  # float activations, the same context
+    assert float((first - exact).norm() / exact.norm()) < 0.1  # the tiny model amplifies ~20x
