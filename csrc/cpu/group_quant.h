@@ -3,7 +3,9 @@
 // linear_group_quant: y [M, N] fp32 = x [M, K] (fp32 or bf16) @ w.T for a group-quantized w
 // (shared/models/gguf_quant.py's layout; an absent part is an empty tensor), dequantized in
 // registers; batch-invariant. kernel: "auto" (AVX-512 where built) or "generic" (any CPU, the
-// same bits). group_quant_kernel(): whether this build has the AVX-512 path.
+// same bits); "int8" (activations quantized to int8 per block, integer dot products on
+// AVX512-VNNI where built: linear_group_quant_int8.cpp) or "int8-generic" (its scalar model,
+// the same bits). group_quant_kernel(): whether this build has the AVX-512 path.
 #pragma once
 
 #include <torch/extension.h>

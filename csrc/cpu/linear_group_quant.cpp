@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "group_quant.h"
+#include "group_quant_layout.h"
 
 bool group_quant_kernel() {
 #ifdef __AVX512F__
@@ -36,68 +37,15 @@ bool group_quant_kernel() {
 
 namespace {
 
-constexpr int64_t kLanes = 16;
+using group_quant::hsum16_generic;
+using group_quant::kLanes;
+using group_quant::Layout;
+#ifdef __AVX512F__
+using group_quant::hsum16;
+#endif
 constexpr int kCols = 4;  // columns per block (and per register tile)
 constexpr int kRows = 6;  // rows per register tile
 constexpr int64_t kScratchRows = 4;  // more rows than this: dequantize a panel once
-
-struct Layout {
-  const int8_t* codes;
-  const uint8_t* low;
-  const uint8_t* high;
-  const float* super_scale;
-  const int8_t* sub_scale;  // nullptr: 1
-  const float* super_min;   // nullptr: 0
-  const int8_t* sub_min;    // nullptr: 1
-  int64_t K, bits, group, per_super, zero, planes, supers, groups;
-  int super_shift;  // log2(per_super): no division per group (per_super is a power of 2)
-
-  // scale and offset (min - zero * scale) of row n's group g
-  [[gnu::always_inline]] void factors(int64_t n, int64_t g, float& scale, float& offset) const {
-    const int64_t s = n * supers + (g >> super_shift);
-    scale = super_scale[s];
-    if (sub_scale) scale *= static_cast<float>(sub_scale[n * groups + g]);
-    float min = 0.f;
-    if (super_min) {
-      min = super_min[s];
-      if (sub_min) min *= static_cast<float>(sub_min[n * groups + g]);
-    }
-    offset = min - static_cast<float>(zero) * scale;  // exact (see the top)
-  }
-
-  uint16_t plane_bits(int64_t n, int64_t p, int64_t c) const {
-    uint16_t bits16;
-    std::memcpy(&bits16, high + (n * planes + p) * (K / 8) + c * 2, sizeof(bits16));
-    return bits16;
-  }
-
-  // weights 16 c .. 16 c + 15 of row n, scalar (the generic path)
-  void dequant16(int64_t n, int64_t c, float* w) const {
-    float scale, min;
-    factors(n, c * kLanes / group, scale, min);  // the generic path's, not the fast one
-    int32_t q[kLanes];
-    if (bits == 8) {
-      for (int l = 0; l < kLanes; ++l) q[l] = codes[n * K + c * kLanes + l];
-    } else {
-      const uint8_t* bytes = low + n * (K / 2) + (c / 2) * kLanes;
-      for (int l = 0; l < kLanes; ++l) q[l] = c % 2 ? bytes[l] >> 4 : bytes[l] & 0x0F;
-      for (int64_t p = 0; p < planes; ++p) {
-        const uint16_t b = plane_bits(n, p, c);
-        for (int l = 0; l < kLanes; ++l) q[l] |= ((b >> l) & 1) << (4 + p);
-      }
-    }
-    for (int l = 0; l < kLanes; ++l) w[l] = std::fma(static_cast<float>(q[l]), scale, min);
-  }
-};
-
-// The lanes' sum, in the tree hsum16 (AVX-512) takes: halves, quarters, pairs, the last two.
-float hsum16_generic(const float* a) {
-  float s8[8], s4[4], s2[2];
-  for (int i = 0; i < 8; ++i) s8[i] = a[i] + a[i + 8];
-  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
-  return s2[0] + s2[1];
-}
 
 void run_generic(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
@@ -124,13 +72,6 @@ void run_generic(const Layout& L, const float* x, float* y, int64_t M, int64_t N
 }
 
 #ifdef __AVX512F__
-
-float hsum16(__m512 a) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
 
 // 32 weights of row n from weight 32 b on, in two vectors (the lanes of chunks 2 b, 2 b + 1):
 // one load of their low nibbles, one of each plane's 32 bits, their group factors read once
@@ -300,11 +241,19 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   L.sub_scale = optional_data<int8_t>(sub_scale, torch::kChar, N * groups, "sub_scale");
   L.super_min = optional_data<float>(super_min, torch::kFloat, N * supers, "super_min");
   L.sub_min = optional_data<int8_t>(sub_min, torch::kChar, N * groups, "sub_min");
-  TORCH_CHECK(kernel == "auto" || kernel == "generic", "kernel: auto or generic");
+  const bool int8 = kernel == "int8" || kernel == "int8-generic";
+  TORCH_CHECK(int8 || kernel == "auto" || kernel == "generic",
+              "kernel: auto, generic, int8 or int8-generic");
+  TORCH_CHECK(!int8 || group_quant::int8_fits(L),
+              "int8 activations need K in whole 64s and super-blocks of 64s or single groups");
 
   auto x32 = x.to(torch::kFloat).contiguous();
   auto y = torch::empty({M, N}, x32.options());
   if (M == 0 || N == 0) return y;
+  if (int8) {
+    group_quant::run_int8(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N, kernel == "int8");
+    return y;
+  }
 #ifdef __AVX512F__
   if (kernel == "auto") {
     run_avx512(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N);

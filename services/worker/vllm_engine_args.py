@@ -25,6 +25,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 from services.worker.config import WorkerConfig
 from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV
 from shared.engine.engine_config import EngineConfig
+from shared.engine.model.checkpoint import gguf_kept_formats
 from shared.engine.resolve import resolve
 from shared.errors import ConfigError
 from shared.models.pull import default_home
@@ -40,6 +41,13 @@ def vllm_engine_config(config: WorkerConfig) -> EngineConfig:
     probes the device when it is `auto`). ConfigError for a size vLLM's CPU attention
     cannot run."""
     engine = config.engine_config()
+    kept = gguf_kept_formats(engine.model_dir)
+    if kept:
+        raise ConfigError(
+            f"{engine.model_dir} keeps GGUF {', '.join(kept)} in splitserve's own layout "
+            "(splitserve pull --keep-quant), which vLLM cannot load: serve it with the native "
+            "engine, or pull a float copy (splitserve pull --no-keep-quant)"
+        )
     if engine.torch_device.type != "cpu":
         return replace(engine, block_size=engine.block_size or GPU_BLOCK_SIZE)
     sizes = CPUAttentionBackend.get_supported_kernel_block_sizes()

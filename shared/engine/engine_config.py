@@ -120,6 +120,14 @@ class EngineConfig:
         help="at load: int8 per channel or int4 groups (weight-only), w8a8 (int8 weights and "
         "activations, AVX512-VNNI, batch-invariant)",
     )
+    # A checkpoint kept quantized (GGUF, AWQ, GPTQ, compressed-tensors; model/group_quant.py):
+    # float multiplies by its exact weights in fp32; int8 quantizes activations per block for
+    # integer dot products (AVX512-VNNI), as llama.cpp does: faster decoding, its accuracy
+    group_quant_activations: str = flag(
+        "float",
+        choices=("float", "int8"),
+        help="activations for weights kept quantized: float (exact sums) or int8 (VNNI dots)",
+    )
     # None | ngram (prompt lookup) | draft (a draft model); greedy-identical, lossless
     speculative: str | None = flag(
         None, choices=SPECULATIVE_METHODS, help="speculative decoding method"

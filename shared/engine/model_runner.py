@@ -20,11 +20,17 @@ from shared.engine.lora.bank import AdapterBank, BankLimits
 from shared.engine.lora.linear import attach
 from shared.engine.lora.step_rows import StepRows
 from shared.engine.model.families import model_class
+from shared.engine.model.int8_activations import with_int8_activations
 from shared.engine.model.packed_start import PackedCache, rows_of
 from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
-from shared.engine.quantization import describe_shipped, quantize_weights, shipped_quantization
+from shared.engine.quantization import (
+    describe_shipped,
+    int8_dot_product,
+    quantize_weights,
+    shipped_quantization,
+)
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler_output import ScheduledChunk
 from shared.engine.spec_decode.verify import verify_drafts
@@ -93,6 +99,9 @@ class ModelRunner:
         if weights is None:
             with clock.timing(StartupPhase.WEIGHTS_LOAD):
                 weights = load_weights(model_dir, model_config, config.torch_dtype, device)
+        int8_activations = bool(shipped) and config.group_quant_activations == "int8"
+        if int8_activations:
+            weights = with_int8_activations(weights, int8_dot_product())
         vocab_size = rows_of(weights.lm_head)  # before quantization replaces the head
         with clock.timing(StartupPhase.WEIGHTS_PACK):
             if config.quantization:
@@ -112,7 +121,7 @@ class ModelRunner:
                     self.adapters = bank
                 weights = attach(weights, self.adapters)
         if device.type == "cpu":
-            matmuls = describe_shipped(shipped) if shipped else None
+            matmuls = describe_shipped(shipped, int8_activations) if shipped else None
             log.info("CPU matmuls: %s", matmuls or batch_invariant.describe_matmuls(config, packed))
             pages = f"{moved >> 20} MiB on 2 MiB pages asked for" if advised else "4 KiB pages"
             pages = "mapped from the packed-weight cache" if mapped else pages

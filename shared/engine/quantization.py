@@ -6,8 +6,9 @@
 `model.llama.linear`. The embedding stays in float (a lookup reads T rows). The LM head is
 int8 in every mode.
 
-A checkpoint that shipped quantized (GGUF formats kept at pull, model/group_quant.py) runs as
-it is: `shipped_quantization` refuses --quantization for it and names its formats for the log.
+A checkpoint that shipped quantized (GGUF formats kept at pull; AWQ, GPTQ, compressed-tensors
+as they ship; model/group_quant.py) runs as it is: `shipped_quantization` refuses
+--quantization for it and names its formats for the log.
 
 int8 and int4 are weight-only through torch's kernels (`Int8Linear`, `Int4Linear`). w8a8 is
 int8 weights and per-row int8 activations through the AVX512-VNNI kernel (`Int8DotLinear`,
@@ -60,7 +61,7 @@ def shipped_quantization(model_dir: Path, quantization: str | None, device: str)
         raise ConfigError(
             f"{model_dir} is already quantized ({', '.join(formats)}): serve it without "
             f"--quantization {quantization}, or pull a float copy (splitserve pull "
-            "--no-keep-quant) to quantize it our way"
+            "--no-keep-quant, GGUF) to quantize it our way"
         )
     if formats and device != "cpu":
         raise ConfigError(
@@ -70,16 +71,19 @@ def shipped_quantization(model_dir: Path, quantization: str | None, device: str)
     return formats
 
 
-def describe_shipped(formats: list[str]) -> str:
+def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
     """The start-up log's words for a checkpoint's own quantization and its kernel."""
     kernels = native.load()
     if kernels is None:
         kernel = "dequantized per call through torch (the C++ kernels are not built)"
+    elif int8_activations:
+        path = "AVX512-VNNI" if int8_dot_product() else "its generic path (no VNNI; slow)"
+        kernel = f"the group-quant kernel with int8 activations per block, {path}"
     elif kernels.group_quant_kernel():
         kernel = "the group-quant kernel, AVX-512, dequantizing in registers (batch-invariant)"
     else:
         kernel = "the group-quant kernel's generic path (no AVX-512; batch-invariant, slow)"
-    return f"GGUF {', '.join(formats)} kept quantized: {kernel}"
+    return f"{', '.join(formats)} kept quantized: {kernel}"
 
 
 def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> ModelWeights:

@@ -42,6 +42,7 @@ CHANGED = {
     "packed_cache": False,
     "num_threads": 3,
     "quantization": "int8",
+    "group_quant_activations": "int8",
     "speculative": "draft",
     "num_speculative_tokens": 2,
     "draft_model_dir": Path("/draft"),

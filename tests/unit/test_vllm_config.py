@@ -31,6 +31,7 @@ def test_native_by_default_and_vllm_by_flag_or_variable(monkeypatch):
     [
         (["--kv-transport", "nats"], "--kv-transport nats"),
         (["--quantization", "int8"], "--quantization"),
+        (["--group-quant-activations", "int8"], "--group-quant-activations"),
         (["--speculative", "ngram"], "--speculative"),
         (["--num-kv-blocks", "64"], "--num-kv-blocks"),
         (["--kv-offloading-size", "1"], "--kv-offloading-size"),

@@ -4,10 +4,13 @@ and the KV buffer on the device the worker resolved."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 pytest.importorskip("vllm", reason="vLLM is not installed here (make install ENGINE=vllm)")
 
@@ -18,6 +21,7 @@ from services.worker.vllm_engine_args import engine_args, set_environment, vllm_
 from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV, without_ports
 from shared.engine.engine_config import EngineConfig
 from shared.errors import ConfigError
+from shared.models.gguf_quant import QUANT_METADATA
 
 SET_BY_THE_WORKER = (
     QUIET_NIXL_ENV,
@@ -112,3 +116,17 @@ def test_vllms_caches_persist_under_splitserve_home(clean_environment, monkeypat
     set_environment(worker())
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
     assert os.environ[STABLE_COMPILE_KEY_ENV] == "1"
+
+
+def test_a_directory_kept_in_our_gguf_layout_is_refused_by_name(tmp_path):
+    listed = json.dumps({"model.layers.0.mlp.down_proj.weight": {"format": "Q4_K"}})
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"), {QUANT_METADATA: listed})
+    config = WorkerConfig(
+        worker_id="p",
+        role="prefill",
+        model_name="m",
+        engine_kind="vllm",
+        engine=EngineConfig(model_dir=tmp_path, block_size=32, device="cpu"),
+    )
+    with pytest.raises(ConfigError, match=r"keeps GGUF Q4_K in splitserve's own layout"):
+        vllm_engine_config(config)

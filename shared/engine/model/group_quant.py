@@ -7,10 +7,16 @@ kernel (csrc/cpu/linear_group_quant.cpp), which dequantizes 16 weights at a time
 with that same arithmetic, so it multiplies by exactly `dequantize()`'s values; each output is
 one k-ordered chain of fma in 16 lanes and a fixed lane sum, whatever the number of rows,
 which makes it batch-invariant (on a CPU without AVX-512 the kernel's generic path gives
-the same bits, slowly). Without the kernels the matrix is dequantized per call.
+the same bits, slowly). Without the kernels the matrix is dequantized per call. With
+`kernel="int8"` (`with_int8_activations`, --group-quant-activations int8) the kernel quantizes
+each row of x to int8 per block and sums integer products instead (AVX512-VNNI,
+csrc/cpu/linear_group_quant_int8.cpp): faster decoding, not the exact weights' sums, still
+batch-invariant.
 
 A matrix whose rows came from tensors of different formats (a fused qkv whose v is Q6_K and
-q, k Q5_0) is a `GroupQuantParts`: its parts' outputs side by side.
+q, k Q5_0) is a `GroupQuantParts`: its parts' outputs side by side. A matrix stored with its
+columns permuted (GPTQ's act order, model/wna16_linear.py) has `in_perm`: the kernel takes x's
+columns gathered by it, and `dequantize` gives the matrix in its own column order.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ class GroupQuantLinear:
     sub_scale: torch.Tensor | None = None  # [N, K / group] int8; None: 1
     super_min: torch.Tensor | None = None  # [N, K / (group * per_super)] float32; None: 0
     sub_min: torch.Tensor | None = None  # [N, K / group] int8; None: 1
+    in_perm: torch.Tensor | None = None  # [K] int64: stored column i is column in_perm[i]
+    kernel: str = "auto"  # linear_group_quant's: auto | generic | int8 | int8-generic
 
     @classmethod
     def from_tensors(cls, params: dict[str, int | str], arrays: dict[str, torch.Tensor]):
@@ -121,10 +129,12 @@ class GroupQuantLinear:
         """Whether `other`'s rows can join this matrix's (the same layout and columns)."""
         same = [getattr(self, n) == getattr(other, n) for n in (*_PARAMS, "in_features")]
         present = [(getattr(self, n) is None) == (getattr(other, n) is None) for n in ARRAY_NAMES]
-        return all(same) and all(present)
+        a, b = self.in_perm, other.in_perm
+        perm = a is b or (a is not None and b is not None and torch.equal(a, b))
+        return all(same) and all(present) and perm
 
     def codes_of_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """[R, K] int32: q - zero of the rows `rows` (None: all)."""
+        """[R, K] int32: q - zero of the rows `rows` (None: all), in the stored column order."""
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         if self.bits == 8:
             q = pick(self.codes).to(torch.int32)
@@ -153,14 +163,32 @@ class GroupQuantLinear:
             if self.sub_min is not None:
                 low = low * pick(self.sub_min).float()
             q = q + low.unsqueeze(-1)
-        return q.reshape(r, self.in_features)
+        stored = q.reshape(r, self.in_features)
+        if self.in_perm is None:
+            return stored
+        return torch.empty_like(stored).index_copy_(1, self.in_perm, stored)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, K] fp32 or bf16 -> [T, N] fp32 (the kernel's) or x's dtype (the fallback)."""
         kernels = native.load()
         if kernels is None or x.device.type != "cpu":
             return torch.nn.functional.linear(x, self.dequantize().to(x.device, x.dtype))
-        return kernels.linear_group_quant(x, *self.kernel_args())
+        if self.in_perm is not None:
+            x = x.index_select(1, self.in_perm)
+        return kernels.linear_group_quant(x, *self.kernel_args(), self.kernel)
+
+    @property
+    def int8_fits(self) -> bool:
+        """Whether the int8-activation kernel takes this layout (linear_group_quant_int8.cpp's
+        int8_fits: whole pairs of 32-blocks, super-blocks of whole pairs or single groups)."""
+        span = self.group * self.per_super
+        blocks = self.group == 32 if self.per_super == 1 else span % 64 == 0
+        return self.in_features % 64 == 0 and blocks
+
+    def with_int8_activations(self, vnni: bool) -> GroupQuantLinear:
+        """The same matrix through the int8-activation kernel where it fits (vnni: the
+        AVX512-VNNI path, else its generic model: the same bits, slowly)."""
+        return replace(self, kernel="int8" if vnni else "int8-generic") if self.int8_fits else self
 
     def kernel_args(self) -> tuple:
         """linear_group_quant's arguments after x (an absent part: an empty tensor)."""
@@ -207,6 +235,11 @@ class GroupQuantParts:
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() if _quant(p) else p.float() for p in self.parts])
+
+    def with_int8_activations(self, vnni: bool) -> GroupQuantParts:
+        return GroupQuantParts(
+            tuple(p.with_int8_activations(vnni) if _quant(p) else p for p in self.parts)
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         outs = [

@@ -1,0 +1,89 @@
+// The group-quantized layout as the kernels read it (linear_group_quant.cpp: fp32
+// activations; linear_group_quant_int8.cpp: int8 activations), and the lane sums both take.
+// shared/models/gguf_quant.py describes the layout; linear_group_quant.cpp the arithmetic.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace group_quant {
+
+constexpr int64_t kLanes = 16;
+
+struct Layout {
+  const int8_t* codes;
+  const uint8_t* low;
+  const uint8_t* high;
+  const float* super_scale;
+  const int8_t* sub_scale;  // nullptr: 1
+  const float* super_min;   // nullptr: 0
+  const int8_t* sub_min;    // nullptr: 1
+  int64_t K, bits, group, per_super, zero, planes, supers, groups;
+  int super_shift;  // log2(per_super): no division per group (per_super is a power of 2)
+
+  // scale and offset (min - zero * scale) of row n's group g
+  [[gnu::always_inline]] void factors(int64_t n, int64_t g, float& scale, float& offset) const {
+    const int64_t s = n * supers + (g >> super_shift);
+    scale = super_scale[s];
+    if (sub_scale) scale *= static_cast<float>(sub_scale[n * groups + g]);
+    float min = 0.f;
+    if (super_min) {
+      min = super_min[s];
+      if (sub_min) min *= static_cast<float>(sub_min[n * groups + g]);
+    }
+    offset = min - static_cast<float>(zero) * scale;  // exact (see the top)
+  }
+
+  uint16_t plane_bits(int64_t n, int64_t p, int64_t c) const {
+    uint16_t bits16;
+    std::memcpy(&bits16, high + (n * planes + p) * (K / 8) + c * 2, sizeof(bits16));
+    return bits16;
+  }
+
+  // weights 16 c .. 16 c + 15 of row n, scalar (the generic path)
+  void dequant16(int64_t n, int64_t c, float* w) const {
+    float scale, min;
+    factors(n, c * kLanes / group, scale, min);  // the generic path's, not the fast one
+    int32_t q[kLanes];
+    if (bits == 8) {
+      for (int l = 0; l < kLanes; ++l) q[l] = codes[n * K + c * kLanes + l];
+    } else {
+      const uint8_t* bytes = low + n * (K / 2) + (c / 2) * kLanes;
+      for (int l = 0; l < kLanes; ++l) q[l] = c % 2 ? bytes[l] >> 4 : bytes[l] & 0x0F;
+      for (int64_t p = 0; p < planes; ++p) {
+        const uint16_t b = plane_bits(n, p, c);
+        for (int l = 0; l < kLanes; ++l) q[l] |= ((b >> l) & 1) << (4 + p);
+      }
+    }
+    for (int l = 0; l < kLanes; ++l) w[l] = std::fma(static_cast<float>(q[l]), scale, min);
+  }
+};
+
+// The lanes' sum, in the tree hsum16 (AVX-512) takes: halves, quarters, pairs, the last two.
+inline float hsum16_generic(const float* a) {
+  float s8[8], s4[4], s2[2];
+  for (int i = 0; i < 8; ++i) s8[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+  return s2[0] + s2[1];
+}
+
+#ifdef __AVX512F__
+inline float hsum16(__m512 a) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#endif
+
+// linear_group_quant_int8.cpp: whether a layout takes the int8-activation path (K in whole
+// pairs of 32-blocks, and super-blocks of whole pairs or single 32-groups), and that path:
+// y [M, N] from x [M, K] fp32; vnni: AVX512-VNNI where built, else its generic model
+bool int8_fits(const Layout& L);
+void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, bool vnni);
+
+}  // namespace group_quant

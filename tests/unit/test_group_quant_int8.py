@@ -1,0 +1,119 @@
+"""The group-quantized linear with int8 activations (csrc/cpu/linear_group_quant_int8.cpp) on
+every kept GGUF format and the AWQ / GPTQ layouts: the AVX512-VNNI path's bits equal its
+generic model's, a row gets the same bits whatever shares its call, and the result is within
+the bound that quantizing x per block allows (docs/quantized-checkpoints.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from shared.engine import native
+from shared.engine.model.group_quant import GroupQuantLinear
+from shared.engine.model.wna16_linear import wna16_linear
+from shared.models.gguf_quant import BLOCKS
+from shared.models.wna16 import QuantFormat, parse_config
+from tests.unit.test_gguf_quant import K, N
+from tests.unit.test_group_quant_kernel import weight
+from tests.wna16_writer import Scheme, quantize
+
+kernels = native.load()
+pytestmark = pytest.mark.skipif(kernels is None, reason="the C++ kernels are not built")
+VNNI = kernels is not None and kernels.int8_dot_product_kernel()
+SCHEMES = {
+    "awq-g128": Scheme(QuantFormat.AWQ, 4, 128, symmetric=False),
+    "gptq4-g32-act-order": Scheme(QuantFormat.GPTQ, 4, 32, symmetric=False, act_order=True),
+    "gptq8-g64": Scheme(QuantFormat.GPTQ, 8, 64, symmetric=False),
+    "gptq8-channel-sym": Scheme(QuantFormat.GPTQ, 8, 0, symmetric=True),
+}
+
+
+def gguf_weight(qtype: T) -> GroupQuantLinear:
+    return weight(qtype, seed=3)
+
+
+def wna16_weight(name: str) -> GroupQuantLinear:
+    scheme = SCHEMES[name]
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(4)) * 0.05
+    m = quantize(w, scheme.bits, scheme.group, scheme.symmetric, scheme.act_order)
+    return wna16_linear(parse_config(scheme.config()), scheme.parts(m))
+
+
+WEIGHTS = [(t.name, lambda t=t: gguf_weight(t)) for t in sorted(BLOCKS, key=lambda t: t.name)]
+WEIGHTS += [(name, lambda name=name: wna16_weight(name)) for name in SCHEMES]
+
+
+def rows(m: int, seed: int = 1) -> torch.Tensor:
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(seed))
+    x[:, 7] = 0.0  # a zero and an outlier per row: blocks of very different ranges
+    x[:, 100] *= 30
+    return x
+
+
+def int8(w: GroupQuantLinear, x: torch.Tensor, vnni: bool = VNNI) -> torch.Tensor:
+    if w.in_perm is not None:
+        x = x.index_select(1, w.in_perm)
+    return kernels.linear_group_quant(x, *w.kernel_args(), "int8" if vnni else "int8-generic")
+
+
+@pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])
+def test_the_vnni_path_gives_its_generic_models_bits(name, make):
+    if not VNNI:
+        pytest.skip("this build has no AVX512-VNNI")
+    w = make()
+    assert w.int8_fits, name
+    for m in (1, 3, 9):  # in registers, and through the unpacked codes' panel
+        x = rows(m, seed=m)
+        assert torch.equal(int8(w, x, vnni=True), int8(w, x, vnni=False)), m
+
+
+@pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])
+def test_a_row_gets_the_same_bits_whatever_shares_its_call(name, make):
+    w = make().with_int8_activations(VNNI)
+    x = rows(13)
+    together = w(x)
+    for i in (0, 6, 12):
+        assert torch.equal(w(x[i : i + 1])[0], together[i])
+    assert torch.equal(w(x[2:5]), together[2:5])
+    assert torch.equal(w(x[4:11]), together[4:11])
+
+
+@pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])
+def test_the_sums_are_within_the_activation_quantizations_bound(name, make):
+    w = make()
+    x = rows(5, seed=9)
+    y = w.with_int8_activations(VNNI)(x).double()
+    dense = w.dequantize().double()  # [N, K], the matrix's own column order
+    exact = x.double() @ dense.t()
+    # xq = round(x / d) per x-block (in the stored column order): |x - d xq| <= d / 2
+    span = 32 if w.per_super == 1 else min(w.group * w.per_super, 256)
+    stored = x.index_select(1, w.in_perm) if w.in_perm is not None else x
+    amax = stored.abs().view(5, -1, span).amax(-1, keepdim=True).expand(-1, -1, span)
+    step = (amax.reshape(5, K) / 127).double()
+    if w.in_perm is not None:
+        step = torch.empty_like(step).index_copy_(1, w.in_perm, step)
+    bound = (step / 2) @ dense.abs().t() * 1.001 + 1e-5 * (x.abs().double() @ dense.abs().t())
+    assert bool(((y - exact).abs() <= bound).all())
+    plain = torch.randn(5, K, generator=torch.Generator().manual_seed(10))  # no outliers
+    y, exact = w.with_int8_activations(VNNI)(plain).double(), plain.double() @ dense.t()
+    assert float((y - exact).norm() / exact.norm()) < 0.02  # far inside the bound on the whole
+
+
+def test_a_layout_the_int8_kernel_does_not_take_stays_on_the_float_kernel():
+    w = gguf_weight(T.Q4_0)
+    odd = GroupQuantLinear.from_tensors(
+        {
+            "format": "Q4_0",
+            "bits": 4,
+            "group": 32,
+            "per_super": 1,
+            "zero": 8,
+            "parts": "low,super_scale",
+        },
+        {"low": w.low[:, : 16 * 3].contiguous(), "super_scale": w.super_scale[:, :3].contiguous()},
+    )  # K = 96: not whole pairs of 32-blocks
+    assert not odd.int8_fits
+    assert odd.with_int8_activations(VNNI).kernel == "auto"
+    with pytest.raises(RuntimeError, match="int8 activations need K in whole 64s"):
+        kernels.linear_group_quant(torch.randn(1, 96), *odd.kernel_args(), "int8")
