@@ -81,15 +81,21 @@ class BlockManager:
     def can_allocate(self, seq: Sequence, token_budget: int) -> bool:
         """Would `allocate` then `allocate_slots` for up to `token_budget` new tokens fit?
         Changes nothing, so a refused admission leaves the cache and its counters alone."""
-        # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
-        reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
-        hits, hashes = self._lookup(seq) if reuse else ([], [])
+        hits, hashes = self._lookup(seq) if self._reuses(seq) else ([], [])
         reclaimed = sum(1 for block_id, _ in hits if self.ref_counts[block_id] == 0)
         loads = self._tier_run(hashes[len(hits) :], self.num_free_blocks - reclaimed)
         cached_tokens = (len(hits) + loads) * self.block_size
         num_tokens = min(seq.num_tokens - cached_tokens, token_budget)
         needed = self.blocks_for(cached_tokens + num_tokens) - len(hits)
         return needed <= self.num_free_blocks - reclaimed
+
+    def loading(self, seq: Sequence) -> bool:
+        """Are blocks of `seq` (not admitted yet) on their way from the tier, read beside the
+        step and within their deadline? The first time it is asked, the reads start."""
+        if self.tier is None or seq.block_table or not self._reuses(seq):
+            return False
+        hits, hashes = self._lookup(seq)
+        return self.tier.loading(hashes[len(hits) :])
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, seq: Sequence) -> None:
@@ -98,9 +104,7 @@ class BlockManager:
         the computed and cached counts. A tier load may fill fewer blocks than `can_allocate`
         planned for: `room` then bounds the tokens to compute."""
         assert not seq.block_table, "allocate() is for a sequence that holds no blocks"
-        # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
-        reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
-        hits, hashes = self._lookup(seq) if reuse else ([], [])
+        hits, hashes = self._lookup(seq) if self._reuses(seq) else ([], [])
         for block_id, _ in hits:
             self._claim(block_id)
         seq.block_table = [block_id for block_id, _ in hits]
@@ -233,6 +237,10 @@ class BlockManager:
                 self._evictable[block_id] = None
 
     # -- internals --------------------------------------------------------------------------
+    def _reuses(self, seq: Sequence) -> bool:
+        # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
+        return self.enable_prefix_caching and seq.params.prompt_logprobs is None
+
     def _lookup(self, seq: Sequence) -> tuple[list[tuple[int, int]], list[int]]:
         """(block id, hash) of the cached full blocks that prefix `seq.token_ids[:-1]`, and
         the hashes of all its full blocks (keyed by its adapter too: block_hash.cache_key)."""
