@@ -21,6 +21,8 @@ class TierCounters:
     bytes_in: int = 0  # bytes read back
     bytes_out: int = 0  # bytes written
     load_seconds: float = 0.0  # spent loading
+    prefetched: int = 0  # of the hits, blocks read beside an earlier step
+    late: int = 0  # blocks recomputed since their read passed its deadline
     evictions: int = 0  # entries dropped for room
     dropped_writes: int = 0  # evicted blocks not written: the writer was behind
     write_stopped: bool = False  # a write failed (full disk): it writes no more

@@ -12,15 +12,17 @@ scheduler  worker.*.reserve|prefill|decode|role|       sched.submit, sched.statu
            adapters|probe, events, cancel              sched.adapters, workers.heartbeat,
                                                        kv.events, cancel, planner.report
 prefill    workers.heartbeat, kv.events,               worker.*.prefill|role|adapters|probe|
-           gateway.*.tokens, worker.*.kv               sleep, cancel, events
+           gateway.*.tokens, worker.*.kv|prefix        sleep|prefix, cancel, events
 decode     workers.heartbeat, kv.events,               worker.*.reserve|decode|kv|role|
-           gateway.*.tokens                            adapters|probe|sleep, cancel, events
+           gateway.*.tokens, worker.*.prefix           adapters|probe|sleep|prefix, cancel, events
 both       prefill's and decode's                      prefill's and decode's
 planner    worker.*.role, pool.target, planner.report, workers.heartbeat
            sched.status
 launcher   sched.status (which workers are registered)  pool.target
 observer   sched.status (the mesh view, tools, tests)  nothing
 
+`worker.*.prefix` is worker to worker: a worker asks another to pin prefix blocks it will READ
+(shared/prefix_messages.py), so every worker role both sends and answers it.
 `worker.*.sleep` (sleep and wake-up, vLLM's /sleep and /wake_up) is the gateway's to send.
 `worker.*.role` (SetRole) is the scheduler's and the planner's to send (`splitserve role`
 connects with the scheduler's credentials, `splitserve scale` with the planner's). A worker
@@ -75,10 +77,10 @@ def _table(subjects: Subjects) -> dict[str, Permissions]:
     def any_id(build) -> str:  # ss.worker.ID.kv -> ss.worker.*.kv
         return build(_ID).replace(f".{_ID}.", ".*.")
 
-    workers_report = (s.heartbeat, s.kv_events, any_id(s.tokens))
+    workers_report = (s.heartbeat, s.kv_events, any_id(s.tokens), any_id(s.prefix))
     workers_hear = (
         *(any_id(s.role), any_id(s.worker_adapters), any_id(s.probe), any_id(s.sleep)),
-        *(s.cancel, s.events),
+        *(s.cancel, s.events, any_id(s.prefix)),
     )
     to_workers = (
         *(any_id(s.reserve), any_id(s.prefill), any_id(s.decode)),

@@ -17,6 +17,7 @@ from shared.kv_messages import KVChunk, KVDone, KVReady
 from shared.kv_tier_messages import TierCounters
 from shared.outcome import Outcome
 from shared.planner_messages import PlannerReport
+from shared.prefix_messages import PeerPrefix, PeerReadCounters
 from shared.sleep_level import SleepLevel
 from shared.startup_messages import PhaseTime
 from shared.wire_codec import SCHEMA_VERSION, WireError, decode, decode_one_of, encode
@@ -146,6 +147,7 @@ class Heartbeat:
     adapters_loaded: list[str] = field(default_factory=list)
     adapter_swap_ins: int = 0
     kv_tier: TierCounters = field(default_factory=TierCounters)  # its second KV tier
+    kv_peer_reads: PeerReadCounters = field(default_factory=PeerReadCounters)  # from peers
     epoch: int = 0  # the worker process's (shared/epoch.py); 0: an old worker, not said
     startup: list[PhaseTime] = field(default_factory=list)  # its start, phase by phase
     ready_s: float = 0.0  # its process's start → serving, seconds
@@ -198,6 +200,7 @@ class PrefillTask:
     skip_blocks: int  # = the reservation's num_cached_blocks
     transports: list[str] = field(default_factory=list)  # = the reservation's; [] = nats
     decode_epoch: int = 0  # = the reservation's epoch: the decode process the KV is for
+    prefix_peer: PeerPrefix | None = None  # a worker holding more of the prefix (read it)
 
 
 @dataclass(slots=True)
@@ -205,6 +208,7 @@ class DecodeTask:
     """Decode-only path (conditional disaggregation): the decode worker prefills itself."""
 
     request: SubmitRequest
+    prefix_peer: PeerPrefix | None = None  # as PrefillTask's
 
 
 @dataclass(slots=True)

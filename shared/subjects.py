@@ -79,6 +79,9 @@ class Subjects:
     def sleep(self, worker_id: str) -> str:  # gateway → worker: SleepCommand → SleepReply
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.sleep"
 
+    def prefix(self, worker_id: str) -> str:  # worker → worker: PrefixPin (prefix_messages.py)
+        return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.prefix"
+
     def kv(self, worker_id: str) -> str:
         return f"{self.namespace}.worker.{_check(worker_id, 'worker id')}.kv"
 

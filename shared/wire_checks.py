@@ -25,6 +25,7 @@ from shared.liveness_messages import Probe, ProbeAck
 from shared.lora_messages import AdapterCommand
 from shared.planner_messages import MAX_REPORTED, PlannerReport
 from shared.pool_messages import PoolTarget
+from shared.prefix_messages import PeerPrefix, PrefixPin, PrefixPinned
 from shared.protocol import (
     ROLES,
     Cancel,
@@ -152,6 +153,9 @@ def _heartbeat(m: Heartbeat) -> None:
     _role(m.next_role, "Heartbeat.next_role", ("", *ROLES))  # "": not changing
     _counts_and_measures(m, "Heartbeat")
     _counts_and_measures(m.kv_tier, "Heartbeat.kv_tier")
+    _counts_and_measures(m.kv_peer_reads, "Heartbeat.kv_peer_reads")
+    _items(m.kv_peer_reads.fallbacks, "Heartbeat.kv_peer_reads.fallbacks", 64)
+    _all_below(m.kv_peer_reads.fallbacks, 1 << 62, "Heartbeat.kv_peer_reads.fallbacks")
     _require(m.free_blocks <= m.total_blocks, "Heartbeat.free_blocks: more than total_blocks")
     _require(0 < m.block_size <= 4096, "Heartbeat.block_size: out of (0, 4096]")
     _count(m.metrics_port, "Heartbeat.metrics_port", 1 << 16)
@@ -202,6 +206,40 @@ def _prefill_task(m: PrefillTask) -> None:
     _subject_token(m.decode_worker, "PrefillTask.decode_worker")
     _count(m.skip_blocks, "PrefillTask.skip_blocks", MAX_TOKENS)
     _count(m.decode_epoch, "PrefillTask.decode_epoch")
+    _peer_prefix(m.prefix_peer, "PrefillTask.prefix_peer")
+
+
+def _peer_prefix(m: PeerPrefix | None, where: str) -> None:
+    if m is None:
+        return
+    _subject_token(m.holder, f"{where}.holder")
+    _count(m.holder_epoch, f"{where}.holder_epoch")
+    _count(m.first_block, f"{where}.first_block", MAX_TOKENS)
+    _require(0 < m.num_blocks < MAX_TOKENS, f"{where}.num_blocks: out of (0, {MAX_TOKENS})")
+
+
+def _prefix_pin(m: PrefixPin) -> None:
+    _request_id(m.pin_id, "PrefixPin.pin_id")
+    _subject_token(m.reader, "PrefixPin.reader")
+    _items(m.block_hashes, "PrefixPin.block_hashes", MAX_TOKENS)
+    _all_below(m.block_hashes, HASH_LIMIT, "PrefixPin.block_hashes")
+    _measure(m.hold_s, "PrefixPin.hold_s")
+    _count(m.to_epoch, "PrefixPin.to_epoch")
+
+
+def _prefix_pinned(m: PrefixPinned) -> None:
+    _request_id(m.pin_id, "PrefixPinned.pin_id")
+    _count(m.epoch, "PrefixPinned.epoch")
+    _count(m.num_cache_blocks, "PrefixPinned.num_cache_blocks", MAX_ITEMS)
+    _items(m.block_ids, "PrefixPinned.block_ids", MAX_TOKENS)
+    _all_below(m.block_ids, HASH_LIMIT, "PrefixPinned.block_ids")
+    _all_below(m.block_hashes, HASH_LIMIT, "PrefixPinned.block_hashes")
+    _require(math.isfinite(m.read_by), "PrefixPinned.read_by: not a finite time")
+
+
+def _decode_task(m: DecodeTask) -> None:
+    _submit(m.request, "DecodeTask.request")
+    _peer_prefix(m.prefix_peer, "DecodeTask.prefix_peer")
 
 
 def _hashes(values: list[int | None], where: str) -> None:
@@ -280,7 +318,9 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     KVEvents: _kv_events,
     Reserve: lambda m: _submit(m.request, "Reserve.request"),
     PrefillTask: _prefill_task,
-    DecodeTask: lambda m: _submit(m.request, "DecodeTask.request"),
+    DecodeTask: _decode_task,
+    PrefixPin: _prefix_pin,
+    PrefixPinned: _prefix_pinned,
     KVChunk: _kv_chunk,
     KVDone: _kv_done,
     KVReady: _kv_ready,

@@ -30,6 +30,7 @@ from aiohttp import web
 from services.gateway.errors import ApiError
 from services.gateway.keys import CLIENT
 from shared.planner_messages import PlannerReport
+from shared.prefix_messages import by_reason
 from shared.protocol import KVPeer, MeshStatus, StatusQuery, WorkerStatus
 from shared.telemetry.metrics import GatewayMetrics
 
@@ -162,6 +163,7 @@ def _worker(worker: WorkerStatus) -> dict[str, Any]:
         "kv_transports": list(beat.kv_transports),
         "kv_peers": [_peer(p) for p in sorted(beat.kv_peers, key=lambda p: p.worker_id)],
         "kv_tier": asdict(beat.kv_tier),  # its second KV tier (docs/kv_tier.md)
+        "kv_peer_reads": asdict(beat.kv_peer_reads) | {"fallbacks": by_reason(beat.kv_peer_reads)},
         "ready_s": beat.ready_s,  # its start: process start → serving
         "startup": {p.phase.name.lower(): p.seconds for p in beat.startup},
     }

@@ -68,6 +68,12 @@ class SchedulerConfig:
         help="cached prefix blocks that a worker with the request's LoRA adapter already in a "
         "slot is worth (against --load-penalty per request: a busy worker loses it)",
     )
+    kv_peer_reads: bool = flag(
+        False,
+        help="tell the worker computing a prompt which other worker holds more of its prefix "
+        "in its pool, to read those blocks by its one-sided KV transport (nixl) when that "
+        "is measured cheaper than computing them (docs/kv_tier.md)",
+    )
     # 3 missed 1 s heartbeats: the worker is gone
     heartbeat_timeout: float = flag(
         3.0, help="seconds without a heartbeat before a worker counts as lost"

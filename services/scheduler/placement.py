@@ -14,6 +14,7 @@ A worker that does not answer, or is lost, counts as FAILED. An INVALID answer f
 worker raises `BadSubmit`: the request itself is bad and no other worker would take it.
 Each placement records the prefix hit it predicted for the worker computing the prompt, and
 on a split path compares the decode worker's reservation with its prediction (hit_check.py).
+With --kv-peer-reads the task names a worker holding more of the prefix (peer_prefix.py).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from opentelemetry import trace
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.hit_check import HitBook, predicted_tokens
 from services.scheduler.path_cost import Path, uncached_tokens
+from services.scheduler.peer_prefix import peer_prefix, with_peer
 from services.scheduler.registry import Registry
 from services.scheduler.route_plan import plan_route
-from services.scheduler.routing import Candidate
+from services.scheduler.routing import Candidate, WorkerView
 from shared.bus import Bus, Headers
 from shared.engine.engine_config import NATIVE_BLOCK_SIZE
+from shared.prefix_messages import PeerPrefix
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -128,9 +131,11 @@ class Placer:
             span.set_attribute("splitserve.prefix_hit_blocks", decode.overlap)
             span.set_attribute("splitserve.path_rule", choice.rule.name.lower())
             if choice.path is Path.LOCAL:
-                ack = await self._decode_only(request, decode, headers, give_up)
+                hint = self._peer(views, hashes, decode, len(tokens), block_size)
+                task = DecodeTask(request, hint)
+                ack = await self._decode_only(request, decode, task, headers, give_up)
                 if ack.ok:
-                    self._predict_hit(request, decode, len(tokens), block_size)
+                    self._predict_hit(request, with_peer(decode, hint), len(tokens), block_size)
                     computed = uncached_tokens(len(tokens), decode.overlap, block_size)
                     self._assign(request, decode.worker_id, len(tokens), computed)
                     self.registry.expect_cached(decode.worker_id, hashes)
@@ -153,9 +158,12 @@ class Placer:
                     return SubmitAck(
                         request.request_id, Outcome.UNAVAILABLE, "cancelled while being placed"
                     )
-                ack = await self._prefill(request, prefill, decode, reservation, headers, give_up)
+                hint = self._peer(views, hashes, prefill, len(tokens), block_size)
+                ack = await self._prefill(
+                    request, prefill, decode, reservation, hint, headers, give_up
+                )
                 if ack.ok:
-                    self._predict_hit(request, prefill, len(tokens), block_size)
+                    self._predict_hit(request, with_peer(prefill, hint), len(tokens), block_size)
                     self._assign(request, decode.worker_id, len(tokens))
                     computed = uncached_tokens(len(tokens), prefill.overlap, block_size)
                     self._assign(request, prefill.worker_id, 0, computed)
@@ -187,6 +195,19 @@ class Placer:
         route = trace.set_span_in_context(span)
         self.hits.remember(request.request_id, worker.worker_id, predicted, block_size, route)
 
+    def _peer(
+        self, views: list[WorkerView], hashes: list[int], computer: Candidate, tokens: int, bs: int
+    ) -> PeerPrefix | None:
+        """With --kv-peer-reads: the worker `computer` may read more of the prefix from."""
+        if not self.config.kv_peer_reads:
+            return None
+        hint = peer_prefix(views, hashes, computer.worker_id, computer.overlap, tokens, bs)
+        if hint is not None:  # the holder and its blocks, on the route span
+            span = trace.get_current_span()
+            span.set_attribute("splitserve.prefix_peer", hint.holder)
+            span.set_attribute("splitserve.prefix_peer_blocks", hint.num_blocks)
+        return hint
+
     def _check_reservation(
         self,
         request: SubmitRequest,
@@ -216,10 +237,14 @@ class Placer:
         return max(0.001, min(self.config.reserve_timeout, give_up - self.clock()))
 
     async def _decode_only(
-        self, request: SubmitRequest, decode: Candidate, headers: Headers, give_up: float
+        self,
+        request: SubmitRequest,
+        decode: Candidate,
+        task: DecodeTask,
+        headers: Headers,
+        give_up: float,
     ) -> TaskAck:
         subject = self.subjects.decode(decode.worker_id)
-        task = DecodeTask(request)
         return await self._task(decode.worker_id, subject, task, request, headers, give_up)
 
     async def _prefill(
@@ -228,6 +253,7 @@ class Placer:
         prefill: Candidate,
         decode: Candidate,
         reservation: Reservation,
+        hint: PeerPrefix | None,
         headers: Headers,
         give_up: float,
     ) -> TaskAck:
@@ -237,6 +263,7 @@ class Placer:
             reservation.num_cached_blocks,
             reservation.transports,
             reservation.epoch,
+            hint,
         )
         subject = self.subjects.prefill(prefill.worker_id)
         return await self._task(prefill.worker_id, subject, task, request, headers, give_up)

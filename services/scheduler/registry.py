@@ -289,6 +289,8 @@ class Registry:
                 adapters_loaded=frozenset(s.heartbeat.adapters_loaded) | s.adapters_placed,
                 in_tier=s.in_tier,
                 tier_weight=tier_weight(s.heartbeat),
+                epoch=s.heartbeat.epoch,
+                transports=tuple(s.heartbeat.kv_transports),
             )
             for worker_id, s in self._workers.items()
             if model in ("", s.heartbeat.model) and not s.suspect and not s.heartbeat.sleep_level

@@ -53,6 +53,8 @@ class WorkerView:
 
     in_tier: Set[int] = frozenset()  # block hashes in its second KV tier
     tier_weight: float = 0.0  # a tier block's worth against a pool block's (0: not loaded)
+    epoch: int = 0  # its process's, from its heartbeat (0: not said)
+    transports: tuple[str, ...] = ()  # what it moves KV by, best first (heartbeat)
 
     @property
     def placeable(self) -> bool:

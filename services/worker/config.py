@@ -69,6 +69,11 @@ class WorkerConfig:
         help="pin this worker to these cores (0, 0-1, 0,2) with one torch thread each and "
         "no core lease ('': unpinned, the cores shared with the machine's other workers)",
     )
+    kv_peer_read_timeout: float = flag(
+        1.0,
+        help="seconds a read of prefix blocks from another worker may take, pin to READ's "
+        "end (the scheduler's --kv-peer-reads hint); past them the prompt is computed",
+    )
     engine: EngineConfig  # the model and every engine setting
     # NATS URL, credentials (the worker role's), namespace, log level, trace export
     common: CommonConfig = field(default_factory=CommonConfig)
@@ -96,6 +101,8 @@ class WorkerConfig:
             raise ConfigError(
                 "heartbeat_interval, transfer_timeout and reservation_timeout must be positive"
             )
+        if self.kv_peer_read_timeout <= 0:
+            raise ConfigError("--kv-peer-read-timeout must be positive")
         if self.role_change_timeout < 0:
             raise ConfigError("--role-change-timeout must not be negative")
 

@@ -14,6 +14,7 @@ from opentelemetry.context import Context
 
 from services.worker.config import WorkerConfig, role_takes
 from services.worker.engine_client import EngineClient
+from services.worker.peer_reads import PeerReads
 from services.worker.refusals import refusal
 from services.worker.requests import RequestState, RequestTable, Trace, WorkerRequest
 from services.worker.telemetry import WorkerTelemetry
@@ -22,6 +23,7 @@ from shared.engine.outputs import RequestOutput
 from shared.engine.sequence import FinishReason
 from shared.kvtransfer import KVLayout
 from shared.kvtransfer.link import KVLink
+from shared.prefix_messages import PeerPrefix
 from shared.protocol import Outcome, PromptTokenLogprob, SubmitRequest, TokenChunk, TokenLogprob
 from shared.sleep_level import SleepLevel
 from shared.subjects import Subjects
@@ -45,6 +47,7 @@ class WorkerContext:
     sleep_level: SleepLevel = SleepLevel.AWAKE  # asleep or falling asleep (sleep.py): no intake
     kv_blocks_sent: int = 0  # blocks shipped, each counted once however many layer groups
     kv_blocks_received: int = 0
+    peer_reads: PeerReads | None = None  # prefix blocks read from other workers (set at start)
 
     async def admit(
         self,
@@ -81,6 +84,12 @@ class WorkerContext:
             self.engine.abort(request_id)
             return None, Outcome.UNAVAILABLE, "cancelled"
         return entry, Outcome.OK, ""
+
+    async def read_prefix(self, request: SubmitRequest, hint: PeerPrefix | None) -> None:
+        """Before `request` is queued: read the prefix blocks `hint` says another worker
+        holds (never raises: a read not made or lost means they are computed)."""
+        if self.peer_reads is not None:
+            await self.peer_reads.read(request, hint)
 
     def new_request(
         self,

@@ -80,6 +80,7 @@ class DecodeSide:
 
     async def on_task(self, task: DecodeTask, parent: Context) -> TaskAck:
         async def take(entry: WorkerRequest) -> None:
+            await self.ctx.read_prefix(task.request, task.prefix_peer)
             await self.ctx.engine.submit(task.request, hold_kv=False)
 
         _, outcome, error = await self.ctx.admit(task.request, S.ENGINE, parent, take, decodes=True)

@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 
 from shared.engine.kv_handoff import Reservation
+from shared.engine.kv_tier.peer import PeerTake
 from shared.engine.outputs import StepOutput
 from shared.engine.startup_phases import StartupPhase
 from shared.engine.stats import EngineStats, KVCacheEvents
@@ -48,6 +49,23 @@ class EngineEvents(Protocol):
         """The engine stopped for good; every request it held is lost."""
 
 
+class PeerBlocks(Protocol):
+    """The engine's pool as reads of prefix blocks between workers need it
+    (shared/engine/kv_tier/peer.py); the commands that free blocks are queued."""
+
+    async def pin_cached(self, hashes: list[int]) -> list[int]:
+        """Holder: pin the leading run of `hashes` the pool caches; their block ids."""
+
+    def unpin(self, block_ids: list[int]) -> None:
+        """Holder: the READ is over (or its time is): let go of the blocks."""
+
+    async def take_for_peer(self, request: SubmitRequest, end_block: int) -> PeerTake | None:
+        """Reader: fresh blocks for the prompt's blocks it lacks, up to `end_block`."""
+
+    def adopt(self, take: PeerTake, num_read: int) -> None:
+        """Reader: the first `num_read` blocks were READ: cache them; free the rest."""
+
+
 class EngineKV(Protocol):
     """The engine's side of the KV hand-off: a prefill engine's held blocks, a decode
     engine's reservations."""
@@ -59,6 +77,10 @@ class EngineKV(Protocol):
 
     def cache_layers(self) -> list[torch.Tensor]:
         """The paged KV cache a transport registers: one tensor per layer, never moved."""
+
+    @property
+    def peer_blocks(self) -> PeerBlocks | None:
+        """Its pool for prefix reads between workers; None: this engine takes part in none."""
 
     async def reserve(self, request: SubmitRequest) -> Reservation:
         """Hold blocks for the request's prompt and delivered tokens."""

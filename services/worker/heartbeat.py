@@ -16,6 +16,7 @@ from services.worker.startup import StartupReport
 from services.worker.telemetry import WorkerTelemetry
 from services.worker.tier_metrics import tier_counters
 from shared.engine.stats import EngineStats
+from shared.prefix_messages import PeerReadCounters
 from shared.protocol import Heartbeat, KVPeer
 
 
@@ -69,6 +70,7 @@ def worker_heartbeat(
         adapters_loaded=list(stats.adapters_loaded),
         adapter_swap_ins=stats.adapter_swap_ins,
         kv_tier=tier_counters(stats.tier),
+        kv_peer_reads=ctx.peer_reads.snapshot() if ctx.peer_reads else PeerReadCounters(),
         epoch=epoch,
         startup=startup.wire(),
         ready_s=startup.ready_s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -20,9 +21,11 @@ import torch
 from services.worker.engine_thread import EngineThread
 from shared.engine.engine import LLMEngine
 from shared.engine.kv_handoff import KVBlocks, KVHandOff, Reservation
+from shared.engine.kv_tier.peer import PeerTake, adopt_read, take_for_peer
 from shared.kvtransfer.transfer import KVCopier
 from shared.protocol import SubmitRequest
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 KV_COPY_THREADS = 2
 Failed = Callable[[str, BaseException], None]  # (request id, why): a queued command failed
@@ -41,6 +44,29 @@ class NativeKV:
 
     def cache_layers(self) -> list[torch.Tensor]:
         return self._handoff.layers()
+
+    @property
+    def peer_blocks(self) -> NativeKV:
+        return self
+
+    # -- PeerBlocks: prefix blocks read by or from another worker ----------------------------
+    async def pin_cached(self, hashes: list[int]) -> list[int]:
+        return await self._thread.call(lambda engine: engine.block_manager.pin_cached(hashes))
+
+    def unpin(self, block_ids: list[int]) -> None:
+        self._thread.post(lambda engine: engine.block_manager.unpin(block_ids), _log_failure)
+
+    async def take_for_peer(self, request: SubmitRequest, end_block: int) -> PeerTake | None:
+        tokens = request.prompt_token_ids + request.delivered_token_ids
+        adapter = request.sampling.adapter
+        return await self._thread.call(
+            lambda engine: take_for_peer(engine.block_manager, tokens, adapter, end_block)
+        )
+
+    def adopt(self, take: PeerTake, num_read: int) -> None:
+        self._thread.post(
+            lambda engine: adopt_read(engine.block_manager, take, num_read), _log_failure
+        )
 
     async def reserve(self, request: SubmitRequest) -> Reservation:
         return await self._thread.call(
@@ -93,3 +119,7 @@ class NativeKV:
         """Run a copy in the pool; the hand-off pins the blocks until it is done, even if
         the caller is cancelled meanwhile (the copy itself cannot be stopped)."""
         return await asyncio.get_running_loop().run_in_executor(self._copies, fn, *args)
+
+
+def _log_failure(exc: BaseException) -> None:
+    log.error("a command on prefix blocks read between workers failed: %r", exc)

@@ -73,6 +73,7 @@ class PrefillSide:
             entry.decode_worker, entry.skip_blocks = task.decode_worker, task.skip_blocks
             entry.offered_transports = list(task.transports)
             entry.decode_epoch = task.decode_epoch
+            await self.ctx.read_prefix(task.request, task.prefix_peer)
             await self.ctx.engine.submit(task.request, hold_kv=True)
 
         _, outcome, error = await self.ctx.admit(

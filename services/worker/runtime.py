@@ -23,6 +23,7 @@ from services.worker.decode import DecodeSide
 from services.worker.engine_client import EngineClient
 from services.worker.engines import make_engine
 from services.worker.heartbeat import worker_heartbeat
+from services.worker.peer_share import start_peer_share
 from services.worker.prefill import PrefillSide
 from services.worker.requests import RECEIVES, RequestState, RequestTable, WorkerRequest
 from services.worker.role_change import Intake, RoleChange
@@ -132,6 +133,7 @@ class Worker:
             asyncio.Queue(),
             link,
         )
+        ctx.peer_reads = await start_peer_share(ctx)  # prefix blocks between workers
         self.prefill, self.decode = PrefillSide(ctx), DecodeSide(ctx)  # either may serve
         intake = Intake(ctx, self.prefill, self.decode)
         await intake.serve(config.role)

@@ -59,6 +59,10 @@ class VllmKV:
     def copier(self) -> KVCopier | None:
         return None
 
+    @property
+    def peer_blocks(self) -> None:
+        return None  # vLLM's prefix cache is its own: no reads of prefixes between workers
+
     def cache_layers(self) -> list[torch.Tensor]:
         return []  # registered with NIXL by vLLM's connector, not by the worker
 

@@ -10,6 +10,9 @@ registered or evicted is recorded as it happens (`events`, see stats.KVEventLog)
 With a second tier (kv_tier/), an evicted cached block is copied there as it is evicted, and
 an admission that misses the pool loads the run of blocks that follows its pool hits from
 the tier into fresh blocks, when loading pays; they are then cached like computed ones.
+Blocks read from another worker (kv_tier/peer.py) are taken fresh (`take_blocks`), filled by
+the READ, then `adopt`ed as cached; a holder keeps the blocks a peer READs by an extra
+reference (`pin_cached`, then `unpin`), so they are never evicted while bytes leave them.
 """
 
 from __future__ import annotations
@@ -78,15 +81,21 @@ class BlockManager:
     def can_allocate(self, seq: Sequence, token_budget: int) -> bool:
         """Would `allocate` then `allocate_slots` for up to `token_budget` new tokens fit?
         Changes nothing, so a refused admission leaves the cache and its counters alone."""
-        # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
-        reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
-        hits, hashes = self._lookup(seq) if reuse else ([], [])
+        hits, hashes = self._lookup(seq) if self._reuses(seq) else ([], [])
         reclaimed = sum(1 for block_id, _ in hits if self.ref_counts[block_id] == 0)
         loads = self._tier_run(hashes[len(hits) :], self.num_free_blocks - reclaimed)
         cached_tokens = (len(hits) + loads) * self.block_size
         num_tokens = min(seq.num_tokens - cached_tokens, token_budget)
         needed = self.blocks_for(cached_tokens + num_tokens) - len(hits)
         return needed <= self.num_free_blocks - reclaimed
+
+    def loading(self, seq: Sequence) -> bool:
+        """Are blocks of `seq` (not admitted yet) on their way from the tier, read beside the
+        step and within their deadline? The first time it is asked, the reads start."""
+        if self.tier is None or seq.block_table or not self._reuses(seq):
+            return False
+        hits, hashes = self._lookup(seq)
+        return self.tier.loading(hashes[len(hits) :])
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, seq: Sequence) -> None:
@@ -95,9 +104,7 @@ class BlockManager:
         the computed and cached counts. A tier load may fill fewer blocks than `can_allocate`
         planned for: `room` then bounds the tokens to compute."""
         assert not seq.block_table, "allocate() is for a sequence that holds no blocks"
-        # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
-        reuse = self.enable_prefix_caching and seq.params.prompt_logprobs is None
-        hits, hashes = self._lookup(seq) if reuse else ([], [])
+        hits, hashes = self._lookup(seq) if self._reuses(seq) else ([], [])
         for block_id, _ in hits:
             self._claim(block_id)
         seq.block_table = [block_id for block_id, _ in hits]
@@ -140,14 +147,7 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references. Its tail blocks become the first candidates for eviction."""
         for block_id in reversed(seq.block_table):
-            if self.ref_counts[block_id] <= 0:
-                raise RuntimeError(f"block {block_id} freed twice ({seq.request_id})")
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] == 0:
-                if self.block_hashes[block_id] is None:
-                    self._empty.append(block_id)
-                else:
-                    self._evictable[block_id] = None
+            self._drop(block_id, seq.request_id)
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = seq.num_draft_computed_tokens = 0
@@ -188,7 +188,59 @@ class BlockManager:
         while self._evictable:
             self._empty.append(self._evict_oldest())
 
+    # -- blocks read by or from another worker (kv_tier/peer.py) -----------------------------
+    def pin_cached(self, hashes: list[int]) -> list[int]:
+        """The block ids of the leading run of `hashes` the pool caches, each claimed (an
+        extra reference: not evicted, not reused) until `unpin`."""
+        block_ids = []
+        for block_hash in hashes:
+            block_id = self.cached.get(block_hash)
+            if block_id is None:
+                break
+            self._claim(block_id)
+            block_ids.append(block_id)
+        return block_ids
+
+    def take_blocks(self, count: int) -> list[int]:
+        """`count` fresh blocks, each referenced once by nobody's table, for a READ to fill."""
+        if count > self.num_free_blocks:
+            raise OutOfBlocks(f"{count} blocks to read into, {self.num_free_blocks} free")
+        block_ids = [self._pop_free() for _ in range(count)]
+        for block_id in block_ids:
+            self.ref_counts[block_id] = 1
+        return block_ids
+
+    def adopt(self, block_ids: list[int], hashes: list[int]) -> None:
+        """Blocks of `take_blocks` that a READ filled become cached as `hashes` and free
+        (the newest to evict); one whose hash the pool caches already is given back."""
+        for block_id, block_hash in zip(block_ids, hashes, strict=True):
+            if block_hash not in self.cached:
+                self.cached[block_hash] = block_id
+                self.block_hashes[block_id] = block_hash
+                self.events.stored(block_hash)
+        self.unpin(block_ids)
+
+    def unpin(self, block_ids: list[int]) -> None:
+        """Drop the reference `pin_cached` or `take_blocks` took of each block."""
+        for block_id in block_ids:
+            self._drop(block_id, "a pin")
+
+    def _drop(self, block_id: int, holder: str) -> None:
+        """One reference fewer; at none the block is free (cached: evictable, else empty)."""
+        if self.ref_counts[block_id] <= 0:
+            raise RuntimeError(f"block {block_id} freed twice ({holder})")
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
+            if self.block_hashes[block_id] is None:
+                self._empty.append(block_id)
+            else:
+                self._evictable[block_id] = None
+
     # -- internals --------------------------------------------------------------------------
+    def _reuses(self, seq: Sequence) -> bool:
+        # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
+        return self.enable_prefix_caching and seq.params.prompt_logprobs is None
+
     def _lookup(self, seq: Sequence) -> tuple[list[tuple[int, int]], list[int]]:
         """(block id, hash) of the cached full blocks that prefix `seq.token_ids[:-1]`, and
         the hashes of all its full blocks (keyed by its adapter too: block_hash.cache_key)."""

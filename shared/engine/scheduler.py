@@ -7,6 +7,9 @@ first — one token for a decode, a chunk for an unfinished prompt — then wait
 join while budget and `max_num_seqs` allow, a long prompt being cut into chunks across
 steps. When blocks run out, the newest running sequence is preempted by recompute: its
 blocks are freed and it waits again, keeping its tokens; its prefix may still be cached.
+With a second KV tier, the tier blocks of the sequences admitted next are read beside each
+step (kv_tier/prefetch.py); one whose reads are still under way (within their deadline)
+waits for a later step, unless the step would otherwise be empty.
 Speculative decoding: a decoding sequence may reserve room for draft tokens (never by
 preempting anyone); once every running sequence is placed, the proposer fills the drafts
 of all of them in one call, and what it did not propose goes back before admission.
@@ -20,6 +23,7 @@ in any of these states; `finish` is the one place a sequence leaves it.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from shared.engine.block_manager import BlockManager
@@ -33,6 +37,8 @@ from shared.engine.stopping import StopRules, append_tokens
 
 if TYPE_CHECKING:
     from shared.engine.spec_decode.proposer import Proposer
+
+LOAD_AHEAD = 4  # waiting sequences whose tier blocks are read beside each step
 
 
 class BatchScheduler:
@@ -153,6 +159,8 @@ class BatchScheduler:
             and not (out.preempted and chunks)
         ):
             seq = self.waiting[0]
+            if chunks and self.block_manager.loading(seq):
+                break  # its blocks come from the tier beside this step: it joins the next
             if not self._adapter_fits(seq, adapters) or not self.block_manager.can_allocate(
                 seq, budget
             ):
@@ -166,6 +174,9 @@ class BatchScheduler:
             self.running.append(seq)
             chunks.append(ScheduledChunk(seq, num_tokens))
             budget -= num_tokens
+
+        for seq in islice(self.waiting, LOAD_AHEAD):  # admitted next: their tier reads start
+            self.block_manager.loading(seq)
 
         # Decodes first, those of one LoRA adapter side by side (a row's bits never depend
         # on its place: each adapter's rows are then one slice, lora/step_rows.py)

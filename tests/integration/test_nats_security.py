@@ -42,6 +42,7 @@ TABLE = {
     "ss.worker.w1.prefill": ({"scheduler"}, PREFILLERS),
     "ss.worker.w1.decode": ({"scheduler"}, DECODERS),
     "ss.worker.w1.kv": (PREFILLERS, DECODERS),
+    "ss.worker.w1.prefix": (WORKERS, WORKERS),  # a prefix read between workers (PrefixPin)
     "ss.worker.w1.role": ({"scheduler", "planner"}, WORKERS),
     "ss.pool.target": ({"planner"}, {"launcher"}),
     "ss.planner.report": ({"planner"}, {"scheduler"}),

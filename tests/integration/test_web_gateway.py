@@ -26,6 +26,7 @@ from shared.kv_tier_messages import TierCounters
 from shared.nats_server import NatsServer
 from shared.planner_messages import PlannerReport, ReportedDecision
 from shared.ports import free_port
+from shared.prefix_messages import PeerReadCounters
 from shared.protocol import (
     Cancel,
     Heartbeat,
@@ -78,6 +79,7 @@ BEATS = [
         kv_blocks_received=9,
         kv_transports=["nixl", "nats"],
         kv_tier=TierCounters(capacity_bytes=1 << 30, stored_bytes=4096, hits=7, load_seconds=0.5),
+        kv_peer_reads=PeerReadCounters(5, 1000, 0.25, [0, 2], 3),
     ),
     Heartbeat("d1", "decode", MODEL, 0, 0, 100, 100, 16, kv_transports=["nats"]),
 ]
@@ -226,6 +228,13 @@ def test_pages_and_mesh_status(nats_server, real_model_dir):  # noqa: F811
                 "stored_bytes": 4096,
                 "hits": 7,
                 "load_seconds": 0.5,
+            },
+            "kv_peer_reads": {  # prefix blocks read from other workers, fallbacks by reason
+                "blocks": 5,
+                "bytes": 1000,
+                "seconds": 0.25,
+                "fallbacks": {"no_transport": 0, "not_worth": 2},
+                "pinned_for_peers": 3,
             },
             "ready_s": 2.5,
             "startup": {"weights_load": 1.25},

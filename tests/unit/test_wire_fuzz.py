@@ -34,6 +34,7 @@ from shared.lora_messages import AdapterAnswer, AdapterCommand, AdapterReport
 from shared.nats_options import NatsAuth
 from shared.planner_messages import PlannerReport
 from shared.pool_messages import PoolTarget
+from shared.prefix_messages import PrefixPin, PrefixPinned
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -176,7 +177,15 @@ def worker_harness(loop) -> tuple[Harness, Callable[[], Any]]:
     def refuse_sleep(reason: str) -> SleepReply:
         return SleepReply("w1", SleepLevel.AWAKE, Outcome.INVALID, reason)
 
+    async def pin(message: PrefixPin, headers: Any) -> PrefixPinned:
+        harness.calls.append(("prefix", message))
+        return PrefixPinned(message.pin_id, Outcome.UNAVAILABLE, "no blocks")
+
+    def refuse_pin(reason: str) -> PrefixPinned:
+        return PrefixPinned("?", Outcome.INVALID, reason)
+
     async def subscribe() -> None:
+        await bus.serve(s.prefix("w1"), PrefixPin, pin, refuse_pin)
         await bus.serve(s.probe("w1"), Probe, probe, lambda r: ProbeAck("", 0, Outcome.INVALID, r))
         await bus.serve(s.sleep("w1"), SleepCommand, sleep, refuse_sleep)
         await bus.serve(s.reserve("w1"), Reserve, harness.record("reserve"), refuse_reserve)
@@ -229,6 +238,7 @@ CASES = [
     Case("worker", "ss.worker.w1.role", (SetRole,), TaskAck),
     Case("worker", "ss.worker.w1.adapters", (AdapterCommand,), AdapterAnswer),
     Case("worker", "ss.worker.w1.probe", (Probe,), ProbeAck),
+    Case("worker", "ss.worker.w1.prefix", (PrefixPin,), PrefixPinned),
     Case("worker", "ss.worker.w1.sleep", (SleepCommand,), SleepReply),
     Case("worker", "ss.cancel", (Cancel,)),
     Case("worker", "ss.events", (RequestFailed, WorkerLost)),

@@ -21,6 +21,7 @@ from shared.liveness_messages import Probe, ProbeAck
 from shared.lora_messages import AdapterAction, AdapterAnswer, AdapterCommand, AdapterReport
 from shared.planner_messages import PlannerReport, ReportedDecision
 from shared.pool_messages import PoolTarget
+from shared.prefix_messages import PeerPrefix, PinOp, PrefixPin, PrefixPinned
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -55,8 +56,10 @@ SAMPLES: list[Any] = [
     ),
     KVEvents("w0", 1, [1], []),
     Reserve(SUBMIT),
-    PrefillTask(SUBMIT, "w2", 0),
-    DecodeTask(SUBMIT),
+    PrefillTask(SUBMIT, "w2", 0, prefix_peer=PeerPrefix("w3", 7, 0, 2)),
+    DecodeTask(SUBMIT, PeerPrefix("w3", 7, 1, 4)),
+    PrefixPin("r1", "w2", PinOp.PIN, [11, 12], 1.0, 7),
+    PrefixPinned("r1", Outcome.OK, "", "w3", 7, "nixl", b"m", 10, [1, 16, 2, 1, 4], "float32"),
     SetRole("prefill"),
     KVChunk("r1", 0, 0, 1, 0, [None], "float32", [1, 1, 16, 2, 1, 4], bytes(512)),
     KVDone("r1", 1, 5),
@@ -95,6 +98,12 @@ REQUEST_BOUNDS = {
     "tenant": BAD_ID.filter(bool),
     "priority": st.integers(2**31, 2**62) | st.integers(-(2**62), -(2**31)),
 }
+PEER_BOUNDS = {
+    "prefix_peer.holder": BAD_ID,
+    "prefix_peer.holder_epoch": NEGATIVE,
+    "prefix_peer.first_block": NEGATIVE | HUGE,
+    "prefix_peer.num_blocks": st.integers(-(2**62), 0),
+}
 DECISION = {"time": 1.0, "action": "add", "reason": "kv_full", "role": "decode"}
 DECISION |= {"worker_id": "", "detail": "", "outcome": ""}
 BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
@@ -112,6 +121,8 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "ready_s": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "next_role": st.sampled_from(["gateway", "prefil", "BOTH"]),
         "kv_tier.hits": NEGATIVE,
+        "kv_peer_reads.blocks": NEGATIVE,
+        "kv_peer_reads.seconds": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "kv_tier.load_seconds": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "stream_tpots": st.lists(
             st.sampled_from([float("nan"), float("inf"), -1.0]), min_size=1, max_size=3
@@ -130,8 +141,16 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "decode_worker": BAD_ID,
         "skip_blocks": NEGATIVE,
         "decode_epoch": NEGATIVE | HUGE,
+        **PEER_BOUNDS,
     },
-    DecodeTask: {f"request.{k}": v for k, v in REQUEST_BOUNDS.items()},
+    DecodeTask: {**{f"request.{k}": v for k, v in REQUEST_BOUNDS.items()}, **PEER_BOUNDS},
+    PrefixPin: {
+        "pin_id": st.sampled_from(["", "x" * 300]),
+        "reader": BAD_ID,
+        "block_hashes": st.lists(NEGATIVE | HUGE, min_size=1, max_size=3),
+        "hold_s": st.sampled_from([float("nan"), float("inf"), -1.0]),
+        "to_epoch": NEGATIVE,
+    },
     SetRole: {"role": st.sampled_from(["", "gateway", "prefil", "Decode", "x" * 300])},
     KVChunk: {
         "request_id": st.just(""),

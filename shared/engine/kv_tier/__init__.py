@@ -4,5 +4,7 @@ than recomputing them.
 
 Files, in the order a block passes through them: tier.py (`KVTier`: save at eviction, load
 at admission), writer.py (the writer thread, bounded queue), entry.py (header, checksum,
-refusals), store.py (the directory, its LRU and size limit), policy.py (load or recompute).
+refusals), store.py (the directory, its LRU and size limit), prefetch.py (the loader thread:
+reads beside the step), policy.py (load or recompute). peer.py: prefix blocks read from
+another worker's pool into this one's.
 """

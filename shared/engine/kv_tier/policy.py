@@ -13,6 +13,7 @@ the prefill rate says recomputing got slower (a busier engine) — never slower 
 from __future__ import annotations
 
 ALPHA = 0.2  # weight of the newest load in the average
+DEFAULT_WAIT_S = 0.05  # how long a request may wait for its loads before the rate is known
 
 
 class LoadPolicy:
@@ -35,3 +36,10 @@ class LoadPolicy:
         if self.load_s_per_block == 0.0 or self.prefill_rate <= 0.0:
             return True
         return self.load_s_per_block < self.block_size / self.prefill_rate
+
+    def wait_s(self, num_blocks: int) -> float:
+        """How long a request may wait for `num_blocks` to come from the tier beside the
+        steps: no longer than computing them would take (a fixed bound until measured)."""
+        if self.prefill_rate <= 0.0:
+            return DEFAULT_WAIT_S
+        return num_blocks * self.block_size / self.prefill_rate

@@ -2,10 +2,12 @@
 whence a prefix lookup that misses the pool loads them back instead of recomputing them.
 
 The block manager calls `save` as it evicts a cached block (before the block is reused: the
-bytes are copied out at once, and the writer thread stores them), `held_run` and `pays` to
-plan an admission, and `load` to fill fresh blocks. The one subtle rule: `load` fills a
-prefix of the blocks asked for and says how many; an entry missing, refused (entry.py) or
-unreadable ends the run there, and the blocks past it are computed as if never stored.
+bytes are copied out at once, and the writer thread stores them), `loading` for the requests
+admitted next (the loader thread, prefetch.py, reads their entries while the step runs),
+`held_run` and `pays` to plan an admission, and `load` to fill fresh blocks. The one subtle
+rule: `load` fills a prefix of the blocks asked for and says how many; an entry missing,
+refused (entry.py), unreadable or read too late ends the run there, and the blocks past it
+are computed as if never stored.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from shared.engine.kv_cache import KVCache
 from shared.engine.kv_tier.entry import BadEntry, TierLayout, decode_entry
 from shared.engine.kv_tier.policy import LoadPolicy
+from shared.engine.kv_tier.prefetch import FetchState, Result, TierPrefetch
 from shared.engine.kv_tier.store import TierStore
 from shared.engine.kv_tier.tier_stats import TierStats
 from shared.engine.kv_tier.writer import TierWriter
@@ -70,8 +73,9 @@ class KVTier:
         self.layout = layout
         self.writer = TierWriter(store, layout)
         self.policy = LoadPolicy(layout.block_size)
+        self.prefetch = TierPrefetch(self._fetch)
         self._layers = range(kv_cache.num_layers)
-        self.hits = self.refused = self.skipped = self.bytes_in = 0
+        self.hits = self.refused = self.skipped = self.bytes_in = self.prefetched = self.late = 0
         self.load_seconds = 0.0
 
     @classmethod
@@ -103,6 +107,15 @@ class KVTier:
     def pays(self) -> bool:
         return self.policy.pays()
 
+    def loading(self, hashes: list[int]) -> bool:
+        """Are the blocks of `hashes` (those past the pool's hits) the tier holds on their
+        way, read beside the step and within their deadline? Starts the reads if not yet."""
+        run = hashes[: self.held_run(hashes)]
+        if not run or not self.pays():
+            return False
+        self.prefetch.start(run, time.monotonic() + self.policy.wait_s(len(run)))
+        return self.prefetch.waiting(run)
+
     def skip(self, num_blocks: int) -> None:
         """Count blocks the tier held but that will be recomputed (loading costs more)."""
         self.skipped += num_blocks
@@ -112,7 +125,7 @@ class KVTier:
         began = time.perf_counter()
         blocks = []
         for block_hash in hashes:
-            payload = self._read(block_hash)
+            payload = self._payload(block_hash)
             if payload is None:
                 break
             self.bytes_in += len(payload)
@@ -137,6 +150,8 @@ class KVTier:
             bytes_out=writer.bytes_written,
             load_seconds=self.load_seconds,
             evictions=store.evictions,
+            prefetched=self.prefetched,
+            late=self.late,
             dropped_writes=writer.dropped,
             stored_bytes=store.stored_bytes,
             capacity_bytes=store.capacity_bytes,
@@ -144,18 +159,35 @@ class KVTier:
         )
 
     def close(self) -> None:
+        self.prefetch.close()
         self.writer.close()
         self.store.close()
 
-    def _read(self, block_hash: int) -> bytes | None:
-        """The entry's payload, or None: not stored, or refused (then forgotten)."""
+    def _payload(self, block_hash: int) -> bytes | None:
+        """The entry's payload, read beside a step or now; None: not stored, refused (then
+        forgotten), or its read beside the steps passed its deadline (recomputed)."""
+        state, result = self.prefetch.take(block_hash)
+        if state == FetchState.LATE:
+            self.late += 1
+            return None
+        if state == FetchState.DONE:
+            self.prefetched += isinstance(result, bytes)
+        else:  # never asked, or still on its way while nothing else runs: read it now
+            result = self._fetch(block_hash)
+        if isinstance(result, Exception):
+            self.refused += 1
+            log.warning("KV tier: block %x refused, recomputed: %s", block_hash, result)
+            self.store.discard(block_hash)
+            return None
+        return result
+
+    def _fetch(self, block_hash: int) -> Result | None:
+        """The entry's checked payload, None when not stored, or why it is refused (on the
+        engine's thread or the loader's: the store is thread-safe)."""
         try:
             data = self.store.get(block_hash)
             if data is None:
                 return None
             return decode_entry(self.layout, block_hash, data)
         except (OSError, BadEntry) as exc:
-            self.refused += 1
-            log.warning("KV tier: block %x refused, recomputed: %s", block_hash, exc)
-            self.store.discard(block_hash)
-            return None
+            return exc

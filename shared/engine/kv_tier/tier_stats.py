@@ -15,7 +15,9 @@ class TierStats:
     skipped: int = 0  # blocks the tier held but recomputed, since loading cost more
     bytes_in: int = 0  # entry bytes read back
     bytes_out: int = 0  # entry bytes written
-    load_seconds: float = 0.0  # spent loading (read, check, write into the pool)
+    load_seconds: float = 0.0  # spent loading in the step (read, check, write into the pool)
+    prefetched: int = 0  # of the hits, blocks read beside an earlier step (loader thread)
+    late: int = 0  # blocks recomputed since their read passed its deadline
     evictions: int = 0  # entries dropped to stay under the size limit
     dropped_writes: int = 0  # evicted blocks not written: the writer was behind
     stored_bytes: int = 0  # now
