@@ -20,7 +20,7 @@ ASKED = [101, 102, 103]
 GOOD = PrefixPinned(
     "r1", Outcome.OK, holder="holder", epoch=7, transport="fake", agent_metadata=b"holder",
     num_cache_blocks=10, layout=[2, 16, 2, 1, 4], dtype="float32", block_ids=[4, 5, 6],
-    block_hashes=list(ASKED), read_by=time.time() + 60,
+    block_hashes=list(ASKED), read_by=time.time() + 86400,  # made at import: far off
 )  # fmt: skip
 
 
