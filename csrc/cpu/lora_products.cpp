@@ -26,6 +26,10 @@ namespace {
 constexpr int64_t kLanes = 16;
 constexpr int kRowTile = 4;        // rows whose accumulators share a weight vector's load
 constexpr int64_t kRowBlock = 32;  // rows of one work item (one slot's panel from cache)
+// Multiply-adds below which a call runs on one thread: a step's decodes are tens of
+// microseconds of work a matrix, less than waking the other threads (and, on a loaded
+// machine, than waiting at the barrier for one that was descheduled).
+constexpr int64_t kParallelWork = int64_t{1} << 22;
 
 #ifdef __AVX512F__
 
@@ -76,11 +80,18 @@ struct Shapes {
   int64_t ranks_width() const { return rank_panels * kLanes; }  // u's ranks per module
 };
 
+// Items per task: all of them (one thread) for a small call.
+int64_t grain(const std::vector<Item>& items, int64_t work) {
+  return work < kParallelWork ? std::max<int64_t>(1, items.size()) : 1;
+}
+
 template <typename X, typename W>
 void shrink(const X* x, int64_t ldx, const W* a, const Shapes& sh,
-            const std::vector<int64_t>& order, const std::vector<Item>& items, float* u) {
+            const std::vector<int64_t>& order, const std::vector<Item>& items, float* u,
+            int64_t work) {
   const int64_t K = sh.K, R = sh.ranks_width();
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t first, int64_t last) {
+  const int64_t n = static_cast<int64_t>(items.size());
+  at::parallel_for(0, n, grain(items, work), [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
       const Item& it = items[i];
       const int64_t m = it.part / sh.rank_panels, p = it.part % sh.rank_panels;
@@ -109,9 +120,10 @@ void shrink(const X* x, int64_t ldx, const W* a, const Shapes& sh,
 template <typename W, typename Y>
 void expand(Y* y, int64_t ldy, const W* b, const int32_t* ranks, const Shapes& sh,
             const std::vector<Panel>& panels, const std::vector<int64_t>& order,
-            const std::vector<Item>& items, const float* u) {
+            const std::vector<Item>& items, const float* u, int64_t work) {
   const int64_t R = sh.ranks_width();
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t first, int64_t last) {
+  const int64_t n = static_cast<int64_t>(items.size());
+  at::parallel_for(0, n, grain(items, work), [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
       const Item& it = items[i];
       const Panel& pn = panels[it.part];
@@ -224,14 +236,18 @@ void lora_add(torch::Tensor y, torch::Tensor x, torch::Tensor slots, torch::Tens
     }
   }
   if (expands.empty()) return;
+  // multiply-adds of the whole call (rows are whole items' rows at most)
+  const int64_t R = sh.ranks_width();
+  const int64_t work =
+      static_cast<int64_t>(order.size()) * (sh.modules * R * sh.K + sh.col_panels * R * kLanes);
 
   std::vector<float> u(order.size() * sh.modules * sh.ranks_width());
   const auto run = [&](auto* x_ptr, auto* y_ptr) {
     with_weight_type(a, [&](auto* a_ptr) {
-      shrink(x_ptr, x.stride(0), a_ptr, sh, order, shrinks, u.data());
+      shrink(x_ptr, x.stride(0), a_ptr, sh, order, shrinks, u.data(), work);
     });
     with_weight_type(b, [&](auto* b_ptr) {
-      expand(y_ptr, y.stride(0), b_ptr, rank_of, sh, panels, order, expands, u.data());
+      expand(y_ptr, y.stride(0), b_ptr, rank_of, sh, panels, order, expands, u.data(), work);
     });
   };
   const auto with_y = [&](auto* x_ptr) {
