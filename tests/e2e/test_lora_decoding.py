@@ -34,7 +34,9 @@ def mesh(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     adapter = write_random_adapter(root / ADAPTER, config, 8, seed=3, std=0.05)
     flags = ["--dtype", "float32", "--max-model-len", "2048"]
     flags += ["--lora-modules", f"{ADAPTER}={adapter}"]
-    yield from start_mesh(real_model_dir, root / "home", flags)
+    home = root / "home"
+    home.mkdir()
+    yield from start_mesh(real_model_dir, home, flags)
 
 
 def chat(mesh: Mesh, messages: list[dict], **kwargs):
