@@ -68,8 +68,9 @@ def write_random_adapter(
             tensors[f"{key}.lora_B.weight"] = torch.randn(module.out_features, rank, generator=gen)
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v * std for k, v in tensors.items()}, str(path / "adapter_model.safetensors"))
-    settings = f'{{"peft_type": "LORA", "r": {rank}, "lora_alpha": {2 * rank}, "bias": "none"}}'
-    (path / "adapter_config.json").write_text(settings)
+    settings = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "bias": "none"}
+    settings["target_modules"] = list(TARGETS)  # vLLM requires them
+    (path / "adapter_config.json").write_text(json.dumps(settings))
     return path
 
 
