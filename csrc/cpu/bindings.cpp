@@ -1,6 +1,7 @@
 // Python bindings of the CPU kernels; the GIL is released while they run.
 #include "decoder_layer.h"
 #include "group_quant.h"
+#include "lora_products.h"
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -59,6 +60,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "silu(gate) * up of x @ w.T over a gate_up weight packed as pairs of panels",
         py::arg("x"), py::arg("packed"), py::arg("inter"), py::arg("bf16_out") = false,
         py::call_guard<py::gil_scoped_release>());
+  m.def("lora_add", &lora_add, "y += LoRA products", py::call_guard<py::gil_scoped_release>());
   m.def("argmax_rows", &argmax_rows, "each row's first maximum, as torch.argmax",
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &rms_norm, "per-row RMSNorm times weight", py::arg("x"), py::arg("weight"),

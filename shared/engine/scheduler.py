@@ -179,7 +179,7 @@ class BatchScheduler:
             self.block_manager.loading(seq)
 
         # Decodes first, those of one LoRA adapter side by side (a row's bits never depend
-        # on its place: each adapter's rows are then one slice, lora/step_rows.py)
+        # on its place; lora/stacked.py takes each adapter's rows together either way)
         decodes = sorted(
             (c for c in chunks if c.num_tokens == 1), key=lambda c: c.seq.params.adapter
         )

@@ -2,11 +2,11 @@
 matrices its rows are multiplied by.
 
 Three tiers, each LRU: known (name -> directory: `--lora-modules` and loads at run time),
-host (read, checked and laid out as the matmuls read them — packed beside packed base
-weights —: `max_cpu_loras`) and slots (on the engine's device: `max_loras`; on a CPU a slot
-is the host copy itself, so a swap-in costs nothing). A step names its adapters
-(`begin_step`); those not in a slot are filled, evicting the least recently used slot that
-the step does not need.
+host (read, checked and laid out as the slots hold them: `max_cpu_loras`) and slots (one
+index into every matrix's `StackedPair`, on the engine's device: `max_loras`; filling one
+copies the adapter's host layout in). A step names its adapters (`begin_step`); those not in
+a slot are filled, evicting the least recently used slot that the step does not need. Then
+each matrix's products for the whole step are one call (stacked.py).
 
 The one rule: the scheduler lets no step use more adapters than there are slots
 (BatchScheduler's `max_adapters`), so `begin_step` never has to evict a slot its own step
@@ -21,17 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from shared.engine.errors import BadAdapter
 from shared.engine.lora.checkpoint import read_adapter
-from shared.engine.lora.step_rows import StepRows
-from shared.engine.lora.targets import Target
-from shared.engine.model.linear_weights import PackedLinear
+from shared.engine.lora.stacked import LANES, HostPair, StackedPair, lay_out
+from shared.engine.lora.step_rows import SlotRows, StepRows
+from shared.engine.lora.targets import Target, module_bounds
 from shared.engine.model_config import ModelConfig
 
-LowRank = torch.Tensor | PackedLinear
-SlotLayer = dict[Target, tuple[LowRank, LowRank]]  # fused matrix -> (A, B) as the matmul reads
+HostLayer = dict[Target, HostPair]  # fused matrix -> the adapter's share, as a slot holds it
 
 
 @dataclass(slots=True)
@@ -52,23 +50,34 @@ class BankLimits:
 
 class AdapterBank:
     def __init__(
-        self,
-        config: ModelConfig,
-        limits: BankLimits,
-        dtype: torch.dtype,
-        device: torch.device,
-        packed: bool,  # the base's matrices are PackedLinear: so are the adapters'
+        self, config: ModelConfig, limits: BankLimits, dtype: torch.dtype, device: torch.device
     ) -> None:
         self.config = config
         self.limits = limits
         self.dtype = dtype
-        self.device = device
-        self.packed = packed
         self.paths: dict[str, Path] = {}  # every adapter a request may name
         self.stats = BankStats()
-        self._host: OrderedDict[str, list[SlotLayer]] = OrderedDict()
-        self._slots: OrderedDict[str, list[SlotLayer]] = OrderedDict()
-        self._step: StepRows | None = None
+        self._host: OrderedDict[str, list[HostLayer]] = OrderedDict()
+        self._slots: OrderedDict[str, int] = OrderedDict()  # name -> its slot index
+        self._rows: SlotRows | None = None  # the step's
+        self._rank_panels = -(-limits.max_rank // LANES)
+        bounds = module_bounds(config)
+        inputs = {
+            Target.QKV: config.hidden_size,
+            Target.O_PROJ: config.num_heads * config.head_dim,
+            Target.GATE_UP: config.hidden_size,
+            Target.DOWN: config.intermediate_size,
+        }
+        self._stacks = [
+            {
+                target: StackedPair(
+                    limits.max_loras, bounds[target], k, self._rank_panels, dtype, device
+                )
+                for target, k in inputs.items()
+                if target in (Target.QKV, Target.O_PROJ) or not config.is_moe_layer(layer)
+            }
+            for layer in range(config.num_layers)
+        ]
 
     # -- adapters in and out ------------------------------------------------------------------
     def load(self, name: str, path: Path) -> None:
@@ -102,41 +111,41 @@ class AdapterBank:
             if name in self._slots:
                 self._slots.move_to_end(name)
                 continue
-            while len(self._slots) >= self.limits.max_loras:
+            taken = set(self._slots.values())
+            slot = next((i for i in range(self.limits.max_loras) if i not in taken), None)
+            if slot is None:
                 victim = next(n for n in self._slots if n not in needed)
-                del self._slots[victim]
-            self._slots[name] = self._fill_slot(name)
-        self._step = rows
+                slot = self._slots.pop(victim)
+            self._fill_slot(name, slot)
+            self._slots[name] = slot
+        self._rows = rows.slots(self._slots) if needed else None
 
     def add_products(self, x: torch.Tensor, y: torch.Tensor, layer: int, target: Target):
-        """y [n, out] += each adapter's B(A(x)) on its rows of x [n, in]; returns y."""
-        if self._step is None:
+        """y [n, out] += each row's adapter product of x [n, in], in place; returns y."""
+        if self._rows is None:
             return y
-        for group in self._step.groups(x.shape[0]):
-            pair = self._slots[group.adapter][layer].get(target)
-            if pair is None:
-                continue
-            a, b = pair
-            for rows in group.slices:
-                y[rows] += _matmul(_matmul(x[rows], a), b).to(y.dtype)  # [n, R] -> [n, out]
-        return y
+        return self._stacks[layer][target].add(x, y, self._rows.of(x.shape[0]))
 
     # -- internals ----------------------------------------------------------------------------
-    def _read(self, name: str, path: Path) -> list[SlotLayer]:
+    def _read(self, name: str, path: Path) -> list[HostLayer]:
         self.stats.reads += 1
         weights = read_adapter(name, path, self.config, self.limits.max_rank, self.dtype)
+        bounds = module_bounds(self.config)
         return [
-            {target: (self._lay_out(a), self._lay_out(b)) for target, (a, b) in layer.items()}
+            {
+                target: lay_out(pair, bounds[target], self._rank_panels)
+                for target, pair in layer.items()
+            }
             for layer in weights.layers
         ]
 
-    def _keep_on_host(self, name: str, layers: list[SlotLayer]) -> None:
+    def _keep_on_host(self, name: str, layers: list[HostLayer]) -> None:
         self._host[name] = layers
         self._host.move_to_end(name)
         while len(self._host) > self.limits.host_slots:
             self._host.popitem(last=False)
 
-    def _fill_slot(self, name: str) -> list[SlotLayer]:
+    def _fill_slot(self, name: str, slot: int) -> None:
         started = time.perf_counter()
         layers = self._host.get(name)
         if layers is None:  # evicted from the host: read again (it was checked at load)
@@ -148,25 +157,8 @@ class AdapterBank:
             self._keep_on_host(name, layers)
         else:
             self._host.move_to_end(name)
-        slot = [
-            {target: (self._to_device(a), self._to_device(b)) for target, (a, b) in layer.items()}
-            for layer in layers
-        ]
+        for stacks, host in zip(self._stacks, layers, strict=True):
+            for target, stack in stacks.items():
+                stack.fill(slot, host.get(target))
         self.stats.swap_ins += 1
         self.stats.swap_in_seconds += time.perf_counter() - started
-        return slot
-
-    def _lay_out(self, w: torch.Tensor) -> LowRank:
-        """The host copy: packed for the kernel beside packed base weights, else as read."""
-        return PackedLinear.pack(w) if self.packed else w
-
-    def _to_device(self, w: LowRank) -> LowRank:
-        """A slot's copy: the host's own on a CPU (packed weights are only ever there)."""
-        return w if isinstance(w, PackedLinear) else w.to(self.device)
-
-
-def _matmul(x: torch.Tensor, w: LowRank) -> torch.Tensor:
-    """x [n, K] -> [n, N]: the packed kernel (fp32 out, batch-invariant) or torch's."""
-    if isinstance(w, PackedLinear):
-        return w(x, None, float_out=True)
-    return F.linear(x, w.to(x.dtype))

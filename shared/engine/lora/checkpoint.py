@@ -1,12 +1,12 @@
 """Read a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors) into our fused
 layout, refusing with `BadAdapter` whatever we cannot serve exactly.
 
-Per layer and fused matrix (targets.py), one pair: A [R, in] — the modules' A matrices
-stacked — and B [out, R] — each module's B, times its scaling, in its own rows and its own
-A's columns (block-diagonal), q's and k's rows interleaved for rope as the base's are. Then
-`x @ A.T @ B.T` is the sum of every module's `scaling * B_m @ A_m @ x` in its rows: PEFT's
-unmerged forward. R is padded with zero rows to a multiple of 16 (the packed kernels' bf16
-pairs); zeros add nothing.
+Per layer and fused matrix (targets.py), one `LowRankPair`: A [M, r, in] — the A of each of
+the matrix's M modules (q, k, v; gate, up; or the one of o_proj, down_proj), zeros where the
+adapter leaves a module alone — and B [out, r], each output row's module's B times the
+scaling, q's and k's rows interleaved for rope as the base's are. A row's product is then
+`B[n] @ A[module of n] @ x`: PEFT's unmerged forward. A fused PEFT module (Phi-3's
+qkv_proj, gate_up_proj) gives each module it spans its A.
 
 The one subtle rule: scaling is lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora,
 with `r` the config's, and every module's A must have that rank (rank_pattern and
@@ -26,14 +26,22 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from shared.engine.errors import BadAdapter
-from shared.engine.lora.targets import Module, Target, fused_rows, modules, rope_spans
+from shared.engine.lora.targets import Module, Target, module_bounds, modules, rope_spans
 from shared.engine.model.rope import interleave_permutation
 from shared.engine.model_config import ModelConfig
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-RANK_ALIGN = 16
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+
+
+@dataclass(slots=True, frozen=True)
+class LowRankPair:
+    """One fused matrix's share of an adapter."""
+
+    a: torch.Tensor  # [M, r, in]: each module's A (zeros where absent)
+    b: torch.Tensor  # [out, r]: each output row's B, scaled
+    present: tuple[bool, ...]  # [M]: which modules the adapter changes
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,12 +50,8 @@ class AdapterWeights:
 
     name: str
     rank: int  # the config's r
-    # per layer: fused matrix -> (A [R, in], B [out, R]); a matrix it leaves alone is absent
-    layers: list[dict[Target, tuple[torch.Tensor, torch.Tensor]]]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for layer in self.layers for a, b in layer.values())
+    # per layer: fused matrix -> its pair; a matrix the adapter leaves alone is absent
+    layers: list[dict[Target, LowRankPair]]
 
 
 def read_adapter(
@@ -59,27 +63,31 @@ def read_adapter(
     alpha = float(settings.get("lora_alpha", rank))
     scaling = alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
     pairs = _read_pairs(name, path, config, rank)
-    layers: list[dict[Target, tuple[torch.Tensor, torch.Tensor]]] = [
-        {} for _ in range(config.num_layers)
-    ]
+    layers: list[dict[Target, LowRankPair]] = [{} for _ in range(config.num_layers)]
     by_target: dict[tuple[int, Target], list[tuple[Module, torch.Tensor, torch.Tensor]]] = {}
-    for (layer, module), (a, b) in sorted(pairs.items(), key=lambda kv: kv[0][0]):
+    for (layer, module), (a, b) in pairs.items():
         by_target.setdefault((layer, module.target), []).append((module, a, b))
-    rows = fused_rows(config)
+    bounds = module_bounds(config)
     for (layer, target), parts in by_target.items():
-        parts.sort(key=lambda part: part[0].row_offset)
-        a = torch.cat([part[1] for part in parts])  # [R, in]
-        b = torch.zeros(rows[target], _aligned(a.shape[0]))  # [out, R]
-        col = 0
-        for module, _, b_m in parts:
-            b[module.row_offset : module.row_offset + module.out_features, col : col + rank] = (
-                b_m * scaling
-            )
-            col += rank
+        edges = bounds[target]
+        a = torch.zeros(len(edges) - 1, rank, parts[0][1].shape[1])  # [M, r, in]
+        b = torch.zeros(edges[-1], rank)  # [out, r]
+        present = [False] * (len(edges) - 1)
+        for module, a_m, b_m in parts:
+            first, stop = module.row_offset, module.row_offset + module.out_features
+            for i in range(len(present)):
+                if first <= edges[i] and edges[i + 1] <= stop:
+                    if present[i]:
+                        reason = "two of its modules change the same rows"
+                        raise BadAdapter(f"adapter {name!r}: layer {layer} {target.name}: {reason}")
+                    present[i] = True
+                    a[i] = a_m
+            b[first:stop] = b_m * scaling
         if target == Target.QKV:
             b = _interleave_rope_rows(b, config)
-        a = torch.cat([a, a.new_zeros(b.shape[1] - a.shape[0], a.shape[1])])
-        layers[layer][target] = (a.to(dtype).contiguous(), b.to(dtype).contiguous())
+        layers[layer][target] = LowRankPair(
+            a.to(dtype).contiguous(), b.to(dtype).contiguous(), tuple(present)
+        )
     return AdapterWeights(name, rank, layers)
 
 
@@ -171,7 +179,3 @@ def _interleave_rope_rows(b: torch.Tensor, config: ModelConfig) -> torch.Tensor:
         block = b[first : first + heads * d]
         b[first : first + heads * d] = block.view(heads, d, -1)[:, perm].reshape(block.shape)
     return b
-
-
-def _aligned(rows: int) -> int:
-    return -(-rows // RANK_ALIGN) * RANK_ALIGN

@@ -51,18 +51,20 @@ def modules(config: ModelConfig) -> dict[str, Module]:
     }
 
 
-def fused_rows(config: ModelConfig) -> dict[Target, int]:
-    """Output rows of each fused matrix."""
-    d = config.head_dim
-    return {
-        Target.QKV: (config.num_heads + 2 * config.num_kv_heads) * d,
-        Target.O_PROJ: config.hidden_size,
-        Target.GATE_UP: 2 * config.intermediate_size,
-        Target.DOWN: config.hidden_size,
-    }
-
-
 def rope_spans(config: ModelConfig) -> list[tuple[int, int]]:
     """(first row, heads) of the rope-rotated head groups in the fused qkv: q's, then k's."""
     q_rows = config.num_heads * config.head_dim
     return [(0, config.num_heads), (q_rows, config.num_kv_heads)]
+
+
+def module_bounds(config: ModelConfig) -> dict[Target, tuple[int, ...]]:
+    """Each fused matrix's modules as row bounds: module i has rows [b[i], b[i + 1]) (q, k
+    and v in qkv; gate and up in gate_up). A fused PEFT module (Phi-3's) spans several."""
+    q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    inter, hidden = config.intermediate_size, config.hidden_size
+    return {
+        Target.QKV: (0, q_rows, q_rows + kv_rows, q_rows + 2 * kv_rows),
+        Target.O_PROJ: (0, hidden),
+        Target.GATE_UP: (0, inter, 2 * inter),
+        Target.DOWN: (0, hidden),
+    }
