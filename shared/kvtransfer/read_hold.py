@@ -9,7 +9,7 @@ held however many decode workers race) and is held as the file says, `<point>:<s
 | point | the READ while held |
 |---|---|
 | `before` | the offer checked, the peer connected; nothing posted yet |
-| `in_flight` | posted, not progressed since by the reader (over UCX TCP: nothing lands) |
+| `in_flight` | posted, not progressed by the reader while held (the peer may answer) |
 | `landed` | SUCCESS: every byte in; handle not released, the prefill side not answered |
 
 A hold logs `test hold: READ of <n> blocks from <peer> held <point> for <s> s` as it starts
