@@ -154,6 +154,7 @@ class Faults:
         self.replica.wait()
 
 
+@pytest.mark.timeout(SOAK_S + 900)  # past the run itself: start, the reference, the end
 def test_soak_with_a_fault_every_period(soak_mesh, mesh_model_dir, cluster, tmp_path):  # noqa: F811
     jobs = make_jobs(71)
     expected = reference(mesh_model_dir, jobs)
