@@ -152,6 +152,7 @@ class Heartbeat:
     startup: list[PhaseTime] = field(default_factory=list)  # its start, phase by phase
     ready_s: float = 0.0  # its process's start → serving, seconds
     sleep_level: SleepLevel = SleepLevel.AWAKE  # asleep: never placed on (sleep_messages.py)
+    num_preemptions: int = 0  # since start: running sequences sent back to recompute
 
 
 @dataclass(slots=True)

@@ -110,7 +110,7 @@ async def _command(request: web.Request, command: AdapterCommand) -> None:
             client.subjects.adapters, command, AdapterReport, timeout=COMMAND_TIMEOUT_S
         )
     except Exception as exc:
-        raise ApiError(503, f"the scheduler is unavailable ({exc!r})") from None
+        raise ApiError(503, f"the scheduler is unavailable ({exc!r})", retry_after=1) from None
     if not report.ok:
         raise ApiError(400, f"LoRA adapter {command.name!r}: {report.reasons()}", "lora_name")
 

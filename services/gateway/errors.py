@@ -1,7 +1,8 @@
 """ApiError: what the client sees, in the OpenAI shape {"error": {message, type, param, code}}.
 
 `api_error` is the one place where a refusal or a failed generation (refusals.py) becomes
-an HTTP status: the statuses below are what clients (and tests) see.
+an HTTP status: the statuses below are what clients (and tests) see, and every 429 and 503
+carries Retry-After (docs/reliability.md, "Limits").
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ TYPE_BY_STATUS = {
 STATUS_BY_OUTCOME = {Outcome.INVALID: 400, Outcome.BUSY: 429, Outcome.UNAVAILABLE: 503,
                      Outcome.FAILED: 503}  # fmt: skip
 STATUS_BY_FAILURE = {Failure.LOST: 502, Failure.UNPLACED: 503, Failure.TIMED_OUT: 504}
+RETRY_AFTER_S = 1.0  # a 429 or 503 whose refusal gave no advice
 
 
 class ApiError(Exception):
@@ -68,11 +70,22 @@ def invalid(message: str, param: str | None = None) -> ApiError:
 
 
 def api_error(exc: Refused | GenerationFailed) -> ApiError:
-    """The client's answer to a refusal or a failed generation."""
+    """The client's answer to a refusal or a failed generation; a 429 or 503 always says
+    when to try again (Retry-After: the refusal's advice, else `RETRY_AFTER_S`)."""
+    error = _api_error(exc)
+    if error.status in (429, 503) and error.retry_after is None:
+        error.retry_after = RETRY_AFTER_S
+    return error
+
+
+def _api_error(exc: Refused | GenerationFailed) -> ApiError:
     if isinstance(exc, GenerationFailed):
-        refused = exc.refused
-        status = api_error(refused).status if refused else STATUS_BY_FAILURE[exc.failure]
-        return ApiError(status, str(exc), code="generation_failed")
+        if exc.refused is None:
+            return ApiError(STATUS_BY_FAILURE[exc.failure], str(exc), code="generation_failed")
+        refused = api_error(exc.refused)
+        return ApiError(
+            refused.status, str(exc), code="generation_failed", retry_after=refused.retry_after
+        )
     if isinstance(exc, UpstreamUnavailable):  # the upstream's own status, passed on
         return ApiError(exc.status, exc.message, code=exc.code)
     return ApiError(STATUS_BY_OUTCOME[exc.outcome], exc.message, retry_after=exc.retry_after)

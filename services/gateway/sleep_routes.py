@@ -81,7 +81,7 @@ async def _targets(request: web.Request) -> list[WorkerStatus]:
             client.subjects.status, StatusQuery(), MeshStatus, timeout=STATUS_TIMEOUT_S
         )
     except Exception as exc:
-        raise ApiError(503, f"no scheduler answered: {exc!r}") from exc
+        raise ApiError(503, f"no scheduler answered: {exc!r}", retry_after=1) from exc
     found = [
         w
         for w in status.workers

@@ -75,4 +75,5 @@ def worker_heartbeat(
         startup=startup.wire(),
         ready_s=startup.ready_s,
         sleep_level=ctx.sleep_level,
+        num_preemptions=stats.num_preemptions,
     )

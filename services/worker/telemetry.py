@@ -52,6 +52,7 @@ class WorkerTelemetry:
     metrics: WorkerMetrics = field(init=False)
     _prefix_counted: tuple[int, int] = (0, 0)  # (queries, hits) already added to the counters
     _spec_counted: SpecDecodeStats = field(default_factory=SpecDecodeStats)  # already added
+    _preemptions_counted: int = 0  # already added to the counter
     # this role's child of the sampled-token counter, looked up once: `on_output` runs for
     # every request of every step, on the loop the engine thread waits on for the GIL
     _sampled: Counter = field(init=False)
@@ -85,6 +86,8 @@ class WorkerTelemetry:
         metrics.prefix_queries.labels(role).inc(stats.prefix_queries - queries)
         metrics.prefix_hits.labels(role).inc(stats.prefix_hits - hits)
         self._prefix_counted = (stats.prefix_queries, stats.prefix_hits)
+        metrics.preemptions.labels(role).inc(stats.num_preemptions - self._preemptions_counted)
+        self._preemptions_counted = stats.num_preemptions
         spec, counted = stats.spec_decode, self._spec_counted
         metrics.spec_proposed.labels(role).inc(spec.proposed - counted.proposed)
         metrics.spec_accepted.labels(role).inc(spec.accepted - counted.accepted)

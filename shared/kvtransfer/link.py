@@ -20,6 +20,7 @@ from shared.kvtransfer.chunks import KVLayout
 from shared.kvtransfer.fence import Fence
 from shared.kvtransfer.nats_transport import ChunkSender, NatsReceiver, NatsSender
 from shared.kvtransfer.one_sided import OneSidedReceiver, OneSidedSender
+from shared.kvtransfer.read_hold import HoldFile, hold_file
 from shared.kvtransfer.transfer import (
     Awaiting,
     KVCopier,
@@ -44,6 +45,7 @@ class KVLink:
     copier: KVCopier | None  # the engine's block copies; None: no `nats` transport
     one_sided: KVTransport | None  # nixl, fake or vllm-nixl; None: none here
     epoch: int = 0  # this process's (shared/epoch.py)
+    holds: HoldFile | None = field(default_factory=hold_file)  # tests only (read_hold.py)
     fence: Fence = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,7 +76,7 @@ class KVLink:
     def receiver(self, first: KVMessage, request: Awaiting, events: ReceiveEvents) -> KVReceiver:
         """The receiver of `request`'s transfer, whose first message is `first`."""
         if isinstance(first, KVReady):  # it refuses a transport this worker has not
-            return OneSidedReceiver(self.one_sided, self.pins, request, events)
+            return OneSidedReceiver(self.one_sided, self.pins, request, events, self.holds)
         return NatsReceiver(self.layout, self.copier, request, events)
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from shared.engine.errors import InvalidRequest
 from shared.engine.kv_handoff import HeldBlocks
 from shared.kvtransfer.chunks import KVLayout
 from shared.kvtransfer.nats_transport import ChunkSender, ControlledSender
+from shared.kvtransfer.read_hold import HoldFile
 from shared.kvtransfer.transfer import (
     Awaiting,
     KVMessage,
@@ -72,8 +73,10 @@ class OneSidedReceiver:
         pins: KVPins,
         request: Awaiting,
         events: ReceiveEvents,
+        holds: HoldFile | None = None,  # tests only (read_hold.py)
     ) -> None:
         self.name = transport.name if transport is not None else "none"
+        self.holds = holds
         self.transport = transport
         self.pins = pins
         self.request = request
@@ -115,7 +118,7 @@ class OneSidedReceiver:
                 self._read = asyncio.current_task()  # `abort` cancels it: the READ stops
                 async with self.pins.pinned(ready.request_id):  # an abort waits for the READ
                     await read_blocks(
-                        transport, ready.agent, ready.block_ids, local_blocks, read_by
+                        transport, ready.agent, ready.block_ids, local_blocks, read_by, self.holds
                     )
                 self._read = None
         except Exception as exc:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 from shared.bus import Headers
 from shared.engine.kv_handoff import HeldBlocks, KVBlocks
 from shared.kvtransfer.chunks import KVLayout
+from shared.kvtransfer.read_hold import HoldFile, HoldPoint
 from shared.protocol import KVChunk, KVDone, KVReady
 
 if TYPE_CHECKING:
@@ -208,13 +209,19 @@ async def read_blocks(
     remote_blocks: list[int],
     local_blocks: list[int],
     deadline: float,
+    holds: HoldFile | None = None,  # tests only (read_hold.py)
 ) -> None:
     """One READ, polled on the event loop until it is over; `deadline` on the loop's clock.
     The handle is released whatever happens (cancelled too); one that cannot be aborted
     is waited out, since its bytes would land in blocks someone else may own by then."""
     loop = asyncio.get_running_loop()
+    hold = holds.claim() if holds is not None else None
+    if hold is not None:
+        await hold.at(HoldPoint.BEFORE, peer, len(local_blocks), None)
     handle = transport.start_read(peer, remote_blocks, local_blocks)
     try:
+        if hold is not None:
+            await hold.at(HoldPoint.IN_FLIGHT, peer, len(local_blocks), handle)
         while (state := handle.poll()) == TransferState.TRANSFERRING:
             if loop.time() > deadline:
                 blocks = len(local_blocks)
@@ -222,6 +229,8 @@ async def read_blocks(
             await asyncio.sleep(POLL_S)
         if state != TransferState.SUCCESS:
             raise TransferError(f"READ from {peer} failed: {handle.error or state.name}")
+        if hold is not None:
+            await hold.at(HoldPoint.LANDED, peer, len(local_blocks), handle)
     finally:
         _release(handle, peer)
 

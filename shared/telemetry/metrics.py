@@ -191,6 +191,7 @@ class WorkerMetrics:
     transfer_bytes: Counter = field(init=False)
     transfer_failures: Counter = field(init=False)
     generation_tokens: Counter = field(init=False)
+    preemptions: Counter = field(init=False)
     spec_proposed: Counter = field(init=False)
     spec_accepted: Counter = field(init=False)
     spec_verify_steps: Counter = field(init=False)
@@ -230,6 +231,9 @@ class WorkerMetrics:
         )
         self.generation_tokens = Counter(
             P + "generation_tokens", "Tokens sampled by this worker", role, registry=r
+        )
+        self.preemptions = Counter(
+            P + "num_preemptions", "Running sequences preempted (recomputed)", role, registry=r
         )
         self.spec_proposed = Counter(
             P + "spec_decode_proposed_tokens", "Draft tokens verified (speculative decoding)",

@@ -79,8 +79,10 @@ def reference(model_dir: Path, jobs: list[Job]) -> list[str]:
     return [tokenizer.decode(tokens[str(i)], skip_special_tokens=True) for i in range(len(jobs))]
 
 
-def stream_one(mesh: Mesh, job: Job, progress: list[int], slot: int) -> Outcome:
-    client = openai.OpenAI(base_url=f"{mesh.base}/v1", api_key="x", timeout=60, max_retries=0)
+def stream_one(
+    mesh: Mesh, job: Job, progress: list[int], slot: int, timeout: float = 60
+) -> Outcome:
+    client = openai.OpenAI(base_url=f"{mesh.base}/v1", api_key="x", timeout=timeout, max_retries=0)
     outcome, pieces, last = Outcome(), [], time.monotonic()
     extra = {"ignore_eos": True} | ({"seed": job.seed} if job.seed is not None else {})
     try:

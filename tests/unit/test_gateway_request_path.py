@@ -51,6 +51,19 @@ def test_refusals_become_the_clients_statuses():
     assert (upstream.status, upstream.code) == (500, "upstream_unavailable")
 
 
+def test_every_429_and_503_says_when_to_try_again():
+    unplaced = api_error(GenerationFailed("no worker in time", Failure.UNPLACED))
+    assert unplaced.response().headers["Retry-After"] == "1"
+    failed = api_error(Refused(Outcome.FAILED, "internal error"))
+    assert (failed.status, failed.retry_after) == (503, 1.0)
+    upstream = api_error(UpstreamUnavailable("upstream answered 429", 429))
+    assert upstream.response().headers["Retry-After"] == "1"
+    busy = GenerationFailed("choice 1", Failure.REFUSED, Refused(Outcome.BUSY, "", 4.0))
+    assert api_error(busy).response().headers["Retry-After"] == "4"
+    lost = api_error(GenerationFailed("worker lost", Failure.LOST))
+    assert lost.status == 502 and "Retry-After" not in lost.response().headers
+
+
 def test_only_a_refusal_that_allows_it_is_tried_again():
     assert all(Refused(o, "").may_try_again for o in (Outcome.BUSY, Outcome.UNAVAILABLE))
     assert Refused(Outcome.FAILED, "").may_try_again
@@ -68,6 +81,7 @@ def test_failures_become_the_clients_statuses():
     refused = GenerationFailed("choice 1 was refused", Failure.REFUSED, Refused(Outcome.BUSY, ""))
     error = api_error(refused)
     assert (error.status, error.code) == (429, "generation_failed") and refused.may_try_again
+    assert error.response().headers["Retry-After"] == "1"
     invalid = Refused(Outcome.INVALID, "")
     assert not GenerationFailed("", Failure.REFUSED, invalid).may_try_again
 

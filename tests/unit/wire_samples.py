@@ -116,6 +116,7 @@ BOUNDS: dict[type, dict[str, st.SearchStrategy]] = {
         "block_size": st.integers(-(2**63), 0) | st.integers(4097, 2**62),
         "metrics_port": st.integers(65536, 2**62) | NEGATIVE,
         "kv_blocks_sent": NEGATIVE,
+        "num_preemptions": NEGATIVE,
         "prefill_rate": st.sampled_from([float("nan"), float("inf"), -1.0]),
         "busy": st.floats(max_value=-1e-9),
         "ready_s": st.sampled_from([float("nan"), float("inf"), -1.0]),
