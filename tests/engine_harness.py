@@ -8,7 +8,9 @@ from pathlib import Path
 import torch
 
 from shared.engine.engine import LLMEngine
+from shared.engine.engine_config import EngineConfig
 from shared.engine.sampler import Sampler
+from shared.engine.sampling_params import SamplingParams
 
 
 def run_to_completion(engine: LLMEngine, max_steps: int = 10_000) -> dict[str, list[int]]:
@@ -35,6 +37,26 @@ class LogitsRecorder:
         for i, row in enumerate(rows):
             self.rows[(tuple(row.prompt_token_ids), row.position)] = logits[i].clone()
         return self._sampler(logits, rows)
+
+
+def assert_same_bits_beside_others(model_dir: Path, prompt: list[int]) -> None:
+    """`prompt`'s greedy logits rows (4 tokens) are the same bits alone as beside three other
+    prompts: the batch invariance of the model's matmuls."""
+
+    def rows(prompts: list[list[int]]) -> dict:
+        engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=64))
+        assert engine.config.batch_invariant
+        recorder = LogitsRecorder(engine)
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        for i, each in enumerate(prompts):
+            engine.add_request(f"r{i}", each, params)
+        run_to_completion(engine)
+        return {key: row for key, row in recorder.rows.items() if key[0] == tuple(prompt)}
+
+    alone = rows([prompt])
+    beside = rows([list(range(40, 51)), prompt, list(range(60, 100)), [7, 8, 9]])
+    assert alone.keys() == beside.keys() and len(alone) == 4
+    assert all(torch.equal(alone[key], beside[key]) for key in alone)
 
 
 def hf_logits(

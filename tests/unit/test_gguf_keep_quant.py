@@ -22,7 +22,7 @@ from shared.engine.model.group_quant import GroupQuantLinear
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import ConfigError
 from shared.models.gguf_convert import convert_gguf
-from tests.engine_harness import LogitsRecorder, run_to_completion
+from tests.engine_harness import LogitsRecorder, assert_same_bits_beside_others, run_to_completion
 from tests.unit import test_gguf_convert as tiny
 
 PROMPT = list(range(3, 30))
@@ -101,17 +101,4 @@ def test_a_quantized_checkpoint_refuses_another_quantization(dirs):
 
 @pytest.mark.skipif(native.load() is None, reason="batch invariance needs the C++ kernels")
 def test_a_requests_logits_are_the_same_bits_beside_others(dirs):
-    def rows(prompts: list[list[int]]) -> dict:
-        engine = LLMEngine(EngineConfig(model_dir=dirs / "kept", num_kv_blocks=64))
-        assert engine.config.batch_invariant
-        recorder = LogitsRecorder(engine)
-        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"r{i}", prompt, params)
-        run_to_completion(engine)
-        return {key: row for key, row in recorder.rows.items() if key[0] == tuple(PROMPT)}
-
-    alone = rows([PROMPT])
-    beside = rows([list(range(40, 51)), PROMPT, list(range(60, 100)), [7, 8, 9]])
-    assert alone.keys() == beside.keys() and len(alone) == 4
-    assert all(torch.equal(alone[key], beside[key]) for key in alone)
+    assert_same_bits_beside_others(dirs / "kept", PROMPT)

@@ -21,7 +21,7 @@ from shared.engine.sampling_params import SamplingParams
 from shared.errors import ConfigError
 from shared.models.wna16 import QuantFormat
 from tests.conftest import write_tiny_model
-from tests.engine_harness import LogitsRecorder, run_to_completion
+from tests.engine_harness import LogitsRecorder, assert_same_bits_beside_others, run_to_completion
 from tests.wna16_writer import Scheme, write_quantized
 
 PROMPT = list(range(3, 30))
@@ -86,20 +86,7 @@ def test_logits_are_those_of_the_float_model_of_the_stored_weights(root, name):
 @pytest.mark.skipif(native.load() is None, reason="batch invariance needs the C++ kernels")
 @pytest.mark.parametrize("name", ["awq-g128", "gptq4-g32-act-order"])
 def test_a_requests_logits_are_the_same_bits_beside_others(root, name):
-    def rows(prompts: list[list[int]]) -> dict:
-        engine = LLMEngine(EngineConfig(model_dir=root / name, num_kv_blocks=64))
-        assert engine.config.batch_invariant
-        recorder = LogitsRecorder(engine)
-        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"r{i}", prompt, params)
-        run_to_completion(engine)
-        return {key: row for key, row in recorder.rows.items() if key[0] == tuple(PROMPT)}
-
-    alone = rows([PROMPT])
-    beside = rows([list(range(40, 51)), PROMPT, list(range(60, 100)), [7, 8, 9]])
-    assert alone.keys() == beside.keys() and len(alone) == 4
-    assert all(torch.equal(alone[key], beside[key]) for key in alone)
+    assert_same_bits_beside_others(root / name, PROMPT)
 
 
 def test_another_quantization_is_refused_and_the_log_names_the_format(root, caplog):
