@@ -39,6 +39,16 @@ class LogitsRecorder:
         return self._sampler(logits, rows)
 
 
+def greedy_logits(model_dir: Path, prompt: list[int], max_tokens: int, **config) -> torch.Tensor:
+    """[max_tokens, vocab]: the logits rows of `prompt` decoded greedily alone, in order."""
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=32, **config))
+    recorder = LogitsRecorder(engine)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    engine.add_request("r", prompt, params)
+    run_to_completion(engine)
+    return torch.stack([recorder.rows[key] for key in sorted(recorder.rows)])
+
+
 def assert_same_bits_beside_others(model_dir: Path, prompt: list[int]) -> None:
     """`prompt`'s greedy logits rows (4 tokens) are the same bits alone as beside three other
     prompts: the batch invariance of the model's matmuls."""

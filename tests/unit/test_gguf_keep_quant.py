@@ -19,10 +19,12 @@ from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.checkpoint import Checkpoint, quantized_formats
 from shared.engine.model.group_quant import GroupQuantLinear
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import ConfigError
 from shared.models.gguf_convert import convert_gguf
-from tests.engine_harness import LogitsRecorder, assert_same_bits_beside_others, run_to_completion
+from tests.engine_harness import (
+    assert_same_bits_beside_others,
+    greedy_logits,
+)
 from tests.unit import test_gguf_convert as tiny
 
 PROMPT = list(range(3, 30))
@@ -72,12 +74,7 @@ def test_a_kept_matrix_missing_a_part_is_refused_by_name(dirs, tmp_path):
 
 
 def _logits(model_dir, **config) -> torch.Tensor:
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=32, **config))
-    recorder = LogitsRecorder(engine)
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    engine.add_request("r", PROMPT, params)
-    run_to_completion(engine)
-    return torch.stack([recorder.rows[key] for key in sorted(recorder.rows)])
+    return greedy_logits(model_dir, PROMPT, 6, **config)
 
 
 def test_the_engine_on_kept_weights_gives_the_float_conversions_logits(dirs):

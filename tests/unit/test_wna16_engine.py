@@ -21,7 +21,12 @@ from shared.engine.sampling_params import SamplingParams
 from shared.errors import ConfigError
 from shared.models.wna16 import QuantFormat
 from tests.conftest import write_tiny_model
-from tests.engine_harness import LogitsRecorder, assert_same_bits_beside_others, run_to_completion
+from tests.engine_harness import (
+    LogitsRecorder,
+    assert_same_bits_beside_others,
+    greedy_logits,
+    run_to_completion,
+)
 from tests.wna16_writer import Scheme, write_quantized
 
 PROMPT = list(range(3, 30))
@@ -49,12 +54,7 @@ def root(tmp_path_factory):
 
 
 def _logits(model_dir, **config) -> torch.Tensor:
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=32, **config))
-    recorder = LogitsRecorder(engine)
-    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
-    engine.add_request("r", PROMPT, params)
-    run_to_completion(engine)
-    return torch.stack([recorder.rows[key] for key in sorted(recorder.rows)])
+    return greedy_logits(model_dir, PROMPT, 5, **config)
 
 
 def test_the_checkpoint_loads_its_matrices_quantized(root):
