@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtest.mesh import stop_group
 from shared.ports import free_port
 from tests.e2e.conftest import real_model_dir  # noqa: F401  (fixture)
 from tests.e2e.test_mesh import mesh_model_dir  # noqa: F401  (fixture)
@@ -116,12 +117,7 @@ def up(mesh_model_dir, tmp_path) -> Iterator[tuple[subprocess.Popen[bytes], str,
         wait_for(log, "splitserve is up", process, 180)
         yield process, f"http://127.0.0.1:{port}", config, log
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
 
 
 def test_a_model_swap_under_load_fails_no_request(up, mesh_model_dir):  # noqa: F811
