@@ -129,6 +129,7 @@ class Heartbeat:
     prefill_rate: float = 0.0  # prompt tokens computed per second of step time
     decode_step_s: float = 0.0  # seconds per step with no prompt in it
     decode_batch: float = 0.0  # running rows those steps had
+    decode_row_s: float = 0.0  # seconds one more row adds to those steps (0: not fitted yet)
     queued_prompt_tokens: int = 0  # prompt tokens admitted, not computed yet
     busy: float = 0.0  # share of the time since the last beat spent in steps, 0..1
     block_bytes: int = 0  # one KV block, every layer: what a transfer moves per block

@@ -23,9 +23,11 @@ from loadtest.sim.worker import MODEL, EngineLimits
 from loadtest.slo.attainment import Slo
 from loadtest.slo.cli import add_sweep_flags, sweep_settings
 from loadtest.slo.config import SloBenchConfig
+from services.planner.config import PlannerConfig
 from services.scheduler.config import PATH_CHOICES, SchedulerConfig
 from shared.engine.engine_config import NATIVE_BLOCK_SIZE
 from shared.errors import ConfigError
+from shared.flags import add_flags, build
 
 DEFAULT_WORKERS = "split=prefill:1,decode:1;aggregated=both:1x2;two=both:2"
 
@@ -50,6 +52,7 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     sim.add_argument(
         "--planner-window", type=float, default=60.0, help="seconds of samples a decision sees"
     )
+    add_flags(sim, PlannerConfig)  # the policy's own flags, as `splitserve planner` takes them
     sim.add_argument("--search", type=int, metavar="N", help="every split of N workers")
     sim.add_argument("--search-step", type=int, help="counts in steps of (default N/8, >= 1)")
     sim.add_argument("--cores-per-worker", type=int, default=1, help="--search's workers")
@@ -76,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> SimBenchConfig:
     )
     budget = args.max_num_batched_tokens or cost.token_budget
     limits = EngineLimits(scheduler.block_size, budget, cost.max_num_seqs)
-    planner = real_planner(args.planner_mode, bench.slo) if args.planner else None
+    planner = real_planner(args, bench.slo) if args.planner else None
     return SimBenchConfig(
         bench,
         cost,
@@ -88,12 +91,12 @@ def config_from_args(args: argparse.Namespace) -> SimBenchConfig:
     )
 
 
-def real_planner(mode: str, slo: Slo) -> Callable[[], Decider]:
+def real_planner(args: argparse.Namespace, slo: Slo) -> Callable[[], Decider]:
     """A fresh services.planner.policy.Planner per run, with the bench's objectives."""
-    from services.planner.config import PlannerConfig
     from services.planner.policy import Planner
 
-    config = PlannerConfig(mode=mode, ttft_slo=slo.ttft_s, tpot_slo=slo.tpot_s)
+    mode, ttft, tpot = args.planner_mode, slo.ttft_s, slo.tpot_s
+    config = build(PlannerConfig, args, mode=mode, ttft_slo=ttft, tpot_slo=tpot)
     return lambda: Planner(config)
 
 

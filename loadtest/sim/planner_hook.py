@@ -52,6 +52,8 @@ def mesh_signals(mesh: SimMesh, window_s: float) -> MeshSignals:
                 busy=worker.busy_share,
                 prefill_rate=costs.prefill_rate,
                 decode_step_s=costs.decode_step_s,
+                decode_batch=costs.decode_batch,
+                decode_row_s=costs.decode_row_s,
             )
         )
     since = now - window_s

@@ -279,6 +279,7 @@ class SimWorker:
             stall_s=costs.stall_s,
             stream_tokens=min((s.request.output_len for s in self.running), default=0),
             decode_batch=costs.decode_batch,
+            decode_row_s=costs.decode_row_s,
             queued_prompt_tokens=queued,
             busy=self.busy_share,
             block_bytes=self.cost.block_bytes,

@@ -21,6 +21,7 @@ from shared.slo import parse_slo
 
 MODES = ("roles", "replicas")
 MODE_CHOICES = ("auto", *MODES)
+SIGNALS = ("latency", "demand")
 DEFAULT_SLO = "ttft=1,tpot=0.04"
 
 
@@ -37,6 +38,14 @@ class PlannerConfig:
     mode: str = "replicas"  # roles: SET_ROLE among the workers there are; replicas: ADD/DRAIN
     ttft_slo: float = 1.0  # seconds: the objective for time to first token, at p99
     tpot_slo: float = 0.04  # seconds: the objective for time per output token, at p99
+    signals: str = _flag(
+        "latency",
+        "signals",
+        "what the needs come from: latency (TTFT and TPOT p99 over the window), or demand "
+        "(the prompt work and streams in flight against the measured rates, on a mesh split "
+        "into prefill and decode workers; services/planner/demand.py)",
+        choices=SIGNALS,
+    )
     hold: int = _flag(3, "hold", "snapshots in a row a need must show before the planner acts")
     cooldown: float = _flag(60.0, "cooldown", "seconds after a decision before the next one")
     settle: float = _flag(

@@ -26,6 +26,8 @@ class Reason(IntEnum):
     PREFILL_IDLE = 5  # prefill side mostly idle while objectives are met
     DECODE_IDLE = 6  # decode side mostly idle while objectives are met
     NO_SIGNAL = 7  # nothing measured yet: keep the configuration
+    PREFILL_DEMAND = 8  # the prompt work in flight wants more prefill workers (demand.py)
+    DECODE_DEMAND = 9  # the streams in flight want more decode workers (demand.py)
 
 
 @dataclass(frozen=True, slots=True)

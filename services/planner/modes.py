@@ -6,6 +6,8 @@ replicas (ADD and DRAIN, within `min_per_role`..`max_per_role` workers of each r
   LESS_PREFILL  DRAIN the idlest prefill worker
   LESS_DECODE   DRAIN the decode worker with the fewest streams (both, likewise)
 roles (SET_ROLE among the workers there are, e.g. `up --pool` pinned to cores):
+  a need from demand (demand.py) names how many workers move: decode workers with the
+  fewest streams → prefill, or the idlest prefill workers → decode. Otherwise:
   MORE_DECODE   TPOT over the SLO while prompts arrive and some worker does both: split.
                 With a prefill worker already, the both workers → decode; else half the
                 mesh (both workers with the fewest streams first) → prefill, the rest →
@@ -77,6 +79,10 @@ def _role_changes(
         reason, detail = need.reason, need.detail
         return [Decision(Action.SET_ROLE, reason, role, w.worker_id, detail) for w in workers]
 
+    if need.moves:  # from demand: this many workers, the ones that give up least
+        if need.kind is NeedKind.MORE_PREFILL:
+            return to("prefill", sorted(decode, key=_streams_order)[: need.moves]), "", False
+        return to("decode", sorted(prefill, key=_idle_order)[: need.moves]), "", False
     if need.kind is NeedKind.MORE_DECODE:
         prompts = signals.ttft_samples > 0 or any(w.queued_prompt_tokens for w in both)
         if need.reason is Reason.TPOT_OVER_SLO and both and prompts:
@@ -127,8 +133,12 @@ def _decodes_after(counts: RoleCounts, drained: str) -> bool:
     return counts.moved(drained, -1).decoders >= 1
 
 
+def _idle_order(w: WorkerSignal) -> tuple[float, int, int, str]:
+    return (w.busy, w.queued_prompt_tokens, w.num_running, w.worker_id)
+
+
 def _idlest(workers: Sequence[WorkerSignal]) -> WorkerSignal:
-    return min(workers, key=lambda w: (w.busy, w.queued_prompt_tokens, w.num_running, w.worker_id))
+    return min(workers, key=_idle_order)
 
 
 def _streams_order(w: WorkerSignal) -> tuple[int, float, float, str]:

@@ -41,6 +41,7 @@ class Need:
     reason: Reason
     pressure: float  # how far past its threshold (1.0: at it); ranks two needs that conflict
     detail: str  # the figures behind it
+    moves: int = 0  # roles mode, from demand (demand.py): workers to move; 0: the mode decides
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ Each call, in order (the first that applies ends it, with `holding` saying why):
   3. the last decision's effect not visible yet (the counts it expects, needs.py's
      counting) and less than `settle` seconds since: hold
   4. less than `cooldown` seconds since the last decision: hold
-  5. the needs of this snapshot (needs.py). A need acts once it has shown in `hold`
+  5. the needs of this snapshot (needs.py; with `signals` demand, demand.py's where the mesh
+     is split and has measured its rates). A need acts once it has shown in `hold`
      snapshots in a row; until then, or when there is none, hold.
   6. the mode (modes.py) meets the needs that held: in `replicas` mode each of them (an ADD
      per pool at most, and a DRAIN only when nothing is to be added, the prefill side's
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from services.planner.config import PlannerConfig
 from services.planner.counts import RoleCounts, counts_after, live_counts
 from services.planner.decision import Decision, Reason
+from services.planner.demand import demand_needs
 from services.planner.modes import replica_actions, role_actions
 from services.planner.needs import Need, NeedKind, needs
 from services.planner.signals import MeshSignals
@@ -54,7 +56,7 @@ class Planner:
         if why := self._why_wait(signals):
             self._streaks.clear()
             return self._hold(why)
-        found = needs(signals, self.config)
+        found = self._needs(signals)
         self._streaks = {n.kind: self._streaks.get(n.kind, 0) + 1 for n in found}
         ready = [n for n in found if self._streaks[n.kind] >= self.config.hold]
         if not ready:
@@ -66,6 +68,13 @@ class Planner:
         self._last_decision = signals.now
         self._expected = Expected(counts_after(signals, decisions), signals.now)
         return decisions
+
+    def _needs(self, signals: MeshSignals) -> list[Need]:
+        if self.config.signals == "demand":
+            found = demand_needs(signals, self.config)
+            if found is not None:
+                return found
+        return needs(signals, self.config)
 
     def not_taken(self) -> None:
         """The actor says the last decision did not start (a worker refused its SetRole):

@@ -26,6 +26,8 @@ class WorkerSignal:
     busy: float = 0.0  # share of the last interval spent in engine steps, 0..1
     prefill_rate: float = 0.0  # prompt tokens per second of step time (0: not measured)
     decode_step_s: float = 0.0  # seconds per decode-only step (0: not measured)
+    decode_batch: float = 0.0  # the rows those steps had
+    decode_row_s: float = 0.0  # seconds one more row adds to such a step (0: not fitted)
 
 
 @dataclass(frozen=True, slots=True)

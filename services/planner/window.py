@@ -34,6 +34,8 @@ def worker_signal(beat: Heartbeat) -> WorkerSignal:
         busy=beat.busy,
         prefill_rate=beat.prefill_rate,
         decode_step_s=beat.decode_step_s,
+        decode_batch=beat.decode_batch,
+        decode_row_s=beat.decode_row_s,
     )
 
 

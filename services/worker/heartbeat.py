@@ -60,6 +60,7 @@ def worker_heartbeat(
         stall_s=costs.stall_s,
         stream_tokens=stats.min_stream_tokens,
         decode_batch=costs.decode_batch,
+        decode_row_s=costs.decode_row_s,
         queued_prompt_tokens=stats.queued_prompt_tokens,
         busy=telemetry.busy_share(stats, now),
         block_bytes=layout.block_bytes * layout.num_layers,

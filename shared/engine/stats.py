@@ -26,6 +26,7 @@ class StepCosts:
     prefill_rate: float = 0.0  # prompt tokens computed per second of step time (EWMA)
     decode_step_s: float = 0.0  # seconds per step without prompt tokens (EWMA)
     decode_batch: float = 0.0  # decode rows of those steps (EWMA)
+    decode_row_s: float = 0.0  # seconds one more row adds to such a step (fitted; 0: not yet)
     busy_seconds: float = 0.0  # since start: time spent in steps
     stall_s: float = 0.0  # running streams held by prompt work, recent seconds (decayed)
 
