@@ -14,14 +14,26 @@ import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
 from shared.engine.errors import InvalidRequest
 from shared.engine.sampling_params import GUIDED_KINDS
 
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
 _CACHE_SIZE = 256  # compiled grammars kept per engine
+
+
+def _xgr() -> ModuleType:
+    """xgrammar, imported at the first guided request: it imports transformers (seconds of
+    a worker's start), which no unguided request needs."""
+    import xgrammar
+
+    return xgrammar
 
 
 def tokenizer_info(
@@ -37,7 +49,7 @@ def tokenizer_info(
     vocab = [""] * (max(ids.values()) + 1)
     for token, token_id in ids.items():
         vocab[token_id] = token
-    return xgr.TokenizerInfo(
+    return _xgr().TokenizerInfo(
         vocab,
         _vocab_type(spec.get("decoder") or {}),
         vocab_size=vocab_size,
@@ -48,10 +60,10 @@ def tokenizer_info(
 def _vocab_type(decoder: dict) -> xgr.VocabType:
     kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
     if "ByteLevel" in kinds:
-        return xgr.VocabType.BYTE_LEVEL
+        return _xgr().VocabType.BYTE_LEVEL
     if "ByteFallback" in kinds:
-        return xgr.VocabType.BYTE_FALLBACK
-    return xgr.VocabType.RAW
+        return _xgr().VocabType.BYTE_FALLBACK
+    return _xgr().VocabType.RAW
 
 
 class GrammarCompilers:
@@ -74,7 +86,7 @@ class GrammarCompilers:
                 return self._cache[key]
             if self._compiler is None:
                 info = tokenizer_info(self.model_dir, self.vocab_size, self.eos_token_ids)
-                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+                self._compiler = _xgr().GrammarCompiler(info, max_threads=1)
             try:
                 compiled = self._compile(self._compiler, kind, spec)
             except (RuntimeError, ValueError, TypeError) as exc:
@@ -106,8 +118,8 @@ class GrammarState:
     """One request's position in its grammar."""
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
-        self._matcher = xgr.GrammarMatcher(compiled)
-        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)  # [1, ceil(V / 32)] int32
+        self._matcher = _xgr().GrammarMatcher(compiled)
+        self._bitmask = _xgr().allocate_token_bitmask(1, vocab_size)  # [1, ceil(V / 32)] int32
 
     def replay(self, token_ids: list[int] | tuple[int, ...]) -> None:
         """Advance over tokens already generated (a resumed, migrated or decode-side request);
@@ -137,4 +149,4 @@ class GrammarState:
     def mask(self, logits: torch.Tensor) -> None:
         """logits: [V'] float32, in place: -inf for every token the grammar forbids next."""
         self._matcher.fill_next_token_bitmask(self._bitmask)  # the matcher fills it on the CPU
-        xgr.apply_token_bitmask_inplace(logits[None], self._bitmask.to(logits.device))
+        _xgr().apply_token_bitmask_inplace(logits[None], self._bitmask.to(logits.device))

@@ -23,9 +23,10 @@ from gguf import GGUFReader
 from safetensors.numpy import save_file
 
 from shared.models.gguf_metadata import GGUFConvertError, hf_config, read_hparams
-from shared.models.gguf_quant import QUANT_METADATA, QuantArrays
+from shared.models.gguf_quant import QuantArrays
 from shared.models.gguf_tensors import Tensor, read_state_dict
 from shared.models.gguf_tokenizer import build_tokenizer, read_vocab, tokenizer_config
+from shared.models.quant_metadata import QUANT_METADATA
 
 __all__ = ["MODEL_FILES", "QUANT_METADATA", "GGUFConvertError", "convert_gguf"]
 

@@ -49,8 +49,6 @@ BLOCKS = {
     T.Q6_K: (210, QK_K),
 }
 KEPT_TYPES = frozenset(BLOCKS)
-# safetensors metadata key of a converted checkpoint: JSON, HF name -> QuantArrays.params()
-QUANT_METADATA = "splitserve.quantized"
 ARRAY_NAMES = ("codes", "low", "high", "super_scale", "sub_scale", "super_min", "sub_min")
 
 

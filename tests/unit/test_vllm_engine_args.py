@@ -21,7 +21,7 @@ from services.worker.vllm_engine_args import engine_args, set_environment, vllm_
 from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV, without_ports
 from shared.engine.engine_config import EngineConfig
 from shared.errors import ConfigError
-from shared.models.gguf_quant import QUANT_METADATA
+from shared.models.quant_metadata import QUANT_METADATA
 
 SET_BY_THE_WORKER = (
     QUIET_NIXL_ENV,
