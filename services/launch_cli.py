@@ -74,9 +74,17 @@ def config_from_args(args: argparse.Namespace, home: Path) -> LauncherConfig:
         worker_args=engine_argv(args) + changed_argv(WorkerConfig, args, WORKER_SET_BY_UP),
         gateway_args=changed_argv(GatewayConfig, args, GATEWAY_SET_BY_UP),
         swap_ramp=args.swap_ramp,
-        scheduler_args=changed_argv(SchedulerConfig, args),
+        scheduler_args=changed_argv(SchedulerConfig, args) + _path_objectives(args),
         planner_args=changed_argv(PlannerServiceConfig, args) + changed_argv(PlannerConfig, args),
     )
+
+
+def _path_objectives(args: argparse.Namespace) -> tuple[str, ...]:
+    """With --planner, the scheduler chooses each request's path by the planner's objectives
+    (`--path-choice auto` is slo once it has them), unless `--path-slo` or a path choice is
+    given: one mesh, one set of objectives."""
+    told = args.path_slo or args.path_choice != "auto"
+    return () if not args.planner or told else ("--path-slo", args.slo)
 
 
 def with_mesh_config(config: LauncherConfig, mesh_file: Path) -> LauncherConfig:

@@ -198,6 +198,21 @@ def test_planner_starts_after_the_workers_with_its_flags_and_mode():
     assert all(s.name != "planner" for s in child_specs(LauncherConfig(home=HOME), "u", count(1)))
 
 
+def test_the_planners_objectives_reach_the_path_choice_unless_it_has_its_own():
+    """`up --planner --slo S`: the scheduler's path choice keeps S too (auto → slo); a
+    `--path-slo` or `--path-choice` of the user's wins, and without --planner nothing is added."""
+    up = ["up", "--model-dir", "/m", "--planner", "--slo", "ttft=2,tpot=50ms"]
+    config = config_from_args(build_parser().parse_args(up), HOME)
+    assert config.scheduler_args == ("--path-slo", "ttft=2,tpot=50ms")
+    scheduler = next(s for s in child_specs(config, "u", count(1)) if s.role == "scheduler")
+    assert option(scheduler.argv, "--path-slo") == "ttft=2,tpot=50ms"
+    for own in (["--path-slo", "ttft=3,tpot=60ms"], ["--path-choice", "fixed"]):
+        config = config_from_args(build_parser().parse_args(up + own), HOME)
+        assert config.scheduler_args == tuple(own)
+    plain = ["up", "--model-dir", "/m", "--slo", "ttft=2,tpot=50ms"]
+    assert config_from_args(build_parser().parse_args(plain), HOME).scheduler_args == ()
+
+
 def test_planner_under_pinned_pools_changes_roles_unless_told():
     pools = ["up", "--model-dir", "/m", "--pool", "both:0", "--pool", "both:1", "--planner"]
     for extra, mode in (([], "roles"), (["--planner-mode", "replicas"], "replicas")):
