@@ -142,6 +142,12 @@ class LauncherConfig:
         help="start and drain workers to match the PoolTargets on <ns>.pool.target "
         "(splitserve scale, the planner); one-model meshes",
     )
+    standby_worker: bool = flag(
+        True,
+        variable=None,
+        help="keep a worker process with its imports done, for the next worker started while "
+        "serving (added, restarted): it starts seconds sooner (services/standby.py)",
+    )
     max_workers: int = flag(
         0, variable=None, help="most workers while following PoolTargets (0: the cores)"
     )

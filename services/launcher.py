@@ -118,7 +118,11 @@ def run_mesh(
             url = f"http://{config.host}:{spec.metrics_port}/metrics"
             log.info("%s: metrics on %s", spec.name, url)
     supervisor = Supervisor(
-        specs, config.restart_backoff, config.max_restarts_per_minute, config.grace
+        specs,
+        config.restart_backoff,
+        config.max_restarts_per_minute,
+        config.grace,
+        standby=config.standby_worker,
     )
     follower = None
     if config.follow_pool and config.mesh is None:

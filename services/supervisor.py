@@ -13,7 +13,8 @@ it left, and `up` stops with that message.
 
 Every child finds the launcher's pid in UP_PID_ENV (the gateway's POST /admin/reload
 signals it); `hangup` sends the children of a role SIGHUP (the gateway reads its mesh
-config again: services/mesh_reload.py).
+config again: services/mesh_reload.py). With `standby`, a worker started after the plan's
+(added, restarted) is a standby process handed its command line (services/standby.py).
 
 The subtle rule: a retired child that exits is removed, never restarted.
 """
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.cannot_run import CANNOT_RUN, MESSAGE_FILE_ENV, left_message
+from services.standby import StandbyWorker
 from shared.service_loop import STACK_DUMP_SIGNAL
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ ESSENTIAL_ROLES = ("gateway", "scheduler")
 MAX_BACKOFF_S = 30.0
 STACK_DUMP_WAIT_S = 2.0  # for a hung child to print its stacks before SIGKILL
 UP_PID_ENV = "SPLITSERVE_UP_PID"  # set for every child: the launcher's pid
+STANDBY_AFTER_S = 20.0  # after the plan's children start, the standby worker's own start
 
 
 class MeshDown(RuntimeError):
@@ -75,18 +78,20 @@ class Child:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self) -> None:
-        environment = os.environ | {
-            "PYTHONUNBUFFERED": "1",
-            MESSAGE_FILE_ENV: str(self.message_file),
-            UP_PID_ENV: str(os.getpid()),
-        }
-        self.process = subprocess.Popen(
-            self.argv(), stdin=subprocess.DEVNULL, start_new_session=True, env=environment
+    def start(self, standby: StandbyWorker | None = None) -> None:
+        """Start it: as `standby` (a worker's imports done already) when one waits."""
+        environment = child_environment() | {MESSAGE_FILE_ENV: str(self.message_file)}
+        argv = self.argv()
+        taken = standby.take(argv, environment) if standby is not None else None
+        self.process = taken or subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, start_new_session=True, env=environment
         )
         self.incarnation += 1
         self.restart_at = None
-        log.info("started %s (role %s) pid %d", self.spec.name, self.spec.role, self.process.pid)
+        how = " from the standby" if taken else ""
+        log.info(
+            "started %s (role %s) pid %d%s", self.spec.name, self.spec.role, self.process.pid, how
+        )
 
     def argv(self) -> tuple[str, ...]:
         """The spec's command; a restarted worker's id gets the suffix `-r<incarnation>`."""
@@ -109,12 +114,17 @@ class Supervisor:
         restart_backoff: float,
         max_restarts_per_minute: int,
         grace: float,
+        standby: bool = False,
     ) -> None:
         self._messages = tempfile.TemporaryDirectory(prefix="splitserve-children-")
         self.children = [self._child(spec) for spec in specs]
         self.restart_backoff = restart_backoff
         self.max_restarts_per_minute = max_restarts_per_minute
         self.grace = grace
+        # a worker's imports done before it is needed (services/standby.py): spawned
+        # STANDBY_AFTER_S after the plan's children start, so it does not slow their start
+        self.standby = StandbyWorker(child_environment()) if standby else None
+        self._standby_at = float("inf")
 
     def _child(self, spec: ChildSpec) -> Child:
         return Child(spec, Path(self._messages.name) / f"{spec.name}.cannot-run")
@@ -122,13 +132,17 @@ class Supervisor:
     def start_all(self) -> None:
         for child in self.children:
             child.start()
+        self._standby_at = time.monotonic() + STANDBY_AFTER_S
+
+    def _start(self, child: Child) -> None:
+        child.start(self.standby if child.spec.role == "worker" else None)
 
     def add(self, spec: ChildSpec) -> Child:
         """Start one more child, supervised like the others."""
         if any(c.spec.name == spec.name for c in self.children):
             raise ValueError(f"a child named {spec.name!r} is already supervised")
         child = self._child(spec)
-        child.start()  # OSError: nothing is added
+        self._start(child)  # OSError: nothing is added
         self.children.append(child)
         return child
 
@@ -155,6 +169,8 @@ class Supervisor:
     def poll(self) -> None:
         """Notice crashed children and restart those that are due; remove retired ones."""
         now = time.monotonic()
+        if self.standby is not None and now >= self._standby_at:
+            self.standby.spawn()  # none waits: the last was handed off, or it died
         for child in list(self.children):
             if child.retiring and not child.running:
                 code = child.process.returncode if child.process else None
@@ -168,7 +184,7 @@ class Supervisor:
                 self._schedule_restart(child, now)
             elif now >= child.restart_at:
                 child.restarts.append(now)
-                child.start()
+                self._start(child)
 
     def _schedule_restart(self, child: Child, now: float) -> None:
         code = child.process.returncode if child.process else None
@@ -208,6 +224,8 @@ class Supervisor:
         return [child.spec.name for child in self.children if not child.running]
 
     def stop_all(self) -> None:
+        if self.standby is not None:
+            self.standby.close()
         others = [c for c in self.children if c.spec.role not in STOP_ORDER and c.running]
         self._stop_group(others)
         for role in STOP_ORDER:
@@ -232,6 +250,11 @@ class Supervisor:
                 child.process.kill()
                 child.process.wait()
             _kill_session(child)
+
+
+def child_environment() -> dict[str, str]:
+    """Every child's environment (a child adds its own cannot-run file)."""
+    return dict(os.environ) | {"PYTHONUNBUFFERED": "1", UP_PID_ENV: str(os.getpid())}
 
 
 def _dump_stacks(child: Child) -> None:

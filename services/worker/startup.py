@@ -5,7 +5,8 @@ Reported three ways: a log line once it serves (and one for its first step), the
 `splitserve_worker_startup_seconds{phase}` (`phase="ready"`: the whole start) and every
 heartbeat (`Heartbeat.startup`, `Heartbeat.ready_s`). The subtle rule: the process's start
 is the kernel's record of it (/proc/self/stat), not the moment Python ran its first line,
-so `imports` holds the interpreter's own start too.
+so `imports` holds the interpreter's own start too (a standby's: its hand-off, whose
+imports were done before it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from services.standby import HANDED_OFF_AT_ENV
 from shared.engine.startup_phases import PhaseClock, StartupPhase
 from shared.startup_messages import PhaseTime
 
@@ -25,7 +27,10 @@ P = StartupPhase
 
 
 def process_age() -> float:
-    """Seconds since this process started (0.0 where /proc does not say)."""
+    """Seconds since this process started (0.0 where /proc does not say); for a standby
+    handed this worker (services/standby.py), since the hand-off."""
+    if handed_off_at := os.environ.get(HANDED_OFF_AT_ENV):
+        return max(0.0, time.time() - float(handed_off_at))
     try:
         stat = Path("/proc/self/stat").read_text()
         uptime = float(Path("/proc/uptime").read_text().split()[0])
