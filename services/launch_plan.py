@@ -143,10 +143,11 @@ class LauncherConfig:
         "(splitserve scale, the planner); one-model meshes",
     )
     standby_worker: bool = flag(
-        True,
+        False,
         variable=None,
         help="keep a worker process with its imports done, for the next worker started while "
-        "serving (added, restarted): it starts seconds sooner (services/standby.py)",
+        "serving (added, restarted): it starts seconds sooner; ps shows it as "
+        "services.standby (services/standby.py)",
     )
     max_workers: int = flag(
         0, variable=None, help="most workers while following PoolTargets (0: the cores)"
