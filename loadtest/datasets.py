@@ -8,7 +8,8 @@
   (`prefix_len` tokens); turn t re-sends the system prompt and every earlier turn (user
   `input_len` tokens, a stand-in reply of `output_len` tokens) then its own user turn, as a
   chat client does. Requests come turn by turn (every conversation's turn 1, then turn 2...),
-  so with `--max-concurrency` a turn's history was served before it.
+  so with `--max-concurrency` a turn's history was served before it. Each request is
+  labelled with its turn (`multi-turn t<N>`): the report adds TTFT by turn.
 - mooncake: trace replay from JSONL lines `{timestamp (ms), input_length, output_length,
   hash_ids}`; each hash id stands for one block of `block_size` tokens, equal ids give
   equal tokens, so the trace's prefix sharing is kept.
@@ -89,10 +90,11 @@ def multi_turn_requests(cfg: DatasetConfig) -> list[BenchRequest]:
     num_conversations = max(1, cfg.num_prompts // cfg.num_turns)
     histories = [list(system) for _ in range(num_conversations)]
     out = []
-    for _ in range(cfg.num_turns):
+    for turn in range(1, cfg.num_turns + 1):
         for history in histories:
             prompt = history + _tokens(rng, cfg.input_len, cfg.vocab_size)
-            out.append(BenchRequest(prompt, len(prompt), cfg.output_len, label="multi-turn"))
+            label = f"multi-turn t{turn}"  # the report's TTFT by turn (by_label.py)
+            out.append(BenchRequest(prompt, len(prompt), cfg.output_len, label=label))
             history[:] = prompt + _tokens(rng, cfg.output_len, cfg.vocab_size)  # the reply
     return out
 

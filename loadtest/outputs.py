@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from loadtest.by_label import format_by_label
 from loadtest.metrics import Summary, summarize
 from loadtest.openloop import RunResult
 from loadtest.plot import write_png
@@ -29,6 +30,8 @@ def finish_run(
 ) -> Summary:
     summary = summarize(run.records, run.duration, slo or None)
     print(format_table(label, summary))
+    if by_label := format_by_label(run.records):
+        print(by_label)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
     write_json(out / f"{stem}.json", result_json(config | {"slo": slo}, summary, run))
     write_png(out / f"{stem}.png", label, run, summary)

@@ -2,7 +2,9 @@
 reading worker asks of the holder, and the counters its heartbeat carries.
 
 `PeerPrefix` rides on a `PrefillTask` or `DecodeTask` (None: no hint): worker `holder` holds
-more of the prompt's leading blocks in its pool than the worker computing it. The reader
+more of the prompt's leading blocks in its pool than the worker computing it, and `others`
+(at most `MAX_HOLDERS` - 1, best first) hold some too: when a read from one fails, the
+reader tries the next, within the same deadline. The reader
 asks the holder (`PrefixPin` on `<ns>.worker.<holder>.prefix`, request/reply) to pin the
 blocks it lacks; the holder answers `PrefixPinned` naming them in its cache and keeps them
 until the reader's `PrefixPin` with `op=RELEASE` (published) or `read_by`, whichever comes
@@ -18,6 +20,17 @@ from enum import IntEnum
 
 from shared.outcome import Outcome
 
+MAX_HOLDERS = 3  # holders one hint names, at most: the first, then `others`
+
+
+@dataclass(slots=True)
+class PeerHolder:
+    """Another worker holding blocks [first_block, first_block + num_blocks) of the hint."""
+
+    holder: str
+    holder_epoch: int
+    num_blocks: int  # at most the hint's own: holders come longest run first
+
 
 @dataclass(slots=True)
 class PeerPrefix:
@@ -25,6 +38,14 @@ class PeerPrefix:
     holder_epoch: int  # its process's (shared/epoch.py), as its heartbeat said; 0: not said
     first_block: int  # index in the prompt of the first block it holds that the computer lacks
     num_blocks: int  # blocks [first_block, first_block + num_blocks) of the prompt
+    others: list[PeerHolder] = field(default_factory=list)  # tried in turn if a read fails
+
+    def holders(self) -> list[PeerPrefix]:
+        """The hint, then one per other holder (with its own run), in the order to try."""
+        return [self] + [
+            PeerPrefix(o.holder, o.holder_epoch, self.first_block, o.num_blocks)
+            for o in self.others
+        ]
 
 
 class PinOp(IntEnum):

@@ -25,7 +25,7 @@ from shared.liveness_messages import Probe, ProbeAck
 from shared.lora_messages import AdapterCommand
 from shared.planner_messages import MAX_REPORTED, PlannerReport
 from shared.pool_messages import PoolTarget
-from shared.prefix_messages import PeerPrefix, PrefixPin, PrefixPinned
+from shared.prefix_messages import MAX_HOLDERS, PeerPrefix, PrefixPin, PrefixPinned
 from shared.protocol import (
     ROLES,
     Cancel,
@@ -216,6 +216,11 @@ def _peer_prefix(m: PeerPrefix | None, where: str) -> None:
     _count(m.holder_epoch, f"{where}.holder_epoch")
     _count(m.first_block, f"{where}.first_block", MAX_TOKENS)
     _require(0 < m.num_blocks < MAX_TOKENS, f"{where}.num_blocks: out of (0, {MAX_TOKENS})")
+    _require(len(m.others) < MAX_HOLDERS, f"{where}.others: {MAX_HOLDERS} holders at most")
+    for other in m.others:
+        _subject_token(other.holder, f"{where}.others.holder")
+        _count(other.holder_epoch, f"{where}.others.holder_epoch")
+        _require(0 < other.num_blocks <= m.num_blocks, f"{where}.others.num_blocks: too many")
 
 
 def _prefix_pin(m: PrefixPin) -> None:

@@ -5,7 +5,8 @@ The one subtle rule: a link's bandwidth is measured on whole transfers, which in
 link's fixed cost; once small transfers have measured that cost (`KVPeer.latency`) it is
 taken out of the mean transfer before its bytes are divided, so it is not counted twice.
 A pair with no transfer yet has no link (path_cost borrows the mesh's typical one).
-A block in a worker's second KV tier is worth `tier_weight` of one in its pool.
+A block in a worker's second KV tier is worth `tier_weight` of one in its pool, and a block
+it would READ from another worker's pool `peer_weight` (with --kv-peer-reads).
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ def tier_weight(beat: Heartbeat) -> float:
         return UNMEASURED_TIER_WEIGHT
     recompute_s = beat.block_size / beat.prefill_rate
     return max(0.0, 1.0 - (tier.load_seconds / tier.hits) / recompute_s)
+
+
+UNMEASURED_PEER_WEIGHT = 0.5  # a block read from a peer, before the worker's reads are measured
+
+
+def peer_weight(beat: Heartbeat) -> float:
+    """What a block the worker would READ from another worker's pool is worth to a prompt
+    against one in its own pool (1): the share of its recompute time the read saves, by the
+    worker's own measured reads (pin and READ, end to end; 0: reading costs more)."""
+    reads = beat.kv_peer_reads
+    if reads.blocks == 0 or beat.prefill_rate <= 0 or beat.block_size <= 0:
+        return UNMEASURED_PEER_WEIGHT
+    recompute_s = beat.block_size / beat.prefill_rate
+    return max(0.0, 1.0 - (reads.seconds / reads.blocks) / recompute_s)
 
 
 def worker_costs(

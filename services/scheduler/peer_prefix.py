@@ -6,7 +6,10 @@ another worker of the same model holds a longer leading run in its pool — the 
 say so — and both move KV by the same one-sided transport (a READ needs one: nixl, or the
 fake one in tests), the computing worker is told (`PeerPrefix` on its task) to read blocks
 [overlap, that run's end) from it rather than compute them; it decides by measured cost
-whether to (services/worker/peer_reads.py). The longest run wins; ties go to the worker id.
+whether to (services/worker/peer_reads.py). The longest run wins; ties go to the worker id;
+the next longest (up to `MAX_HOLDERS` in all) ride along as `others`, tried in turn when a
+read fails. `peer_runs` gives placement, for every worker, the longest run it could read
+this way, which the prefix score weighs by the worker's measured read cost (routing.py).
 
 The one subtle rule: the last prompt token's block is never counted (the engine computes at
 least one token for its logits, so it never reuses that block), as `predicted_tokens` caps.
@@ -18,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from services.scheduler.routing import Candidate, WorkerView
-from shared.prefix_messages import PeerPrefix
+from shared.prefix_messages import MAX_HOLDERS, PeerHolder, PeerPrefix
 
 ONE_SIDED_NEVER = ("nats",)  # transports that cannot READ from a peer's pool
 
@@ -31,6 +34,34 @@ def pool_run(block_hashes: Sequence[int], worker: WorkerView) -> int:
             break
         count += 1
     return count
+
+
+def usable_blocks(block_hashes: Sequence[int], num_tokens: int, block_size: int) -> Sequence[int]:
+    """The prompt's blocks a hit may cover: never the last token's (see the subtle rule)."""
+    return block_hashes[: max(0, (num_tokens - 1) // block_size)]
+
+
+def reads_from(computer: WorkerView, holder: WorkerView) -> bool:
+    """Can `computer` READ from `holder`'s pool (by its best one-sided transport)?"""
+    one_sided = [t for t in computer.transports if t not in ONE_SIDED_NEVER]
+    return (
+        bool(one_sided)
+        and holder.worker_id != computer.worker_id
+        and not holder.draining
+        and one_sided[0] in holder.transports
+    )
+
+
+def peer_runs(workers: Sequence[WorkerView], usable: Sequence[int]) -> dict[str, int]:
+    """For each worker, the longest leading run of `usable` (usable_blocks) that another
+    worker's pool holds and it could READ (0: none)."""
+    runs = {worker.worker_id: pool_run(usable, worker) for worker in workers}
+    return {
+        computer.worker_id: max(
+            (runs[h.worker_id] for h in workers if reads_from(computer, h)), default=0
+        )
+        for computer in workers
+    }
 
 
 def peer_prefix(
@@ -47,22 +78,16 @@ def peer_prefix(
     computer = next((w for w in workers if w.worker_id == computer_id), None)
     if computer is None:
         return None
-    one_sided = [t for t in computer.transports if t not in ONE_SIDED_NEVER]
-    if not one_sided:
-        return None
-    usable = block_hashes[: max(0, (num_tokens - 1) // block_size)]
-    runs = [
-        (pool_run(usable, worker), worker)
-        for worker in workers
-        if worker.worker_id != computer.worker_id
-        and not worker.draining
-        and one_sided[0] in worker.transports
-    ]
-    longer = [(run, worker) for run, worker in runs if run > overlap]
+    usable = usable_blocks(block_hashes, num_tokens, block_size)
+    runs = [(pool_run(usable, w), w) for w in workers if reads_from(computer, w)]
+    longer = sorted(
+        ((run, w) for run, w in runs if run > overlap), key=lambda e: (-e[0], e[1].worker_id)
+    )[:MAX_HOLDERS]
     if not longer:
         return None
-    run, holder = min(longer, key=lambda entry: (-entry[0], entry[1].worker_id))
-    return PeerPrefix(holder.worker_id, holder.epoch, overlap, run - overlap)
+    (run, holder), *others = longer
+    more = [PeerHolder(w.worker_id, w.epoch, n - overlap) for n, w in others]
+    return PeerPrefix(holder.worker_id, holder.epoch, overlap, run - overlap, more)
 
 
 def with_peer(computer: Candidate, hint: PeerPrefix | None) -> Candidate:

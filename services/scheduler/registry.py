@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from services.scheduler.measures import Link, links_of, tier_weight, worker_costs
+from services.scheduler.measures import Link, links_of, peer_weight, tier_weight, worker_costs
 from services.scheduler.routing import WorkerView, blocks_for
 from shared.protocol import Heartbeat, KVEvents, WorkerStatus
 
@@ -289,6 +289,7 @@ class Registry:
                 adapters_loaded=frozenset(s.heartbeat.adapters_loaded) | s.adapters_placed,
                 in_tier=s.in_tier,
                 tier_weight=tier_weight(s.heartbeat),
+                peer_weight=peer_weight(s.heartbeat),
                 epoch=s.heartbeat.epoch,
                 transports=tuple(s.heartbeat.kv_transports),
             )

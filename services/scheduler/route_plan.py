@@ -18,6 +18,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.measures import WorkerCosts
 from services.scheduler.path_cost import Choice, CostParams, Offer, Typical, choose
 from services.scheduler.path_slo import Objectives
+from services.scheduler.peer_prefix import peer_runs, usable_blocks
 from services.scheduler.routing import (
     DECODE_ROLES,
     Candidate,
@@ -78,7 +79,9 @@ def plan_route(
     hashes = hash_full_blocks(tokens, block_size, cache_key(model_id, adapter))
     lora = adapter, config.lora_affinity
     penalty = config.load_penalty
-    decodes = rank_decode(views, hashes, len(tokens), block_size, penalty, *lora)
+    usable = usable_blocks(hashes, len(tokens), block_size)
+    peers = peer_runs(views, usable) if config.kv_peer_reads else {}  # weighed: routing.py
+    decodes = rank_decode(views, hashes, len(tokens), block_size, penalty, *lora, peers)
     no_room = ""
     if not decodes:
         has_decode = any(
@@ -91,7 +94,7 @@ def plan_route(
             if has_decode
             else f"no worker{of_model} for role decode"
         )
-    prefills = {c.worker_id: c for c in rank_prefill(views, hashes, penalty, *lora)}
+    prefills = {c.worker_id: c for c in rank_prefill(views, hashes, penalty, *lora, peers)}
     costs = {view.worker_id: view.costs for view in views}
     return RoutePlan(
         len(tokens), block_size, hashes, decodes, prefills, costs, no_room, output_tokens

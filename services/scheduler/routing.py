@@ -7,7 +7,10 @@
   by more than affinity / load_penalty requests; elsewhere the worker loads it.
   holds) − load_penalty × load. Highest first. A block held in the worker's second KV tier
   (not its pool) counts `tier_weight` (measures.py: the share of its recompute that loading
-  saves) in the score, and as a whole block in `overlap` (it is not computed).
+  saves) in the score, and as a whole block in `overlap` (it is not computed). With
+  --kv-peer-reads, the blocks past its own run that another worker's pool holds and it could
+  READ (`peer_runs`, peer_prefix.py) count `peer_weight` each (the share a read saves), but
+  not in `overlap`: the hint (peer_prefix.py) says which it reads.
 - Neither places on a worker draining or changing its role (mid-change: its heartbeat names
   the next role), whatever its role is now.
 - Decode: among workers of role decode|both, with enough free blocks for the
@@ -20,7 +23,7 @@ Ties break on the worker id, so a placement is reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from services.scheduler.measures import WorkerCosts
@@ -53,6 +56,7 @@ class WorkerView:
 
     in_tier: Set[int] = frozenset()  # block hashes in its second KV tier
     tier_weight: float = 0.0  # a tier block's worth against a pool block's (0: not loaded)
+    peer_weight: float = 0.0  # a block it READs from a peer, against a pool block's (0: never)
     epoch: int = 0  # its process's, from its heartbeat (0: not said)
     transports: tuple[str, ...] = ()  # what it moves KV by, best first (heartbeat)
 
@@ -67,6 +71,7 @@ class Candidate:
     overlap: int  # leading prompt blocks it already holds (pool or second tier)
     score: float
     tier_blocks: int = 0  # of those, held in its second tier
+    peer_blocks: int = 0  # past them, blocks it could read from another worker's pool
 
 
 def held_prefix(block_hashes: Sequence[int], worker: WorkerView) -> tuple[int, int, float]:
@@ -86,6 +91,12 @@ def held_prefix(block_hashes: Sequence[int], worker: WorkerView) -> tuple[int, i
     return blocks, in_tier, blocks - in_tier * (1.0 - worker.tier_weight)
 
 
+def peer_blocks(worker: WorkerView, overlap: int, peer_run: int) -> int:
+    """Of a run of `peer_run` leading blocks another worker's pool holds, those past the
+    `overlap` the worker holds itself, when reading them pays there (else 0)."""
+    return max(0, peer_run - overlap) if worker.peer_weight > 0 else 0
+
+
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
@@ -96,15 +107,19 @@ def rank_prefill(
     load_penalty: float,
     adapter: str = "",
     affinity: float = 0.0,
+    peer_runs: Mapping[str, int] | None = None,
 ) -> list[Candidate]:
-    """Prefill workers (role "prefill", placeable, serving `adapter`), best first."""
+    """Prefill workers (role "prefill", placeable, serving `adapter`), best first.
+    `peer_runs`: by worker id, the leading run it could read from a peer (peer_prefix.py)."""
     ranked = []
     for worker in workers:
         if worker.role != "prefill" or not worker.placeable or not worker.takes(adapter):
             continue
         overlap, in_tier, worth = held_prefix(block_hashes, worker)
+        peer = peer_blocks(worker, overlap, (peer_runs or {}).get(worker.worker_id, 0))
+        worth += peer * worker.peer_weight
         score = worth - load_penalty * worker.load + worker.affinity(adapter, affinity)
-        ranked.append(Candidate(worker.worker_id, overlap, score, in_tier))
+        ranked.append(Candidate(worker.worker_id, overlap, score, in_tier, peer))
     ranked.sort(key=lambda c: (-c.score, c.worker_id))
     return ranked
 
@@ -117,21 +132,24 @@ def rank_decode(
     load_penalty: float,
     adapter: str = "",
     affinity: float = 0.0,
+    peer_runs: Mapping[str, int] | None = None,
 ) -> list[Candidate]:
     """Decode-capable workers serving `adapter` with room for `num_tokens` (+1 output
-    token), best first."""
+    token), best first. `peer_runs`: as rank_prefill's."""
     scored = []
     for worker in workers:
         if worker.role not in DECODE_ROLES or not worker.placeable or not worker.takes(adapter):
             continue
         overlap, in_tier, worth = held_prefix(block_hashes, worker)
-        # A tier block is loaded into a free block: only pool blocks save room.
+        # A tier or peer block is loaded into a free block: only pool blocks save room.
         held = overlap - in_tier
         free_after = worker.free_blocks - (blocks_for(num_tokens + 1, block_size) - held)
         if free_after < 0:
             continue
+        peer = peer_blocks(worker, overlap, (peer_runs or {}).get(worker.worker_id, 0))
+        worth += peer * worker.peer_weight
         score = worth - load_penalty * worker.load + worker.affinity(adapter, affinity)
-        candidate = Candidate(worker.worker_id, overlap, score, in_tier)
+        candidate = Candidate(worker.worker_id, overlap, score, in_tier, peer)
         scored.append((-score, -free_after, worker.worker_id, candidate))
     scored.sort(key=lambda entry: entry[:3])
     return [entry[3] for entry in scored]

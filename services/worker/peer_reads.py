@@ -8,6 +8,10 @@ the answer checked (shared/kvtransfer/peer_pin.py) → one READ by the one-sided
 the prefill → decode hand-off uses → the blocks adopted as cached, and a `RELEASE` to the
 holder. Everything is bounded by `--kv-peer-read-timeout` and the request's deadline.
 
+When the hint names other holders (`PeerPrefix.others`), a read that fails for a reason
+of its holder (gone, pin refused, a bad answer, a READ lost) is counted and the next holder
+is asked, into the same taken blocks and within the same deadline.
+
 The one subtle rule: `read` never fails the request. Any failure — the holder gone, the pin
 refused, a stale or forged answer, a READ lost or late — gives the taken blocks back and is
 counted by reason (`PeerFallback`); the prompt is then computed as without a hint.
@@ -43,6 +47,16 @@ from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
+# A read that failed for one of these may succeed from another holder of the blocks.
+NEXT_HOLDER = frozenset(
+    {
+        PeerFallback.HOLDER_GONE,
+        PeerFallback.PIN_REFUSED,
+        PeerFallback.BAD_REPLY,
+        PeerFallback.READ_FAILED,
+    }
+)
+
 
 class PeerReads:
     def __init__(
@@ -70,15 +84,18 @@ class PeerReads:
         try:
             return await self._read(request, hint)
         except PinRefused as refused:
-            self.counters.fallbacks[refused.reason] += 1
-            log.info(
-                "%s: prefix blocks of %s not read (%s): %s",
-                request.request_id,
-                hint.holder,
-                refused.reason.name.lower(),
-                refused,
-            )
+            self._fell_back(request, hint, refused)
             return 0
+
+    def _fell_back(self, request: SubmitRequest, hint: PeerPrefix, refused: PinRefused) -> None:
+        self.counters.fallbacks[refused.reason] += 1
+        log.info(
+            "%s: prefix blocks of %s not read (%s): %s",
+            request.request_id,
+            hint.holder,
+            refused.reason.name.lower(),
+            refused,
+        )
 
     def snapshot(self) -> PeerReadCounters:
         c = self.counters
@@ -106,10 +123,32 @@ class PeerReads:
             return 0  # this pool holds them already (the scheduler's view was older)
         num_read = 0
         try:
-            num_read = await self._pin_and_read(request, hint, transport, take, deadline)
+            num_read = await self._from_holders(request, hint, transport, take, deadline)
         finally:
             blocks.adopt(take, num_read)  # the blocks not read go back
         return num_read
+
+    async def _from_holders(
+        self,
+        request: SubmitRequest,
+        hint: PeerPrefix,
+        transport: KVTransport,
+        take: PeerTake,
+        deadline: float,
+    ) -> int:
+        """Read from the hint's holders in turn: the next one after a failure of its holder,
+        while time is left; PinRefused of the last one tried."""
+        holders = [h for h in hint.holders() if h.holder != self.link.agent]
+        loop = asyncio.get_running_loop()
+        for index, holder in enumerate(holders):
+            try:
+                return await self._pin_and_read(request, holder, transport, take, deadline)
+            except PinRefused as refused:
+                last = index == len(holders) - 1 or loop.time() >= deadline
+                if last or refused.reason not in NEXT_HOLDER:
+                    raise
+                self._fell_back(request, holder, refused)
+        return 0
 
     async def _pin_and_read(
         self,

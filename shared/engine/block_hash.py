@@ -34,11 +34,17 @@ def hash_full_blocks(
 ) -> list[int]:
     """Hashes of every full block of `token_ids`, extending the already-known prefix `known`."""
     hashes = list(known or [])
+    extend_hashes(hashes, token_ids, block_size, model_id)
+    return hashes
+
+
+def extend_hashes(hashes: list[int], token_ids: list[int], block_size: int, model_id: str) -> None:
+    """Append to `hashes` (those of the leading full blocks of `token_ids`) the hashes of the
+    full blocks that follow, in place: a block already hashed is never hashed again."""
     parent = hashes[-1] if hashes else ROOT_HASH
     for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
         parent = hash_block(parent, token_ids[start : start + block_size], model_id)
         hashes.append(parent)
-    return hashes
 
 
 def block_hashes(

@@ -7,9 +7,11 @@ A block is in exactly one of three states:
 - free and empty: ref_count == 0, no hash; handed out before any cached block is evicted.
 Only full blocks whose KV has been computed are registered in the cache. Every hash
 registered or evicted is recorded as it happens (`events`, see stats.KVEventLog).
-With a second tier (kv_tier/), an evicted cached block is copied there as it is evicted, and
-an admission that misses the pool loads the run of blocks that follows its pool hits from
-the tier into fresh blocks, when loading pays; they are then cached like computed ones.
+With a second tier (kv_tier/), the cached blocks one call evicts are copied there together
+before the call returns (one gather, before any of them is written again), and an admission
+that misses the pool loads the run of blocks that follows its pool hits from the tier into
+fresh blocks, when loading pays; they are then cached like computed ones. A sequence's
+block hashes are computed once (`hashes`): asking every step costs no hashing.
 Blocks read from another worker (kv_tier/peer.py) are taken fresh (`take_blocks`), filled by
 the READ, then `adopt`ed as cached; a holder keeps the blocks a peer READs by an extra
 reference (`pin_cached`, then `unpin`), so they are never evicted while bytes leave them.
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from shared.engine.block_hash import cache_key, hash_full_blocks
+from shared.engine.block_hash import cache_key, extend_hashes
 from shared.engine.errors import OutOfBlocks
 from shared.engine.sequence import Sequence
 from shared.engine.stats import KVEventLog
@@ -52,6 +54,7 @@ class BlockManager:
         self.evictions = 0
         self.events = KVEventLog()  # hashes registered and evicted since the last take
         self.tier = tier  # where evicted cached blocks go, and come back from
+        self._evicted: list[tuple[int, int]] = []  # (block id, hash) evicted, not yet saved
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -125,18 +128,15 @@ class BlockManager:
             block_id = self._pop_free()
             self.ref_counts[block_id] = 1
             seq.block_table.append(block_id)
+        self._save_evicted()
 
     def commit(self, seq: Sequence) -> None:
         """Register the blocks that computing has filled since the last commit."""
         if not self.enable_prefix_caching:
             return
         known = len(seq.block_hashes)
-        seq.block_hashes = hash_full_blocks(
-            seq.token_ids[: seq.num_computed_tokens],
-            self.block_size,
-            cache_key(self.model_id, seq.params.adapter),
-            seq.block_hashes,
-        )
+        full = self.hashes(seq)[known : seq.num_computed_tokens // self.block_size]
+        seq.block_hashes.extend(full)
         for index in range(known, len(seq.block_hashes)):
             block_id, block_hash = seq.block_table[index], seq.block_hashes[index]
             if block_hash not in self.cached:  # a duplicate of a cached block stays anonymous
@@ -179,6 +179,7 @@ class BlockManager:
                 self.ref_counts[new_block] = 1
                 child.block_table.append(new_block)
                 copies.append((block_id, new_block))
+        self._save_evicted()
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = parent.num_computed_tokens
         return copies
@@ -187,6 +188,7 @@ class BlockManager:
         """Evict every cached block no sequence holds (each reported removed)."""
         while self._evictable:
             self._empty.append(self._evict_oldest())
+        self._save_evicted()
 
     # -- blocks read by or from another worker (kv_tier/peer.py) -----------------------------
     def pin_cached(self, hashes: list[int]) -> list[int]:
@@ -208,6 +210,7 @@ class BlockManager:
         block_ids = [self._pop_free() for _ in range(count)]
         for block_id in block_ids:
             self.ref_counts[block_id] = 1
+        self._save_evicted()  # before the READ writes them
         return block_ids
 
     def adopt(self, block_ids: list[int], hashes: list[int]) -> None:
@@ -241,11 +244,20 @@ class BlockManager:
         # Prompt logprobs need every prompt row computed (prompt_logprobs.py): no hits.
         return self.enable_prefix_caching and seq.params.prompt_logprobs is None
 
+    def hashes(self, seq: Sequence) -> list[int]:
+        """The chained hash of every full block of `seq`'s tokens (keyed by its adapter too:
+        block_hash.cache_key), kept on the sequence: only blocks filled since the last call
+        are hashed. The caller must not change the list."""
+        known = seq.token_block_hashes
+        if len(known) < len(seq.token_ids) // self.block_size:
+            key = cache_key(self.model_id, seq.params.adapter)
+            extend_hashes(known, seq.token_ids, self.block_size, key)
+        return known
+
     def _lookup(self, seq: Sequence) -> tuple[list[tuple[int, int]], list[int]]:
         """(block id, hash) of the cached full blocks that prefix `seq.token_ids[:-1]`, and
-        the hashes of all its full blocks (keyed by its adapter too: block_hash.cache_key)."""
-        key = cache_key(self.model_id, seq.params.adapter)
-        hashes = hash_full_blocks(seq.token_ids[:-1], self.block_size, key)
+        the hashes of all those full blocks."""
+        hashes = self.hashes(seq)[: (seq.num_tokens - 1) // self.block_size]
         hits = []
         for block_hash in hashes:
             block_id = self.cached.get(block_hash)
@@ -273,6 +285,7 @@ class BlockManager:
                 self.tier.skip(self.tier.held_run(hashes))
             return
         block_ids = [self._pop_free() for _ in range(run)]
+        self._save_evicted()  # before the load writes them
         loaded = self.tier.load(block_ids, hashes[:run])
         self._empty.extend(reversed(block_ids[loaded:]))
         for block_id, block_hash in zip(block_ids[:loaded], hashes, strict=False):
@@ -282,6 +295,14 @@ class BlockManager:
             self.events.stored(block_hash)
             seq.block_table.append(block_id)
             seq.block_hashes.append(block_hash)
+
+    def _save_evicted(self) -> None:
+        """Hand the tier the blocks evicted since the last call, all together (one copy),
+        before any of them is written again: every caller of `_evict_oldest` ends here."""
+        if self._evicted:
+            assert self.tier is not None, "blocks are kept for a tier only"
+            self.tier.save(self._evicted)
+            self._evicted = []
 
     def _claim(self, block_id: int) -> None:
         if self.ref_counts[block_id] == 0:
@@ -298,7 +319,7 @@ class BlockManager:
         block_hash = self.block_hashes[block_id]
         assert block_hash is not None, "an evictable block has a hash"
         if self.tier is not None:
-            self.tier.save(block_id, block_hash)  # before the block is written again
+            self._evicted.append((block_id, block_hash))  # saved before it is written again
         del self.cached[block_hash]
         self.block_hashes[block_id] = None
         self.events.removed(block_hash)

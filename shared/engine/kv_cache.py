@@ -67,9 +67,15 @@ class KVCache:
         return len(self.layers)
 
     def read_blocks(self, block_ids: list[int], layers: range) -> torch.Tensor:
-        """A CPU copy of the blocks: [len(layers), len(block_ids), block_size, 2, kv_heads, d]."""
+        """A CPU copy of the blocks: [len(layers), len(block_ids), block_size, 2, kv_heads, d].
+        Gathered straight into one tensor: a stack of per-layer gathers copied twice, into
+        fresh allocations, and cost several times more per block (docs/kv_tier.md)."""
         index = torch.tensor(block_ids, dtype=torch.int64).to(self.device)
-        return torch.stack([self.layers[i].index_select(0, index) for i in layers]).cpu()
+        shape = (len(layers), len(block_ids), *self.block_shape)
+        out = torch.empty(shape, dtype=self.dtype, device=self.device)
+        for offset, layer in enumerate(layers):
+            torch.index_select(self.layers[layer], 0, index, out=out[offset])
+        return out.cpu()
 
     def write_blocks(self, block_ids: list[int], layers: range, data: torch.Tensor) -> None:
         """data: as `read_blocks` returns. Data or layers that do not fit are the sender's

@@ -51,7 +51,10 @@ class Sequence:
     hold_kv: bool = False  # prefill role: stop after the first token and keep the KV
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks, in order
+    block_hashes: list[int] = field(default_factory=list)  # hashes of its committed full blocks
+    # The chained hash of every full block of token_ids, computed or not: each is hashed once,
+    # the list extended as tokens are appended (BlockManager.hashes); tokens never change.
+    token_block_hashes: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     num_draft_computed_tokens: int = 0  # draft model: tokens whose draft KV is in its cache

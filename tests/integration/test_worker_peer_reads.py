@@ -3,7 +3,8 @@ workers over the `fake` transport: the test plays scheduler, hinting the prefill
 the decode worker holds the prompt's prefix. A read gives the tokens one engine computing
 everything gives; a holder that dies mid-read, a late READ, a holder that is gone, and a
 stale or forged pin answer all fall back to computing, with the stream unaffected and the
-reason counted; no block is left pinned or taken on either side."""
+reason counted; no block is left pinned or taken on either side. A hint naming several
+holders reads from the next when the first is gone."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.kvtransfer.fake_transport import FakeFabric, ReadFault
-from shared.prefix_messages import PeerFallback, PeerPrefix, PrefixPin, PrefixPinned
+from shared.prefix_messages import PeerFallback, PeerHolder, PeerPrefix, PrefixPin, PrefixPinned
 from shared.protocol import DecodeTask, Outcome, PrefillTask, Reservation, Reserve, TaskAck
 from tests.integration.test_worker import GREEDY, Mesh, reference, run_mesh, until
 from tests.integration.test_worker_one_sided import all_blocks_free, fake_factory
@@ -164,6 +165,22 @@ def test_a_gone_holder_and_stale_or_forged_pins_are_refused(nats_server, tiny_mo
         await hinted(mesh, "old-epoch", prompt(9), holder_hint(mesh, epoch=12345))
         await fallbacks(mesh, PeerFallback.PIN_REFUSED, 1)
         assert mesh.beats["prefill"].kv_peer_reads.blocks == 0
+        await until(lambda: all_blocks_free(mesh), timeout=5)
+
+    run_mesh(nats_server.url, tiny_model_dir, scenario, transport_factory=fake_factory(fabric))
+
+
+def test_a_read_from_a_gone_holder_goes_on_to_the_next_holder_named(nats_server, tiny_model_dir):
+    fabric = FakeFabric()
+
+    async def scenario(mesh: Mesh) -> None:
+        await warm(mesh, "warm", LONG)
+        epoch = holder_hint(mesh).holder_epoch
+        hint = PeerPrefix("ghost", 0, 0, FULL, [PeerHolder("decode", epoch, FULL)])
+        assert await hinted(mesh, "next", LONG, hint) == reference(tiny_model_dir, LONG, GREEDY)
+        assert mesh.chunks["next"][0].num_cached_tokens == FULL * 16  # read from "decode"
+        await fallbacks(mesh, PeerFallback.HOLDER_GONE, 1)  # "ghost", counted
+        assert mesh.beats["prefill"].kv_peer_reads.blocks == FULL
         await until(lambda: all_blocks_free(mesh), timeout=5)
 
     run_mesh(nats_server.url, tiny_model_dir, scenario, transport_factory=fake_factory(fabric))

@@ -27,11 +27,12 @@ class FakeTier:
         self.stored: dict[int, tuple[int, ...]] = {}
         self.loaded = 0
 
-    def save(self, block_id: int, block_hash: int) -> None:
-        content = self.kv[block_id]
-        assert hash_full_blocks(list(content), BS, MODEL_ID)[-1] == block_hash, "wrong KV"
-        if self.data.draw(st.integers(0, 3), label="written"):  # 0: the writer was behind
-            self.stored[block_hash] = content
+    def save(self, evicted: list[tuple[int, int]]) -> None:
+        for block_id, block_hash in evicted:  # still their own KV: not written again yet
+            content = self.kv[block_id]
+            assert hash_full_blocks(list(content), BS, MODEL_ID)[-1] == block_hash, "wrong KV"
+            if self.data.draw(st.integers(0, 3), label="written"):  # 0: the writer was behind
+                self.stored[block_hash] = content
 
     def held_run(self, hashes: list[int]) -> int:
         count = 0

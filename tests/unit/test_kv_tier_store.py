@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from shared.engine.kv_tier.entry import (
     BadEntry,
@@ -24,6 +25,11 @@ from shared.engine.kv_tier.writer import TierWriter
 
 LAYOUT = TierLayout("tiny", "float32", 4, (2, 4, 2, 1, 2), 4)  # 128 bytes a block
 PAYLOAD = bytes(range(128))
+
+
+def blocks(count: int) -> torch.Tensor:
+    """`count` blocks as the pool's gather gives them: [layers, count, 4, 2, 1, 2]."""
+    return torch.arange(count * 32, dtype=torch.float32).view(count, 2, 4, 2, 1, 2).transpose(0, 1)
 
 
 def refusal(layout: TierLayout, block_hash: int, data: bytes) -> Refusal:
@@ -106,9 +112,9 @@ def test_a_full_disk_stops_writing_and_says_so_once(tmp_path, caplog):
 
     writer = TierWriter(TierStore(tmp_path, 1 << 20, LAYOUT, write=full), LAYOUT)
     with caplog.at_level(logging.ERROR, logger="shared.engine.kv_tier.writer"):
-        assert writer.offer(1, PAYLOAD) and writer.offer(2, PAYLOAD)
+        assert writer.offer([1, 2], blocks(2))
         assert writer.flush()
-        assert writer.stopped and not writer.can_take() and not writer.offer(3, PAYLOAD)
+        assert writer.stopped and writer.room() == 0 and not writer.offer([3], blocks(1))
     assert sum("stopped writing" in r.message for r in caplog.records) == 1
     assert writer.bytes_written == 0
 
@@ -120,12 +126,24 @@ def test_offers_beyond_the_queue_are_dropped_and_counted(tmp_path):
         release.wait(10)
         path.write_bytes(data)
 
-    writer = TierWriter(TierStore(tmp_path, 1 << 20, LAYOUT, write=slow), LAYOUT, depth=1)
-    accepted = [writer.offer(block_hash, PAYLOAD) for block_hash in range(1, 6)]
-    assert accepted.count(False) >= 3 and writer.dropped == accepted.count(False)
+    writer = TierWriter(TierStore(tmp_path, 1 << 20, LAYOUT, write=slow), LAYOUT, depth=3)
+    assert writer.offer([1, 2], blocks(2)) and writer.room() == 1
+    assert not writer.offer([3, 4], blocks(2))  # 4 blocks > 3: refused whole, counted
+    assert writer.dropped == 2
     release.set()
-    assert writer.flush()
-    assert writer.bytes_written > 0
+    assert writer.flush() and writer.room() == 3
+    assert writer.bytes_written > 0 and writer.dropped == 2
+
+
+def test_each_block_of_an_offer_is_stored_as_its_own_entry(tmp_path):
+    store = TierStore(tmp_path, 1 << 20, LAYOUT)
+    writer = TierWriter(store, LAYOUT)
+    offered = blocks(3)
+    assert writer.offer([7, 8, 9], offered) and writer.flush()
+    for index, block_hash in enumerate([7, 8, 9]):
+        payload = decode_entry(LAYOUT, block_hash, store.get(block_hash) or b"")
+        expected = offered[:, index].contiguous().view(torch.uint8).numpy().tobytes()
+        assert payload == expected
 
 
 def test_loading_is_chosen_only_while_it_is_cheaper():

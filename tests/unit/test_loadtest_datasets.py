@@ -44,6 +44,7 @@ def test_multi_turn_conversations_resend_their_history() -> None:
     assert reqs[1].prompt[32:36] != first[32:36]  # another conversation
     assert [len(r.prompt) for r in reqs] == [36, 36, 45, 45, 54, 54]
     assert all(r.output_len == 5 and r.prompt_len == len(r.prompt) for r in reqs)
+    assert [r.label for r in reqs] == [f"multi-turn t{t}" for t in (1, 1, 2, 2, 3, 3)]
 
 
 def test_sharegpt(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.scheduler.peer_prefix import peer_prefix, with_peer
 from services.scheduler.routing import Candidate, WorkerView
-from shared.prefix_messages import PeerPrefix
+from shared.prefix_messages import PeerHolder, PeerPrefix
 
 HASHES = [1, 2, 3, 4, 5]
 TOKENS = 5 * 16 + 3  # 5 full blocks, all reusable
@@ -25,7 +25,8 @@ def test_the_worker_holding_the_longest_leading_run_is_named() -> None:
         view("b", {1, 2, 3, 4}, epoch=9),
         view("c", {2, 3, 4, 5}),  # no block 1: nothing of it is reusable
     ]
-    assert hint(workers) == PeerPrefix("b", 9, 1, 3)
+    # the next longest run rides along, tried if the read from b fails
+    assert hint(workers) == PeerPrefix("b", 9, 1, 3, [PeerHolder("a", 5, 2)])
 
 
 def test_ties_go_to_the_smaller_id_and_the_computer_never_names_itself() -> None:

@@ -21,7 +21,7 @@ from shared.liveness_messages import Probe, ProbeAck
 from shared.lora_messages import AdapterAction, AdapterAnswer, AdapterCommand, AdapterReport
 from shared.planner_messages import PlannerReport, ReportedDecision
 from shared.pool_messages import PoolTarget
-from shared.prefix_messages import PeerPrefix, PinOp, PrefixPin, PrefixPinned
+from shared.prefix_messages import PeerHolder, PeerPrefix, PinOp, PrefixPin, PrefixPinned
 from shared.protocol import (
     Cancel,
     DecodeTask,
@@ -57,7 +57,7 @@ SAMPLES: list[Any] = [
     KVEvents("w0", 1, [1], []),
     Reserve(SUBMIT),
     PrefillTask(SUBMIT, "w2", 0, prefix_peer=PeerPrefix("w3", 7, 0, 2)),
-    DecodeTask(SUBMIT, PeerPrefix("w3", 7, 1, 4)),
+    DecodeTask(SUBMIT, PeerPrefix("w3", 7, 1, 4, [PeerHolder("w4", 2, 3)])),
     PrefixPin("r1", "w2", PinOp.PIN, [11, 12], 1.0, 7),
     PrefixPinned("r1", Outcome.OK, "", "w3", 7, "nixl", b"m", 10, [1, 16, 2, 1, 4], "float32"),
     SetRole("prefill"),
@@ -103,6 +103,14 @@ PEER_BOUNDS = {
     "prefix_peer.holder_epoch": NEGATIVE,
     "prefix_peer.first_block": NEGATIVE | HUGE,
     "prefix_peer.num_blocks": st.integers(-(2**62), 0),
+    "prefix_peer.others": st.sampled_from(
+        [
+            [{"holder": "", "holder_epoch": 0, "num_blocks": 1}],
+            [{"holder": "w4", "holder_epoch": -1, "num_blocks": 1}],
+            [{"holder": "w4", "holder_epoch": 0, "num_blocks": 99}],  # more than the hint's
+            [{"holder": "w4", "holder_epoch": 0, "num_blocks": 1}] * 3,  # too many holders
+        ]
+    ),
 }
 DECISION = {"time": 1.0, "action": "add", "reason": "kv_full", "role": "decode"}
 DECISION |= {"worker_id": "", "detail": "", "outcome": ""}

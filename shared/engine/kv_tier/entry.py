@@ -69,7 +69,8 @@ class TierLayout:
         return count * self.element_size
 
 
-def encode_entry(layout: TierLayout, block_hash: int, payload: bytes) -> bytes:
+def encode_entry(layout: TierLayout, block_hash: int, payload: bytes | memoryview) -> bytes:
+    """The entry of one block: header, layout name and `payload` (one flat byte buffer)."""
     assert len(payload) == layout.payload_bytes, "a payload is one block of this layout"
     name = layout.name.encode()
     checksum = hashlib.blake2b(payload, digest_size=16).digest()

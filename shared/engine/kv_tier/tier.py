@@ -1,8 +1,9 @@
 """`KVTier`: the engine's second KV tier, where prefix blocks evicted from the pool go, and
 whence a prefix lookup that misses the pool loads them back instead of recomputing them.
 
-The block manager calls `save` as it evicts a cached block (before the block is reused: the
-bytes are copied out at once, and the writer thread stores them), `loading` for the requests
+The block manager calls `save` with the cached blocks one of its calls evicted (before they
+are reused: their bytes are copied out at once, in one gather, and the writer thread cuts,
+checksums and stores them), `loading` for the requests
 admitted next (the loader thread, prefetch.py, reads their entries while the step runs),
 `held_run` and `pays` to plan an admission, and `load` to fill fresh blocks. The one subtle
 rule: `load` fills a prefix of the blocks asked for and says how many; an entry missing,
@@ -85,15 +86,20 @@ class KVTier:
         log.info("KV tier: %d MiB in %s (%s)", capacity_bytes >> 20, store.path, layout.name)
         return cls(kv_cache, store, layout)
 
-    def save(self, block_id: int, block_hash: int) -> None:
-        """Block `block_id`, cached as `block_hash`, is being evicted: keep a copy."""
-        if self.store.holds(block_hash) or self.writer.stopped:
+    def save(self, evicted: list[tuple[int, int]]) -> None:
+        """The blocks of `evicted` (block id, the hash it was cached as) are being evicted:
+        keep a copy of those not stored yet, as many as the writer's queue takes."""
+        if self.writer.stopped:
             return
-        if not self.writer.can_take():
-            self.writer.drop()
-            return
-        block = self.kv_cache.read_blocks([block_id], self._layers)  # [L, 1, bs, 2, h, d]
-        self.writer.offer(block_hash, block.contiguous().view(torch.uint8).numpy().tobytes())
+        wanted = [(block_id, h) for block_id, h in evicted if not self.store.holds(h)]
+        room = self.writer.room()
+        if len(wanted) > room:
+            self.writer.drop(len(wanted) - room)
+            wanted = wanted[:room]
+        if wanted:
+            block_ids = [block_id for block_id, _ in wanted]
+            blocks = self.kv_cache.read_blocks(block_ids, self._layers)  # [L, n, bs, 2, h, d]
+            self.writer.offer([h for _, h in wanted], blocks)
 
     def held_run(self, hashes: list[int]) -> int:
         """How many of `hashes`, from the first, the tier holds."""

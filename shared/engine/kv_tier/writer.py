@@ -1,10 +1,12 @@
 """`TierWriter`: the thread that writes evicted blocks to the tier, off the engine's step.
 
-The engine thread `offer`s a block (its bytes already copied out of the pool) and goes on;
-the writer encodes and stores it. The queue is bounded: when the writer is behind, an offer
-is refused and counted (`dropped`), never waited for. The one subtle rule: the first write
-that fails (a full disk, a removed directory) stops every later one for good and is logged
-once (`stopped`); the blocks are then recomputed as they would be without a tier.
+The engine thread `offer`s the blocks one call evicted, copied out of the pool together in
+one tensor, and goes on; the writer cuts that tensor into one payload per block, encodes
+(checksums) and stores each. The queue is bounded in blocks: the engine asks for `room`
+before copying, and an offer beyond it is refused and counted (`dropped`), never waited
+for. The one subtle rule: the first write that fails (a full disk, a removed directory)
+stops every later one for good and is logged once (`stopped`); the blocks are then
+recomputed as they would be without a tier.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import logging
 import queue
 import threading
 
+import torch
+
 from shared.engine.kv_tier.entry import TierLayout, encode_entry
 from shared.engine.kv_tier.store import TierStore
 
@@ -20,43 +24,52 @@ log = logging.getLogger(__name__)
 
 QUEUE_DEPTH = 256  # blocks waiting to be written, at most
 
+Batch = tuple[list[int], torch.Tensor]  # hashes, and their blocks: [L, n, bs, 2, h, d]
+
 
 class TierWriter:
     def __init__(self, store: TierStore, layout: TierLayout, depth: int = QUEUE_DEPTH) -> None:
         self._store = store
         self._layout = layout
-        self._queue: queue.Queue[tuple[int, bytes] | threading.Event] = queue.Queue(depth)
-        self.dropped = 0  # since start: offers refused because the queue was full
+        self._depth = depth
+        self._queue: queue.SimpleQueue[Batch | threading.Event] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0  # blocks offered and not yet written (or given up)
+        self.dropped = 0  # since start: blocks refused because the queue was full
         self.bytes_written = 0  # since start
         self.stopped = False  # a write failed: the tier takes no more blocks
         self._thread = threading.Thread(target=self._run, name="kv-tier-writer", daemon=True)
         self._thread.start()
 
-    def can_take(self) -> bool:
-        """Would an offer be queued now? (Asked before copying a block out of the pool.)"""
-        return not self.stopped and not self._queue.full()
+    def room(self) -> int:
+        """How many blocks an offer may hold now (asked before copying them out of the pool)."""
+        if self.stopped:
+            return 0
+        with self._lock:
+            return max(0, self._depth - self._queued)
 
-    def offer(self, block_hash: int, payload: bytes) -> bool:
+    def offer(self, hashes: list[int], blocks: torch.Tensor) -> bool:
+        """Queue `blocks` ([layers, len(hashes), ...], one per hash) whole; False (counted as
+        dropped) when they do not fit the queue."""
         if self.stopped:
             return False
-        try:
-            self._queue.put_nowait((block_hash, payload))
-        except queue.Full:
-            self.dropped += 1
-            return False
+        with self._lock:
+            if self._queued + len(hashes) > self._depth:
+                self.dropped += len(hashes)
+                return False
+            self._queued += len(hashes)
+        self._queue.put((hashes, blocks))
         return True
 
-    def drop(self) -> None:
-        """Count a block not offered because `can_take` said no."""
-        self.dropped += 1
+    def drop(self, num_blocks: int) -> None:
+        """Count blocks not offered because `room` said no."""
+        with self._lock:
+            self.dropped += num_blocks
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued block is written (or dropped); False past `timeout`."""
         done = threading.Event()  # set by the writer: everything queued before it is done
-        try:
-            self._queue.put(done, timeout=timeout)
-        except queue.Full:
-            return False
+        self._queue.put(done)
         return done.wait(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -69,13 +82,20 @@ class TierWriter:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            if self.stopped:
-                continue
-            block_hash, payload = item
-            data = encode_entry(self._layout, block_hash, payload)
-            try:
-                if self._store.put(block_hash, data):
-                    self.bytes_written += len(data)
-            except OSError as exc:
-                self.stopped = True
-                log.error("KV tier: stopped writing to %s: %s", self._store.path, exc)
+            hashes, blocks = item
+            for index, block_hash in enumerate(hashes):
+                if not self.stopped:
+                    self._write(block_hash, blocks[:, index])
+                with self._lock:
+                    self._queued -= 1
+
+    def _write(self, block_hash: int, block: torch.Tensor) -> None:
+        """Store one block ([L, bs, 2, h, d]); the first failure stops the writer."""
+        payload = block.contiguous().view(-1).view(torch.uint8).numpy()
+        data = encode_entry(self._layout, block_hash, memoryview(payload))
+        try:
+            if self._store.put(block_hash, data):
+                self.bytes_written += len(data)
+        except OSError as exc:
+            self.stopped = True
+            log.error("KV tier: stopped writing to %s: %s", self._store.path, exc)
