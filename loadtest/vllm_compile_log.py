@@ -19,7 +19,7 @@ WARMUP = re.compile(r"Initial profiling/warmup run took ([\d.]+) s")
 
 
 class CompileCache(IntEnum):
-    NONE = 0  # no compile seen (eager, or not a vLLM log)
+    EAGER = 0  # no compile in the log (--no-vllm-compile, or not a vLLM log)
     COMPILED = 1  # compiled and saved, nothing there to load
     LOADED = 2  # loaded what an earlier start compiled
     LOAD_FAILED = 3  # found an earlier start's, failed to load it, compiled again
@@ -27,7 +27,7 @@ class CompileCache(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class VllmCompile:
-    cache: CompileCache = CompileCache.NONE
+    cache: CompileCache = CompileCache.EAGER
     init_s: float = 0.0  # the engine core's init: compile or load, profile run, warm-up
     warmup_s: float = 0.0  # of which the first run of the compiled model
 
@@ -42,7 +42,7 @@ def read_compile(log_text: str) -> VllmCompile:
     elif "saved AOT compiled function" in text:
         cache = CompileCache.COMPILED
     else:
-        cache = CompileCache.NONE
+        cache = CompileCache.EAGER
     return VllmCompile(cache, _seconds(INIT_ENGINE, text), _seconds(WARMUP, text))
 
 
@@ -51,10 +51,16 @@ def _seconds(pattern: re.Pattern[str], text: str) -> float:
     return float(found[-1]) if found else 0.0
 
 
+WHAT = {
+    CompileCache.EAGER: "vLLM ran eagerly",
+    CompileCache.COMPILED: "vLLM compiled the model",
+    CompileCache.LOADED: "vLLM loaded the compiled model",
+    CompileCache.LOAD_FAILED: "vLLM failed to load the compiled model and compiled it again",
+}
+
+
 def describe_compile(compiled: VllmCompile) -> str:
-    if compiled.cache == CompileCache.NONE and not compiled.init_s:
+    if not compiled.init_s:
         return ""
-    return (
-        f"vLLM {compiled.cache.name.lower().replace('_', ' ')}, its engine init "
-        f"{compiled.init_s:.1f}s (warm-up run {compiled.warmup_s:.1f}s)"
-    )
+    init = f"its engine init {compiled.init_s:.1f}s (warm-up run {compiled.warmup_s:.1f}s)"
+    return f"{WHAT[compiled.cache]}; {init}"

@@ -27,6 +27,7 @@ def test_the_table_has_the_mapped_phase_and_the_wake_up_columns():
     assert (others["vllm_compile"], others["vllm_init_s"]) == ("loaded", "30.5")
     assert (others["second_vllm_compile"], others["second_vllm_init_s"]) == ("load_failed", "110.0")
     assert (cells["vllm_compile"], cells["second_vllm_init_s"]) == ("-", "-")
-    assert "(vLLM load failed, its engine init 110.0s (warm-up run 20.0s))" in describe(vllm)
+    failed = "(vLLM failed to load the compiled model and compiled it again; its engine init "
+    assert failed + "110.0s (warm-up run 20.0s))" in describe(vllm)
     assert "; a decode step 42.1 ms" in describe(vllm)
     assert "a token served 0.45s after /wake_up (awake, a token took 0.30s)" in describe(slept)

@@ -31,7 +31,8 @@ def test_a_first_start_compiles_and_a_next_one_loads():
     assert compiled == VllmCompile(CompileCache.COMPILED, 144.73, 26.03)
     loaded = read_compile("\n".join([STARTED, LOADED, init(12.5, 3.25)]))
     assert loaded == VllmCompile(CompileCache.LOADED, 12.5, 3.25)
-    assert describe_compile(loaded) == "vLLM loaded, its engine init 12.5s (warm-up run 3.2s)"
+    expected = "vLLM loaded the compiled model; its engine init 12.5s (warm-up run 3.2s)"
+    assert describe_compile(loaded) == expected
 
 
 def test_a_failed_load_is_told_apart_from_a_first_compile():
@@ -45,6 +46,9 @@ def test_the_last_start_in_the_log_is_the_one_read():
     assert read_compile("\n".join(first + restarted)) == VllmCompile(CompileCache.LOADED, 10.0, 2.0)
 
 
-def test_an_eager_engine_or_another_log_says_nothing():
+def test_an_eager_engine_compiled_nothing_and_another_log_says_nothing():
+    eager = read_compile("\n".join([STARTED, init(2.89, 0.0).splitlines()[1]]))
+    assert eager == VllmCompile(CompileCache.EAGER, 2.89, 0.0)
+    assert describe_compile(eager).startswith("vLLM ran eagerly; its engine init 2.9s")
     assert read_compile("INFO native engine up") == VllmCompile()
     assert describe_compile(read_compile("INFO native engine up")) == ""
