@@ -13,8 +13,16 @@ Then, for `native` (vLLM's CPU build has no sleep mode), the first worker alone 
 sleep at level 1 through the gateway (POST /sleep?level=1&worker=ID) and woken up: `wake_s`
 is POST /wake_up sent → its answer → the next 1-token completion served.
 
+Each mesh row also times a decode step on the first worker: a 65-token completion (greedy,
+ignore_eos) less a 1-token one, over 64 (`step_s`: what `--no-vllm-compile` costs at every
+step, against what it saves at the start). For `vllm`, each worker's log says whether vLLM
+compiled the model or loaded it from the compile cache, and how long vLLM's engine init
+took (loadtest/vllm_compile_log.py).
+
 The subtle rule: `vllm` compiles the model at its first start and loads the compile cache
-at the next ones, so its cold row (first) and warm row (second) differ by that too.
+at the next ones (the second worker of the first row included), so its cold row (first) and
+warm row (second) differ by that too. Set VLLM_CACHE_ROOT to an empty dir for a first start
+that compiles.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from pathlib import Path
 
 from loadtest.mesh import MeshProcess, stop_group
 from loadtest.peers.servers import usable_cpus, vllm_command, vllm_env
+from loadtest.vllm_compile_log import VllmCompile, describe_compile, read_compile
 from shared.engine.startup_phases import StartupPhase
 from shared.nats_server import start_nats_server
 from shared.ports import free_port
@@ -41,6 +50,7 @@ ENGINES = ("native", "vllm", "vllm-server")
 KV_CACHE_GIB = 1  # every engine's, small: the bench measures starts, not serving
 VLLM_FLAGS = ("--engine", "vllm", "--dtype", "bfloat16")
 POLL_S = 0.25
+STEP_TOKENS = 64  # decode steps timed on the first worker
 SLEEPING_ENGINES = ("native",)  # vLLM's CPU build has no sleep mode
 
 
@@ -65,6 +75,9 @@ class StartRow:
     second_phases: dict[str, float] = field(default_factory=dict)
     wake_s: float = 0.0  # level-1 sleep, then POST /wake_up → the next token served (0: none)
     token_s: float = 0.0  # the same 1-token completion on the awake worker, just before
+    step_s: float = 0.0  # a decode step on the first worker (0: not timed)
+    compile: VllmCompile = field(default_factory=VllmCompile)  # vLLM's, from the worker's log
+    second_compile: VllmCompile = field(default_factory=VllmCompile)
 
 
 def drop_page_cache() -> bool:
@@ -103,12 +116,17 @@ def _mesh(cfg: StartBenchConfig, engine: str, cache: str) -> StartRow:
             # its first step is in the heartbeat after that request's
             first = _workers(mesh.url, cfg.timeout_s, lambda w: "first_step" in w["startup"])[0]
             row.ready_s, row.phases = first["ready_s"], first["startup"]
+            row.step_s = _step_s(mesh.url, cfg.model_dir.name, cfg.timeout_s)
             second = _second_worker(cfg, nats_url, engine_flags, log_dir / "second.log")
             try:
                 beat = _workers(mesh.url, cfg.timeout_s, lambda w: w["id"] == "second")[0]
                 row.second_ready_s, row.second_phases = beat["ready_s"], beat["startup"]
             finally:
                 stop_group(second)
+            if engine == "vllm":
+                row.compile = read_compile(mesh.log_path.read_text(errors="replace"))
+                second_log = log_dir / "second.log"
+                row.second_compile = read_compile(second_log.read_text(errors="replace"))
             if engine in SLEEPING_ENGINES:
                 row.token_s, row.wake_s = _wake_up_to_token(mesh, first["id"], cfg)
         finally:
@@ -125,6 +143,24 @@ def _wake_up_to_token(mesh: MeshProcess, worker: str, cfg: StartBenchConfig) -> 
     woken = time.monotonic()
     _post(f"{mesh.url}/wake_up?worker={worker}", cfg.timeout_s)
     return awake, _first_served(mesh.url, cfg.model_dir.name, mesh.process, cfg.timeout_s) - woken
+
+
+def _step_s(url: str, model: str, timeout_s: float) -> float:
+    """Seconds of one decode step: `STEP_TOKENS` + 1 tokens less 1 token, greedy."""
+    one = _completion_s(url, model, 1, timeout_s)
+    return (_completion_s(url, model, STEP_TOKENS + 1, timeout_s) - one) / STEP_TOKENS
+
+
+def _completion_s(url: str, model: str, max_tokens: int, timeout_s: float) -> float:
+    body = {"model": model, "prompt": "Hello", "max_tokens": max_tokens, "temperature": 0}
+    body["ignore_eos"] = True
+    request = urllib.request.Request(
+        f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    sent = time.monotonic()
+    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+        reply.read()
+    return time.monotonic() - sent
 
 
 def _post(url: str, timeout_s: float) -> None:
@@ -219,9 +255,15 @@ def describe(row: StartRow) -> str:
     if row.ready_s:
         text += f"; worker ready {row.ready_s:.1f}s after its process started: "
         text += _phases(row.phases)
+    if describe_compile(row.compile):
+        text += f" ({describe_compile(row.compile)})"
+    if row.step_s:
+        text += f"; a decode step {row.step_s * 1000:.1f} ms"
     if row.second_ready_s:
         text += f"; a second worker beside it ready in {row.second_ready_s:.1f}s: "
         text += _phases(row.second_phases)
+    if describe_compile(row.second_compile):
+        text += f" ({describe_compile(row.second_compile)})"
     if row.wake_s:
         text += f"; woken from level-1 sleep, a token served {row.wake_s:.2f}s after /wake_up"
         text += f" (awake, a token took {row.token_s:.2f}s)"
@@ -235,11 +277,20 @@ def _phases(phases: dict[str, float]) -> str:
 def table(rows: list[StartRow]) -> str:
     names = [p.name.lower() for p in StartupPhase]
     head = ["engine", "cache", "served_s", "ready_s", *names, "second_ready_s", "token_s", "wake_s"]
+    head += ["step_ms", "vllm_compile", "vllm_init_s", "second_vllm_compile", "second_vllm_init_s"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for row in rows:
         cells = [row.engine, row.cache, f"{row.served_s:.1f}", f"{row.ready_s:.1f}"]
         cells += [f"{row.phases[n]:.2f}" if n in row.phases else "-" for n in names]
         cells.append(f"{row.second_ready_s:.1f}" if row.second_ready_s else "-")
         cells += [f"{row.token_s:.2f}", f"{row.wake_s:.2f}"] if row.wake_s else ["-", "-"]
+        cells.append(f"{row.step_s * 1000:.1f}" if row.step_s else "-")
+        cells += [*_compile_cells(row.compile), *_compile_cells(row.second_compile)]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
+
+
+def _compile_cells(compiled: VllmCompile) -> list[str]:
+    if not compiled.init_s:
+        return ["-", "-"]
+    return [compiled.cache.name.lower(), f"{compiled.init_s:.1f}"]

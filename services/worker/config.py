@@ -61,8 +61,9 @@ class WorkerConfig:
     )
     vllm_compile: bool = flag(
         True,
-        help="--engine vllm: torch.compile the model (minutes at the first start, cached in "
-        "~/.cache/vllm); --no-vllm-compile runs it eagerly and starts in seconds",
+        help="--engine vllm: torch.compile the model (minutes at the first start, cached under "
+        "$SPLITSERVE_HOME/vllm and loaded at the next); --no-vllm-compile runs it eagerly, "
+        "with no compile at any start",
     )
     cpus: str = flag(
         "",

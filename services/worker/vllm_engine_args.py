@@ -23,8 +23,9 @@ from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 from services.worker.config import WorkerConfig
+from services.worker.vllm_compile_cache import COMPILE_CACHE_ENV
 from services.worker.vllm_lora import lora_engine_args
-from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV
+from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.checkpoint import gguf_kept_formats
 from shared.engine.resolve import resolve
@@ -102,7 +103,7 @@ def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineA
 def set_environment(config: WorkerConfig) -> None:
     """What vLLM reads from the environment, for the engine core process it starts."""
     os.environ[QUIET_NIXL_ENV] = "1"  # no NIXL thread spinning on a core (vllm_nixl_plugin)
-    os.environ[STABLE_COMPILE_KEY_ENV] = "1"  # the next start loads what this one compiles
+    os.environ[COMPILE_CACHE_ENV] = "1"  # the next start loads what this one compiles
     os.environ.setdefault("VLLM_CACHE_ROOT", str(default_home() / VLLM_CACHE))
     if config.engine.torch_device.type == "cpu":
         # The model runs in the engine core process, not in a third process of its own:

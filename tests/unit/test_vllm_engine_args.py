@@ -17,15 +17,16 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (make install ENG
 from vllm.config.kv_events import KVEventsConfig
 
 from services.worker.config import WorkerConfig
+from services.worker.vllm_compile_cache import COMPILE_CACHE_ENV, without_ports
 from services.worker.vllm_engine_args import engine_args, set_environment, vllm_engine_config
-from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV, without_ports
+from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
 from shared.engine.engine_config import EngineConfig
 from shared.errors import ConfigError
 from shared.models.quant_metadata import QUANT_METADATA
 
 SET_BY_THE_WORKER = (
     QUIET_NIXL_ENV,
-    STABLE_COMPILE_KEY_ENV,
+    COMPILE_CACHE_ENV,
     "VLLM_CACHE_ROOT",
     "VLLM_ENABLE_V1_MULTIPROCESSING",
     "VLLM_NIXL_SIDE_CHANNEL_HOST",
@@ -115,7 +116,7 @@ def test_vllms_caches_persist_under_splitserve_home(clean_environment, monkeypat
     monkeypatch.setenv("SPLITSERVE_HOME", str(tmp_path))
     set_environment(worker())
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
-    assert os.environ[STABLE_COMPILE_KEY_ENV] == "1"
+    assert os.environ[COMPILE_CACHE_ENV] == "1"
 
 
 def test_a_directory_kept_in_our_gguf_layout_is_refused_by_name(tmp_path):

@@ -1,7 +1,7 @@
-"""The vLLM plugin that turns off the NIXL agent's spinning progress thread and leaves the
-side channel's port out of the compile cache key: declared where vLLM looks for plugins,
-acting only in a splitserve vLLM worker's processes, and leaving a caller's explicit choice
-alone. (Its effect on a real mesh: tests/e2e/test_vllm_engine.py.)"""
+"""The vLLM plugin that turns off the NIXL agent's spinning progress thread: declared where
+vLLM looks for plugins, acting only in a splitserve vLLM worker's processes, and leaving a
+caller's explicit choice alone. (Its effect on a real mesh: tests/e2e/test_vllm_engine.py;
+its compile cache part: test_vllm_compile_cache.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from importlib.metadata import entry_points
 import pytest
 
 from services.worker import vllm_nixl_plugin
-from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, STABLE_COMPILE_KEY_ENV, register
+from services.worker.vllm_compile_cache import COMPILE_CACHE_ENV
+from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV, register
 
 
 class AgentConfig:
@@ -33,6 +34,7 @@ def nixl_utils(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     monkeypatch.setitem(sys.modules, "vllm.distributed", distributed)
     monkeypatch.setitem(sys.modules, "vllm.distributed.nixl_utils", module)
+    monkeypatch.delenv(COMPILE_CACHE_ENV, raising=False)  # its part: test_vllm_compile_cache.py
     return module
 
 
@@ -63,33 +65,3 @@ def test_without_nixl_there_is_nothing_to_change(nixl_utils, monkeypatch):
     register()
     assert nixl_utils.nixl_agent_config is None
     assert vllm_nixl_plugin.quiet(AgentConfig)().enable_prog_thread is False
-
-
-@pytest.fixture
-def vllm_envs(monkeypatch):
-    """A stand-in for vllm.envs: its compile cache factors, two of them."""
-    envs = types.ModuleType("vllm.envs")
-    envs.compile_factors = lambda: {"VLLM_NIXL_SIDE_CHANNEL_PORT": 41234, "VLLM_PP": "0,1"}
-    vllm = types.ModuleType("vllm")
-    vllm.envs = envs
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.envs", envs)
-    monkeypatch.delenv(QUIET_NIXL_ENV, raising=False)
-    return envs
-
-
-def test_in_a_splitserve_worker_the_side_channel_port_is_no_compile_factor(vllm_envs, monkeypatch):
-    monkeypatch.setenv(STABLE_COMPILE_KEY_ENV, "1")
-    register()
-    register()  # wrapped once
-    assert vllm_envs.compile_factors() == {"VLLM_PP": "0,1"}
-    assert vllm_envs.compile_factors.__wrapped__() == {
-        "VLLM_NIXL_SIDE_CHANNEL_PORT": 41234,
-        "VLLM_PP": "0,1",
-    }
-
-
-def test_any_other_vllm_keeps_its_compile_factors(vllm_envs, monkeypatch):
-    monkeypatch.delenv(STABLE_COMPILE_KEY_ENV, raising=False)
-    register()
-    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" in vllm_envs.compile_factors()
