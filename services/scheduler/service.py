@@ -187,7 +187,7 @@ class SchedulerService:
         self.hits.forget_older(now)
         horizon = now - CANCEL_MEMORY_S
         self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
-        self.lines.wake()  # the backoff: waiters try again at least once a sweep
+        self.lines.wake(backoff=True)  # waiters try again at least once a sweep
 
     async def _worker_lost(self, state: WorkerState, why: str) -> None:
         worker_id, lost = state.heartbeat.worker_id, sorted(state.assigned)
