@@ -3,9 +3,10 @@
 load the prefill worker's link gets delay, jitter and loss (`tc netem`, both directions;
 where the kernel has no netem, a token bucket (`tbf`) that throttles the link to 1 Mbit/s
 and drops what queues past 100 ms: slow and lossy all the same).
-Transfers slow down, deadlines fire where they must, requests migrate or fall back; none
-hangs, and every stream that completes is the engine's own text. Needs root and `ip
-netns`."""
+Transfers slow down, deadlines fire (or the gateway's stall timeout, 5 s here), and each
+request whose KV did not arrive migrates to a placement that needs no KV link: it prefills
+where it decodes (services/scheduler/hand_offs.py). Every request completes, none fails or
+hangs, and each is the engine's own text. Needs root and `ip netns`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tests.e2e.test_chaos import make_jobs, reference, report, run_load
+from tests.e2e.test_chaos import assert_same_texts, make_jobs, reference, report, run_load
 from tests.e2e.test_mesh import mesh_model_dir  # noqa: F401 (a fixture)
 from tests.e2e.test_netns import STREAMS, spread  # noqa: F401 (a fixture)
 
@@ -42,7 +43,7 @@ def restore() -> None:
         tc(prefix, "del", "dev", device, "root")
 
 
-def test_a_degraded_kv_path_slows_requests_and_hangs_none(spread, mesh_model_dir):  # noqa: F811
+def test_a_degraded_kv_path_slows_requests_and_loses_none(spread, mesh_model_dir):  # noqa: F811
     jobs = make_jobs(51)[:STREAMS]
     expected = reference(mesh_model_dir, jobs)
     how: list[str] = []
@@ -50,8 +51,6 @@ def test_a_degraded_kv_path_slows_requests_and_hangs_none(spread, mesh_model_dir
         outcomes = run_load(spread, jobs, lambda: how.append(degrade()), after_chunks=0, limit=120)
     finally:
         restore()
-    _, _, hung = report(f"netns KV path degraded ({how[0]})", outcomes)
-    assert hung == 0, [o.error for o in outcomes]
-    for i, (outcome, text) in enumerate(zip(outcomes, expected, strict=True)):
-        if not outcome.error:
-            assert outcome.text == text, f"stream {i} differs"
+    _, failed, hung = report(f"netns KV path degraded ({how[0]})", outcomes)
+    assert (failed, hung) == (0, 0), [o.error for o in outcomes]
+    assert_same_texts(jobs, outcomes, expected)
