@@ -48,6 +48,8 @@ class Rule(IntEnum):
     COST = 0  # both paths predicted: the cheaper one
     COLD = 1  # not enough measured: the fixed rule (`local_prefill_tokens`)
     NO_PREFILL = 2  # no prefill worker to split with: local
+    FAILED_HAND_OFF = 3  # an earlier attempt's KV never arrived: local (hand_offs.py)
+    FAILED_PAIR = 4  # a hand-off over every pair to this decode worker failed lately: local
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 Only the workers of the request's model are candidates (all workers when it names none).
 Every NATS request is bounded by `reserve_timeout` and the placement's give-up time, and
 given up at once when the sweeper finds the worker it waits on lost (`worker_lost`):
-  decode candidates (room in the registry), best first → the path, by cost (path_cost.py)
+  decode candidates (room in the registry), best first → the path, by cost (path_cost.py),
+  kept off the KV links of hand-offs that failed (hand_offs.py)
   (the ranking and the choice are pure: route_plan.py, which the simulator runs too)
     local (cheaper, cold rule, or no prefill pool): DecodeTask → OK: placed (decode only)
     split: Reserve → not OK: next decode candidate
@@ -29,6 +30,7 @@ from nats.errors import Error as NatsError
 from opentelemetry import trace
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.hand_offs import HandOffs
 from services.scheduler.hit_check import HitBook, predicted_tokens
 from services.scheduler.path_cost import Path, uncached_tokens
 from services.scheduler.peer_prefix import peer_prefix, with_peer
@@ -91,6 +93,7 @@ class Placer:
         clock: Callable[[], float],
         is_cancelled: Callable[[str], bool],
         hits: HitBook | None = None,
+        hand_offs: HandOffs | None = None,
     ) -> None:
         self.config = config
         self.bus = bus
@@ -99,6 +102,7 @@ class Placer:
         self.is_cancelled = is_cancelled
         # predicted against actual prefix hits (an empty book is falsy: no `or` here)
         self.hits = hits if hits is not None else HitBook()
+        self.hand_offs = hand_offs if hand_offs is not None else HandOffs(registry, clock)
         self.subjects = Subjects(config.common.namespace)
         # Requests to workers in flight (worker id -> their tasks): cancelled when the worker
         # is lost, so a placement moves on without waiting out `reserve_timeout`.
@@ -124,17 +128,18 @@ class Placer:
         if not plan.decodes:
             return NoRoom(plan.no_room, asked=False)
         hashes, prefills = plan.hashes, plan.prefills
-        refusal = ""
+        refusal, avoid = "", self.hand_offs.avoid(request)
         for decode in plan.decodes:
-            choice = plan.choose(decode, cfg, self.reserve_rtt)
+            choice = plan.choose(decode, cfg, self.reserve_rtt, avoid)
             span = trace.get_current_span()
             span.set_attribute("splitserve.prefix_hit_blocks", decode.overlap)
             span.set_attribute("splitserve.path_rule", choice.rule.name.lower())
             if choice.path is Path.LOCAL:
                 hint = self._peer(views, hashes, decode, len(tokens), block_size)
-                task = DecodeTask(request, hint)
-                ack = await self._decode_only(request, decode, task, headers, give_up)
+                subject, task = self.subjects.decode(decode.worker_id), DecodeTask(request, hint)
+                ack = await self._task(decode.worker_id, subject, task, request, headers, give_up)
                 if ack.ok:
+                    self.hand_offs.count(choice.rule)
                     self._predict_hit(request, with_peer(decode, hint), len(tokens), block_size)
                     computed = uncached_tokens(len(tokens), decode.overlap, block_size)
                     self._assign(request, decode.worker_id, len(tokens), computed)
@@ -163,6 +168,7 @@ class Placer:
                     request, prefill, decode, reservation, hint, headers, give_up
                 )
                 if ack.ok:
+                    self.hand_offs.placed(request, prefill.worker_id, decode.worker_id)
                     self._predict_hit(request, with_peer(prefill, hint), len(tokens), block_size)
                     self._assign(request, decode.worker_id, len(tokens))
                     computed = uncached_tokens(len(tokens), prefill.overlap, block_size)
@@ -235,17 +241,6 @@ class Placer:
 
     def _timeout(self, give_up: float) -> float:
         return max(0.001, min(self.config.reserve_timeout, give_up - self.clock()))
-
-    async def _decode_only(
-        self,
-        request: SubmitRequest,
-        decode: Candidate,
-        task: DecodeTask,
-        headers: Headers,
-        give_up: float,
-    ) -> TaskAck:
-        subject = self.subjects.decode(decode.worker_id)
-        return await self._task(decode.worker_id, subject, task, request, headers, give_up)
 
     async def _prefill(
         self,

@@ -118,6 +118,11 @@ class Registry:
         state.links = links_of(heartbeat)
         return more_room
 
+    def epoch(self, worker_id: str) -> int:
+        """The registered process's epoch of `worker_id` (0: none registered)."""
+        state = self._workers.get(worker_id)
+        return state.epoch if state is not None else 0
+
     def replaced(self, heartbeat: Heartbeat) -> WorkerState | None:
         """Remove and return the registered process of `heartbeat.worker_id` when the
         heartbeat comes from a newer one (a restart under the same id); else None."""

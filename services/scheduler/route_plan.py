@@ -11,12 +11,14 @@ while earlier candidates were asked feeds the later choices.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.hand_offs import NOTHING, Avoid
 from services.scheduler.measures import WorkerCosts
-from services.scheduler.path_cost import Choice, CostParams, Offer, Typical, choose
+from services.scheduler.path_cost import Choice, CostParams, Offer, Path, Rule, Typical, choose
 from services.scheduler.path_slo import Objectives
 from services.scheduler.peer_prefix import peer_runs, usable_blocks
 from services.scheduler.routing import (
@@ -43,8 +45,15 @@ class RoutePlan:
     no_room: str  # why there is no decode candidate ("" when there is one)
     output_tokens: int = 0  # the request's max_tokens (path_slo.py: a stream's length)
 
-    def choose(self, decode: Candidate, config: SchedulerConfig, reserve_rtt: float) -> Choice:
-        """The path on `decode` (path_cost.choose over the prefill candidates)."""
+    def choose(
+        self,
+        decode: Candidate,
+        config: SchedulerConfig,
+        reserve_rtt: float,
+        avoid: Avoid = NOTHING,
+    ) -> Choice:
+        """The path on `decode` (path_cost.choose over the prefill candidates), kept off the
+        KV links `avoid` names (hand_offs.py): with none left to split over, local."""
         ttft_slo, tpot_slo = config.objectives
         params = CostParams(
             self.block_size,
@@ -58,7 +67,16 @@ class RoutePlan:
             Offer(c.worker_id, c.overlap, self.costs[c.worker_id]) for c in self.prefills.values()
         ]
         here = Offer(decode.worker_id, decode.overlap, self.costs[decode.worker_id])
-        return choose(self.num_tokens, here, offers, Typical.of(list(self.costs.values())), params)
+        typical = Typical.of(list(self.costs.values()))
+        choice = choose(self.num_tokens, here, offers, typical, params)
+        avoided = avoid.prefills(decode.worker_id)
+        if choice.path is Path.LOCAL or not (avoid.local or avoided):
+            return choice
+        kept = [o for o in offers if not avoid.local and o.worker_id not in avoided]
+        if kept:  # the split, over the pairs that did not fail
+            return choose(self.num_tokens, here, kept, typical, params)
+        rule = Rule.FAILED_HAND_OFF if avoid.local else Rule.FAILED_PAIR
+        return dataclasses.replace(choose(self.num_tokens, here, [], typical, params), rule=rule)
 
 
 def plan_route(

@@ -16,8 +16,9 @@ waits for a worker of its model to join, as any request does.
 
 One try at placing a request (services/scheduler/placement.py, whose docstring gives the
 order it asks workers in) places it on a decode worker, with a prefill worker unless it
-prefills itself, or finds no room: no candidate in the registry, or every one asked answered
-BUSY, UNAVAILABLE, FAILED or not at all (a worker found lost by the sweeper at once).
+prefills itself (as it does once a hand-off of its KV failed: hand_offs.py), or finds no
+room: no candidate in the registry, or every one asked answered BUSY, UNAVAILABLE, FAILED
+or not at all (a worker found lost by the sweeper at once).
 An INVALID answer from any worker ends placement at once: the request is refused INVALID
 (400 at the gateway) and its reservation freed. No room is not a refusal: the request waits
 in its model's line (services/scheduler/waiting.py) and tries again when its turn comes, oldest
@@ -43,6 +44,7 @@ from opentelemetry.trace import SpanKind
 from services.scheduler.adapters import AdapterFanOut, count_placement
 from services.scheduler.adapters import refuse as refuse_adapters
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.hand_offs import HandOffs
 from services.scheduler.hit_check import HitBook
 from services.scheduler.liveness import Liveness
 from services.scheduler.placement import RELEASED, BadSubmit, Placer
@@ -93,7 +95,10 @@ class SchedulerService:
         # stops instead of starting work nobody will read (the gateway migrated it).
         self.cancelled: dict[str, float] = {}
         self.hits = HitBook(self.metrics.registry, self.tracing.tracer, clock=clock)
-        self.placer = Placer(config, bus, self.registry, clock, self._is_cancelled, self.hits)
+        self.hand_offs = HandOffs(self.registry, clock, self.metrics.kv_fallbacks)
+        self.placer = Placer(
+            config, bus, self.registry, clock, self._is_cancelled, self.hits, self.hand_offs
+        )
         self.predictions = PredictionBook(self.tracing.tracer, self.metrics.ttft_error)
         self.planner_report: PlannerReport | None = None  # the newest (services/planner/)
         self.liveness = Liveness(
@@ -185,9 +190,10 @@ class SchedulerService:
         self.registry.forget_past_deadline(now)
         self.predictions.forget_older(now)
         self.hits.forget_older(now)
+        self.hand_offs.forget_older(now)
         horizon = now - CANCEL_MEMORY_S
         self.cancelled = {r: t for r, t in self.cancelled.items() if t > horizon}
-        self.lines.wake()  # the backoff: waiters try again at least once a sweep
+        self.lines.wake(backoff=True)  # waiters try again at least once a sweep
 
     async def _worker_lost(self, state: WorkerState, why: str) -> None:
         worker_id, lost = state.heartbeat.worker_id, sorted(state.assigned)

@@ -13,6 +13,12 @@ the first claim on new room and nobody wins it by polling faster. After its try 
     `tried(asked=False)`: the next one's turn (a big prompt does not block small ones);
   - waits again after workers refused it (the mesh is full for now) → `tried(asked=True)`:
     the pass ends; the next wake starts one from the oldest again.
+A wake that comes while a pass runs is not lost: the room it announces may be after the
+turns already taken in that pass, so another pass follows once this one ends (at most one,
+however many wakes came). Without that, a waiter refused during a pass would sleep through
+room that appeared while it asked, until some later wake (the sweeper's tick, or a
+heartbeat with yet more room: none comes when the worker is already idle). The sweeper's
+tick is only a backoff: it starts a pass when none runs, and never queues one.
 A Cancel ends one request's wait at once; a wait also ends at its give-up time, and every
 wait ends when the scheduler stops (`close`), so draining does not sit out the timeouts.
 
@@ -57,6 +63,7 @@ class WaitingLine:
         self._waiters: list[Waiter] = []  # by arrival
         self._holder: Waiter | None = None  # whose turn it is; None: no pass running
         self._had_turn: list[Waiter] = []  # in the pass running
+        self._woken_meanwhile = False  # a wake came while the pass ran: another follows it
         self.fair = fair if fair is not None else FairShare()
         self.closed = False
 
@@ -83,11 +90,19 @@ class WaitingLine:
         if self._holder is waiter:
             self._give_turn()
 
-    def wake(self) -> None:
-        """Room may have appeared: start a pass from the first in order, unless one runs."""
+    def wake(self, *, backoff: bool = False) -> None:
+        """Room may have appeared: start a pass from the first in order, or, if one runs,
+        another once it ends. A `backoff` wake (the sweeper's tick, which announces no
+        room) starts a pass only when none runs."""
         if self._holder is None:
-            self._had_turn = []
-            self._give_turn()
+            self._start_pass()
+        elif not backoff:
+            self._woken_meanwhile = True
+
+    def _start_pass(self) -> None:
+        self._woken_meanwhile = False
+        self._had_turn = []
+        self._give_turn()
 
     def sorts_last(self, priority: int, tenant: str) -> bool:
         """Would a request of `tenant` at `priority`, joining now, come after every waiter:
@@ -108,7 +123,7 @@ class WaitingLine:
         if self._holder is not waiter:
             return
         if asked:
-            self._holder = None
+            self._end_pass()
         else:
             self._give_turn()
 
@@ -142,10 +157,18 @@ class WaitingLine:
     def _give_turn(self) -> None:
         """To the first in order of those that have not had a turn in this pass."""
         due = [w for w in self._waiters if not any(w is t for t in self._had_turn)]
-        self._holder = min(due, key=self._order) if due else None
-        if self._holder is not None:
-            self._had_turn.append(self._holder)
-            self._holder.woken.set()
+        if not due:
+            self._end_pass()
+            return
+        self._holder = min(due, key=self._order)
+        self._had_turn.append(self._holder)
+        self._holder.woken.set()
+
+    def _end_pass(self) -> None:
+        """No turn is held now; a wake that came during the pass starts the next one."""
+        self._holder = None
+        if self._woken_meanwhile and self._waiters:
+            self._start_pass()
 
     def _order(self, waiter: Waiter) -> tuple[int, float, float]:
         return (*self.fair.key(waiter.priority, waiter.tenant), waiter.arrival)
@@ -167,10 +190,10 @@ class ModelLines:
                 line.close()
         return line
 
-    def wake(self) -> None:
+    def wake(self, *, backoff: bool = False) -> None:
         """Room may have appeared: every model's line (a request of no model takes any)."""
         for line in self._lines.values():
-            line.wake()
+            line.wake(backoff=backoff)
 
     def cancel(self, request_id: str) -> None:
         for line in self._lines.values():

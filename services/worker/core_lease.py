@@ -5,7 +5,8 @@ cores of workers that are idle, and a decode worker yields its core to a prefill
 Every lock and flag (`claim-N`, `core-N`, `active-N`, `backlog-N`, `overdue-N`, `yields-N`) is
 a `flock` on a file in a per-user directory. The one subtle rule: a lock vanishes with the
 process that held it, so a killed worker never strands a core, but a wedged one keeps it; an
-owner therefore waits for its home core `HOME_WAIT_LIMIT_S` at most, then steps on it anyway.
+owner therefore waits for its home core `HOME_WAIT_LIMIT_S` at most, then steps on it anyway,
+and at once when the holder is a stopped process (SIGSTOP).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from collections.abc import Callable
 from enum import IntEnum
 from pathlib import Path
+
+from services.worker.lock_holders import held_by_stopped
 
 # A decode worker waits for a prefill backlog this long per step at most: long enough for a
 # burst of 16 prompts of 100 tokens on 2 cores, so its last step does not run beside a decode
@@ -34,6 +37,10 @@ BORROW_WAIT_S = 0.5
 # that shares the home): far beyond any step this CPU path takes (0.1-0.5 s for SmolLM2's
 # 256-token steps on 2 cores; ~10 s for an 8B model's), so only a wedged worker outlasts it.
 HOME_WAIT_LIMIT_S = 60.0
+# While it waits for its home, an owner looks this often whether the holder is a stopped
+# process (lock_holders.py), which would hold it for as long as it is stopped: it does not
+# wait on one.
+STOPPED_CHECK_S = 0.25
 _YIELD_POLL_S = 0.002
 _HOME_POLL_S = 0.0005  # a borrower lets the home go at its step's end: take it soon after
 ROLES = ("prefill", "decode", "both")
@@ -116,6 +123,7 @@ class CoreLease:
         self._turn_wait = _PolledWait(_YIELD_POLL_S)  # on another worker's flags
         self._yield_wait = _PolledWait(_YIELD_POLL_S)  # a prefill's, on the decodes' yields
         self._home_wait = _PolledWait(_HOME_POLL_S)  # for the home core
+        self._stopped_seen: set[int] = set()  # stopped holders of the home logged already
 
     def acquire(self, interrupted: Callable[[], bool] = _never) -> int | None:
         """Raise the active flag, take the home core (waiting for a borrower's step,
@@ -152,9 +160,30 @@ class CoreLease:
 
     def _take_home(self, interrupted: Callable[[], bool]) -> Wait:
         """Lock the home core: CLEARED once held; TIMED_OUT when another worker held it past
-        `HOME_WAIT_LIMIT_S` (logged; the step then runs on it without the lock)."""
-        home = self._files[self.home]
-        wait = self._home_wait.run(lambda: not _try_lock(home), HOME_WAIT_LIMIT_S, interrupted)
+        `HOME_WAIT_LIMIT_S`, or holds it stopped (SIGSTOP: it holds it for as long as it is
+        stopped); logged, and the step then runs on it without the lock."""
+        home, stopped = self._files[self.home], [0]
+        checked = [float("-inf")]
+
+        def waiting() -> bool:
+            if _try_lock(home):
+                return False
+            if time.monotonic() - checked[0] >= STOPPED_CHECK_S:
+                checked[0] = time.monotonic()
+                stopped[0] = held_by_stopped(home) or 0
+            return not stopped[0]
+
+        wait = self._home_wait.run(waiting, HOME_WAIT_LIMIT_S, interrupted)
+        if stopped[0]:
+            if stopped[0] not in self._stopped_seen:
+                self._stopped_seen.add(stopped[0])
+                log.warning(
+                    "core lease: core %d is held by process %d, which is stopped; stepping "
+                    "on it anyway while it is",
+                    self.home,
+                    stopped[0],
+                )
+            return Wait.TIMED_OUT
         if wait is Wait.TIMED_OUT:
             log.warning(
                 "core lease: core %d is still held by another worker's step after %.0f s "

@@ -117,9 +117,15 @@ class SchedulerMetrics:
     ttft_error: Histogram = field(init=False)
     tenant_tokens: Counter = field(init=False)
     tenant_wait: Histogram = field(init=False)
+    kv_fallbacks: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
+        self.kv_fallbacks = Counter(
+            P + "scheduler_kv_fallbacks", "Requests prefilled where they decode to keep off the "
+            "KV link of a failed hand-off: their own earlier attempt's (request) or their "
+            "decode worker's pairs' (pair)", ["reason"], registry=r,
+        )  # fmt: skip
         self.tenant_tokens = Counter(
             P + "scheduler_tenant_tokens", "Tokens booked to each tenant by its placed "
             "requests (prompt + max_tokens: fair share)", ["tenant"], registry=r,

@@ -101,8 +101,10 @@ class MemoryLog:
         return sorted(rows)
 
 
-def restart_node(server: NatsServer, timeout: float = 10.0) -> NatsServer:
-    """The killed cluster node again, from its own config (same ports and routes)."""
+def restart_node(server: NatsServer, timeout: float = 60.0) -> NatsServer:
+    """The killed cluster node again, from its own config (same ports and routes). The
+    timeout is long: on a machine short of memory (its page cache evicted, the OOM killer at
+    work) exec-ing the server alone once took over 10 s."""
     log = (server.config_path.parent / "nats-server.log").open("ab")
     process = subprocess.Popen(
         [find_binary(), "-c", str(server.config_path)],

@@ -65,7 +65,10 @@ def cluster(tmp_path_factory) -> Iterator[list[NatsServer]]:
 @pytest.fixture(scope="module")
 def soak_mesh(mesh_model_dir, tmp_path_factory, cluster) -> Iterator[Mesh]:  # noqa: F811
     home = tmp_path_factory.mktemp("chaos-soak")
-    flags = ["--prefill", "2", "--decode", "2", "--nats", cluster_urls(cluster)]
+    # 512 blocks a worker: 8 times what 4 clients' requests hold at most, so the machine's
+    # memory goes to the processes under test rather than to empty KV pools (2 GiB each).
+    flags = ["--prefill", "2", "--decode", "2", "--num-kv-blocks", "512"]
+    flags += ["--nats", cluster_urls(cluster)]
     for mesh in start_mesh(mesh_model_dir, home, flags):
         mesh.nats_port = cluster[0].port
         yield mesh

@@ -366,3 +366,32 @@ def test_workers_of_both_roles_neither_raise_nor_heed_backlogs(tmp_path):
     assert time.monotonic() - started < 0.5
     b.release()
     a.close(), b.close()
+
+
+def test_an_owner_does_not_wait_on_a_stopped_holder(tmp_path, caplog):
+    # A worker frozen mid-step (SIGSTOP) holds its locks for as long as it is stopped: the
+    # owner of the core it holds steps at once rather than after HOME_WAIT_LIMIT_S (60 s).
+    script = (
+        "import sys, time; from pathlib import Path;"
+        "from services.worker.core_lease import CoreLease;"
+        "lease = CoreLease(2, Path(sys.argv[1])); print(lease.acquire(), flush=True);"
+        "time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "2"  # its home and the idle one
+        os.kill(holder.pid, signal.SIGSTOP)
+        owner = CoreLease(2, tmp_path)
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="services.worker.core_lease"):
+            assert owner.acquire() == 1  # its own core, unlocked: the holder still has it
+        assert time.monotonic() - started < 3
+        assert f"held by process {holder.pid}, which is stopped" in caplog.text
+        owner.release()
+        os.kill(holder.pid, signal.SIGCONT)
+        owner.close()
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
