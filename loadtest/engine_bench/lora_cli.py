@@ -23,6 +23,9 @@ def add_parser(targets: argparse._SubParsersAction) -> None:
     lora.add_argument("--output-len", type=int, default=64)
     lora.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     lora.add_argument(
+        "--rounds", type=int, default=3, help="rounds of plain, LoRA base, adapters (medians)"
+    )
+    lora.add_argument(
         "--vllm", action="store_true", help="also vLLM-CPU with the same adapters (a peer row)"
     )
     lora.set_defaults(func=_main)
@@ -37,6 +40,6 @@ def _main(args: argparse.Namespace) -> None:
     run_lora_bench(
         LoraBenchConfig(
             model_dir, args.concurrency, args.adapters, args.rank, args.input_len,
-            args.output_len, args.max_loras, args.threads, args.vllm,
+            args.output_len, args.max_loras, args.threads, args.vllm, args.rounds,
         )
     )  # fmt: skip

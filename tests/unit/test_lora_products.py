@@ -31,17 +31,19 @@ def random_pair(gen: torch.Generator, rank: int, present: tuple[bool, ...]) -> L
     return LowRankPair(a, b, present)
 
 
-def reference(x: torch.Tensor, slots: list[int], pairs: list[LowRankPair]) -> torch.Tensor:
+def reference(
+    x: torch.Tensor, slots: list[int], pairs: list[LowRankPair], edges: tuple[int, ...] = EDGES
+) -> torch.Tensor:
     """float64: each row's sum over its adapter's modules of B_m A_m x (slots past `pairs`
     leave the matrix alone)."""
-    y = torch.zeros(x.shape[0], EDGES[-1], dtype=torch.float64)
+    y = torch.zeros(x.shape[0], edges[-1], dtype=torch.float64)
     for t, s in enumerate(slots):
         if not 0 <= s < len(pairs):
             continue
         pair = pairs[s]
         for m, on in enumerate(pair.present):
             if on:
-                first, stop = EDGES[m], EDGES[m + 1]
+                first, stop = edges[m], edges[m + 1]
                 u = pair.a[m].double() @ x[t].double()
                 y[t, first:stop] = pair.b[first:stop].double() @ u
     return y
@@ -131,3 +133,38 @@ def test_a_refilled_slot_keeps_nothing_of_the_adapter_before():
     base = torch.zeros(3, EDGES[-1])
     y = run(stack, x, base, [0, 0, 1])
     assert torch.equal(y[0], y[2]) and torch.equal(y[1], y[2])
+
+
+def test_a_call_split_over_threads_keeps_every_rows_bits():
+    """Rows and slots enough that one call runs as several tasks (lora_products.cpp's runs,
+    each a run of slots' row blocks): the bits of one thread, and of each row alone."""
+    gen = torch.Generator().manual_seed(10)
+    k, edges = 640, (0, 128, 160, 200)  # v's 40 columns: two panels and a tail
+    pairs = [
+        LowRankPair(
+            torch.randn(3, 16, k, generator=gen).bfloat16(),
+            torch.randn(edges[-1], 16, generator=gen).bfloat16(),
+            (True, True, True),
+        )
+        for _ in range(4)
+    ]
+    stack = StackedPair(4, edges, k, 1, torch.bfloat16, torch.device("cpu"))
+    for slot, pair in enumerate(pairs):
+        stack.fill(slot, lay_out(pair, edges, 1))
+    slots = [t % 5 - 1 for t in range(150)]  # every slot and the base, interleaved
+    x = torch.randn(len(slots), k, generator=gen)
+    base = torch.randn(len(slots), edges[-1], generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        split = run(stack, x, base, slots)
+        torch.set_num_threads(1)
+        one = run(stack, x, base, slots)
+        alone = {t: run(stack, x[t : t + 1], base[t : t + 1], [slots[t]]) for t in range(0, 150, 7)}
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(split, one)
+    for t, row in alone.items():
+        assert torch.equal(row[0], split[t]), t
+    expected = reference(x, slots, pairs, edges)
+    assert torch.allclose(split.double() - base.double(), expected, rtol=1e-4, atol=1e-3)

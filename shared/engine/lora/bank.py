@@ -100,6 +100,12 @@ class AdapterBank:
     def in_slots(self) -> list[str]:
         return list(self._slots)
 
+    @property
+    def slot_bytes(self) -> int:
+        """One slot's bytes, every matrix's share at max_lora_rank: what a decode step reads
+        for each adapter it uses."""
+        return sum(stack.slot_bytes for stacks in self._stacks for stack in stacks.values())
+
     # -- one step -------------------------------------------------------------------------------
     def begin_step(self, rows: StepRows) -> None:
         """Fill a slot for every adapter of the step, then serve its rows' products."""

@@ -74,6 +74,10 @@ class StackedPair:
         kernels = native.load() if device.type == "cpu" and dtype in _KERNEL_DTYPES else None
         self._kernels: ModuleType | None = kernels
 
+    @property
+    def slot_bytes(self) -> int:
+        return self.a[0].nbytes + self.b[0].nbytes
+
     def fill(self, slot: int, host: HostPair | None) -> None:
         """Put an adapter's share in `slot` (None: it leaves this matrix alone)."""
         if host is None:
