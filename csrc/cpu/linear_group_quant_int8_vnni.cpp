@@ -3,7 +3,7 @@
 // each column's codes are unpacked (or read from a per-thread panel, unpacked once when the
 // rows take more than one tile) and each row's int8 activations loaded once, and every
 // (row, column) takes its vpdpbusd from them; the factors of a pair are made once per column
-// (scales) and per row (d) and meet lane by lane, the same float product as before.
+// (scales) and per row (d) and meet lane by lane, the same float product as the generic path.
 //
 // The one rule: the tile shares loads, never arithmetic. Each y[m, n] is the same sequence of
 // integer sums (exact, in any order) and float operations (in one order) as the generic
@@ -74,25 +74,15 @@ inline __m512i sub_scales(const Layout& L, int64_t n, int64_t p) {
   return _mm512_permutexvar_epi32(index, wide);
 }
 
-// x-block xb's sub_min of row n in the first gpx int32 lanes (absent: 1), the rest 0
-inline __m512i group_mins(const Layout& L, int64_t n, int64_t xb, int64_t gpx) {
-  const __mmask16 used = static_cast<__mmask16>((1u << gpx) - 1);
-  if (!L.sub_min) return _mm512_maskz_set1_epi32(used, 1);
-  alignas(16) int8_t bytes[16] = {};
-  std::memcpy(bytes, L.sub_min + n * L.groups + xb * gpx, gpx);
-  return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes)));
-}
-
 // Rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: those columns' codes [NB, K]
-// in lane order, or nullptr to unpack them in registers.
+// in lane order, or nullptr to unpack them in registers. The accumulators are locals of
+// each loop (kept in registers: nothing the loads read can alias them).
 template <int BITS, int MR, int NB>
 struct Tile {
   const Layout& L;
   const Rows& R;
   const uint8_t* panel;
   int64_t m0, n0;
-  __m512 acc[MR][NB];
-  float tail[MR][NB];
 
   __m512i codes(int j, int64_t p) const {
     return panel ? _mm512_loadu_si512(panel + j * L.K + p * kPair) : codes64<BITS>(L, n0 + j, p);
@@ -103,7 +93,10 @@ struct Tile {
   const int32_t* group_sum(int r) const { return R.group_sum.data() + (m0 + r) * L.groups; }
 
   // per_super 1: per pair, per block, acc += v * (d * scale); tail += (d * min) * xq sum
-  void single_groups() {
+  void single_groups(float* y, int64_t N) const {
+    __m512 acc[MR][NB];
+    float tail[MR][NB];
+    zero(acc, tail);
     for (int64_t p = 0; p < L.K / kPair; ++p) {
       __m512i q[NB];
       __m512 scale[NB];
@@ -133,14 +126,16 @@ struct Tile {
         }
       }
     }
+    store(acc, tail, y, N);
   }
 
   // per_super > 1: per x-block, I = sum of v * sub_scale over its pairs (int32), then
   // acc += I * (d * super_scale); tail += (d * super_min) * (sum of sub_min * group xq sums)
-  void super_blocks() {
+  void super_blocks(float* y, int64_t N) const {
     const int64_t pairs_per_x = R.span / kPair, super_span = L.group * L.per_super;
-    const int64_t gpx = R.span / L.group;  // groups per x-block: 2 .. 16
-    const __mmask16 used = static_cast<__mmask16>((1u << gpx) - 1);
+    __m512 acc[MR][NB];
+    float tail[MR][NB];
+    zero(acc, tail);
     for (int64_t xb = 0; xb < L.K / R.span; ++xb) {
       __m512i sums[MR][NB];
       for (int r = 0; r < MR; ++r) {
@@ -168,29 +163,32 @@ struct Tile {
       }
       if (!L.super_min) continue;
       for (int j = 0; j < NB; ++j) {
-        const __m512i mins = group_mins(L, n0 + j, xb, gpx);
         const float min = L.super_min[(n0 + j) * L.supers + s];
         for (int r = 0; r < MR; ++r) {
-          const __m512i gs = _mm512_maskz_loadu_epi32(used, group_sum(r) + xb * gpx);
-          const int32_t sum = _mm512_reduce_add_epi32(_mm512_mullo_epi32(mins, gs));
-          tail[r][j] = std::fma(d(r)[xb] * min, static_cast<float>(sum), tail[r][j]);
+          const float sum = static_cast<float>(min_sum(L, n0 + j, xb, R.span, group_sum(r)));
+          tail[r][j] = std::fma(d(r)[xb] * min, sum, tail[r][j]);
         }
       }
     }
+    store(acc, tail, y, N);
   }
 
-  void run(float* y, int64_t N) {
+  static void zero(__m512 (&acc)[MR][NB], float (&tail)[MR][NB]) {
     for (int r = 0; r < MR; ++r) {
       for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps(), tail[r][j] = 0.f;
     }
-    if (L.per_super == 1) {
-      single_groups();
-    } else {
-      super_blocks();
-    }
+  }
+
+  void store(const __m512 (&acc)[MR][NB], const float (&tail)[MR][NB], float* y,
+             int64_t N) const {
     for (int r = 0; r < MR; ++r) {
       for (int j = 0; j < NB; ++j) y[(m0 + r) * N + n0 + j] = hsum16(acc[r][j]) + tail[r][j];
     }
+  }
+
+  void run(float* y, int64_t N) const {
+    if (L.per_super == 1) return single_groups(y, N);
+    super_blocks(y, N);
   }
 };
 
@@ -221,11 +219,12 @@ void run_tiles(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N) {
       const uint8_t* panel = scratch.empty() ? nullptr : scratch.data();
       for (int64_t m0 = 0; m0 < M; m0 += kRows) {
         const int64_t mr = std::min<int64_t>(kRows, M - m0);
-        if (nb == kCols) {
+        if (nb == kCols && M > 1) {
           rows_tile<BITS, kCols>(mr, L, R, panel, y, m0, n0, N);
           continue;
         }
-        for (int64_t j = 0; j < nb; ++j) {  // the last block's few columns, one at a time
+        // one row (decoding: measured faster), or the last block's few columns: one at a time
+        for (int64_t j = 0; j < nb; ++j) {
           const uint8_t* column = panel ? panel + j * L.K : nullptr;
           rows_tile<BITS, 1>(mr, L, R, column, y, m0, n0 + j, N);
         }
