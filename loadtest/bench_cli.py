@@ -151,7 +151,12 @@ def _bench_quant(args: argparse.Namespace) -> None:
     if unknown:
         sys.exit(f"bench quant: unknown formats {unknown}; known: {', '.join(FORMATS)}")
     run_quant_bench(
-        QuantBenchConfig(model_dir=model_dir, formats=formats, num_threads=args.threads)
+        QuantBenchConfig(
+            model_dir=model_dir,
+            formats=formats,
+            num_threads=args.threads,
+            llama_windows=args.llama_windows,
+        )
     )
 
 
@@ -295,8 +300,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     quant.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     quant.add_argument(
         "--formats",
-        help="comma-separated, of fp32,bf16,int8,int4,w8a8 and gguf (a checkpoint pulled "
-        "with --keep-quant, as it ships); default: all but gguf",
+        help="comma-separated, of fp32,bf16,int8,int4,w8a8, gguf (a checkpoint pulled "
+        "with --keep-quant, as it ships) and gguf-int8 (int8 activations); default: all but gguf",
+    )
+    quant.add_argument(
+        "--llama-windows",
+        action="store_true",
+        help="perplexity scored as llama-perplexity -c 512: whole windows, their second halves",
     )
     quant.set_defaults(func=_bench_quant)
     kv = targets.add_parser("kv", help="KV block transfer GB/s between two processes: nixl, nats")

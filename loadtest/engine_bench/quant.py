@@ -3,7 +3,8 @@ w8a8, and gguf: a checkpoint kept quantized at pull), each named with the activa
 it runs in.
 
 (a) perplexity on a fixed public-domain text (shared/models/data/perplexity.txt), in
-    independent windows of `window` tokens;
+    independent windows of `window` tokens (`llama_windows`: scored as `llama-perplexity -c
+    512` scores it, whole windows only, each one's second half given its first);
 (b) greedy agreement with fp32 over 20 chat prompts: mean common-prefix fraction of
     `agree_tokens` new tokens, and how many prompts are identical throughout;
 (c) single-stream decode tok/s, beside the memory-bandwidth bound of the bytes a step reads,
@@ -62,16 +63,19 @@ class QuantBenchConfig:
     batch: int = 16
     batch_tokens: int = 32
     num_threads: int | None = None
+    llama_windows: bool = False
 
 
-def perplexity(engine: LLMEngine, tokens: list[int], window: int) -> float:
-    """exp(mean NLL) of each token given the earlier ones in its window (engine left idle)."""
+def perplexity(engine: LLMEngine, tokens: list[int], window: int, first: int = 0) -> float:
+    """exp(mean NLL) of each token given the earlier ones in its window (engine left idle).
+    first > 0: only the tokens after position `first` of each window are scored, and whole
+    windows only (llama-perplexity's way, with first = window / 2)."""
     runner, bs = engine.runner, engine.config.block_size
     nll, count = 0.0, 0
     for start in range(0, len(tokens) - 1, window):
         ids = torch.tensor(tokens[start : start + window])  # [W]
         w = ids.shape[0]
-        if w < 2:
+        if w < 2 or (first and w < window):
             break
         blocks = torch.arange(-(-w // bs))  # the idle engine's first blocks, scratch space
         meta = AttentionMetadata(
@@ -82,11 +86,11 @@ def perplexity(engine: LLMEngine, tokens: list[int], window: int) -> float:
             prefills=[PrefillChunk(0, w, w, blocks)],
         )
         logits = runner.model.forward(
-            ids, torch.arange(w), meta, runner.kv_cache.layers, torch.arange(w - 1)
-        )  # [W - 1, V]
+            ids, torch.arange(w), meta, runner.kv_cache.layers, torch.arange(first, w - 1)
+        )  # [W - 1 - first, V]
         logprobs = torch.log_softmax(logits[:, : runner.sampler.vocab_size], dim=-1)
-        nll -= logprobs.gather(1, ids[1:, None]).sum().item()
-        count += w - 1
+        nll -= logprobs.gather(1, ids[first + 1 :, None]).sum().item()
+        count += w - 1 - first
     return math.exp(nll / count)
 
 
@@ -128,9 +132,11 @@ def encode_chat(model_dir: Path, messages: list[str]) -> list[list[int]]:
 
 
 # format: (dtype, quantization); the quantized ones are made from fp32 weights, but gguf:
-# the checkpoint's own quantization (pulled with --keep-quant), its vectors and KV as auto picks
+# the checkpoint's own quantization (pulled with --keep-quant), its vectors and KV as auto
+# picks; gguf-int8: the same, its activations quantized to int8 (--group-quant-activations)
 FORMATS = {
     "gguf": ("auto", None),
+    "gguf-int8": ("auto", None),
     "fp32": ("float32", None),
     "bf16": ("bfloat16", None),
     "int8": ("float32", "int8"),
@@ -145,7 +151,10 @@ def run_quant_bench(cfg: QuantBenchConfig) -> None:
     tokenizer = Tokenizer.from_file(str(cfg.model_dir / "tokenizer.json"))
     text_tokens = tokenizer.encode(TEXT.read_text(), add_special_tokens=False).ids
     prompts = chat_prompts(cfg.model_dir)
+    first = cfg.window // 2 if cfg.llama_windows else 0
+    scored = "second halves, as llama-perplexity" if first else "all"
     print(f"model {cfg.model_dir}; text {TEXT.name}: {len(text_tokens)} tokens")
+    print(f"perplexity: windows of {cfg.window} tokens, {scored} scored")
     print(
         f"{'format':8} {'MB/step':>8} {'ppl':>8} {'agree':>7} {'identical':>10} "
         f"{'tok/s':>7} {'bound':>7} {f'x{cfg.batch} tok/s':>11}"
@@ -164,10 +173,11 @@ def run_quant_bench(cfg: QuantBenchConfig) -> None:
                 quantization=quantization,
                 num_kv_blocks=512,
                 num_threads=cfg.num_threads,
+                group_quant_activations="int8" if fmt == "gguf-int8" else "float",
             )
         )
         nbytes = weight_bytes(engine.runner.model.weights)
-        ppl = perplexity(engine, text_tokens, cfg.window)
+        ppl = perplexity(engine, text_tokens, cfg.window, first)
         outs = greedy_outputs(engine, prompts, cfg.agree_tokens)
         reference = reference or outs
         agree, identical = agreement(reference, outs)

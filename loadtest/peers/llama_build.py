@@ -3,10 +3,11 @@
 PyPI is the one registry our machines reach, and the sdist of `llama-cpp-python` vendors
 llama.cpp's whole tree, server included. It is downloaded, unpacked and built (CMake,
 native CPU flags, no web UI, no network features) under the peers' venv, with a deadline
-over all steps. The outcome is cached with a digest of what was built: a binary is reused;
-a build that ran out of time resumes on the next run (the unpacked source and the objects
-compiled so far are kept); a failed step is reported again without retrying until that
-directory is removed.
+over all steps; `llama-perplexity` is built beside the server (the same libraries and one
+more file), to compare perplexity with `splitserve bench quant --llama-windows`. The outcome
+is cached with a digest of what was built: a binary is reused; a build that ran out of time
+resumes on the next run (the unpacked source and the objects compiled so far are kept); a
+failed step is reported again without retrying until that directory is removed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
 )  # fmt: skip
+TARGETS = ("llama-server", "llama-perplexity")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +39,15 @@ class LlamaServerBuild:
     binary: Path | None  # None: not built, `reason` says why
     reason: str = ""
 
+    @property
+    def perplexity(self) -> Path | None:
+        """llama-perplexity, built beside the server."""
+        return None if self.binary is None else self.binary.parent / "llama-perplexity"
+
 
 def build_digest() -> str:
-    return hashlib.sha256("\n".join([LLAMA_CPP_PYTHON, *CMAKE_FLAGS]).encode()).hexdigest()
+    recipe = [LLAMA_CPP_PYTHON, *CMAKE_FLAGS, *TARGETS]
+    return hashlib.sha256("\n".join(recipe).encode()).hexdigest()
 
 
 def ensure_llama_server(root: Path, timeout_s: float) -> LlamaServerBuild:
@@ -93,7 +101,7 @@ def _build(root: Path, digest: str, deadline: float) -> None:
     configure = ["cmake", "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS]
     _run("configure", configure, log, deadline)
     jobs = str(len(os.sched_getaffinity(0)))
-    build = ["cmake", "--build", str(root / "build"), "--target", "llama-server", "-j", jobs]
+    build = ["cmake", "--build", str(root / "build"), "--target", *TARGETS, "-j", jobs]
     _run("compile", build, log, deadline)
 
 

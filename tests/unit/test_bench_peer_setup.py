@@ -139,8 +139,10 @@ def test_a_build_out_of_time_is_not_recorded_and_resumes(tmp_path, monkeypatch):
     assert not (root / ".failed").exists()
     assert [c[0] for c in recorder.commands] == ["cmake", "cmake"]  # no download again
     recorder.time_out_on = ""
-    ensure_llama_server(root, 60.0)
+    build = ensure_llama_server(root, 60.0)
     assert (root / ".stamp").read_text() == build_digest()
+    assert recorder.commands[-1][3:6] == ["--target", "llama-server", "llama-perplexity"]
+    assert build.perplexity == root / "build/bin/llama-perplexity"
 
 
 def test_no_compiler_no_build(tmp_path, monkeypatch):

@@ -80,6 +80,18 @@ def test_a_row_gets_the_same_bits_whatever_shares_its_call(name, make):
 
 
 @pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])
+def test_each_row_gets_its_own_bits_at_every_tile_boundary(name, make):
+    w = make().with_int8_activations(VNNI)
+    x = rows(13, seed=5)
+    alone = torch.cat([w(x[i : i + 1]) for i in range(13)])  # [13, N]
+    for m in (1, 3, 4, 5, 6, 7, 8, 9, 13):  # tiles of 4 rows; more than 4: the codes' panel
+        assert torch.equal(w(x[:m]), alone[:m]), m
+    fewer = w.take_rows(torch.arange(N - 2))  # a last block of 2 columns, not 4
+    for m in (1, 6, 13):
+        assert torch.equal(fewer(x[:m]), alone[:m, : N - 2]), m
+
+
+@pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])
 def test_the_sums_are_within_the_activation_quantizations_bound(name, make):
     w = make()
     x = rows(5, seed=9)

@@ -1,0 +1,53 @@
+// What both int8-activation paths of linear_group_quant read: the rows of x quantized to int8
+// (Rows, made in linear_group_quant_int8.cpp, which describes the arithmetic) and the
+// per-block factors, computed the same way by both (the one rule: a factor is the same
+// product in the same order on every path, so the paths give the same bits). The AVX512-VNNI
+// path is linear_group_quant_int8_vnni.cpp's run_vnni.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "group_quant_layout.h"
+
+namespace group_quant {
+
+constexpr int64_t kPair = 64;  // weights per pair of 32-blocks (one 512-bit register of codes)
+
+// The int8 activations of every row, as the dots read them.
+struct Rows {
+  int64_t K, span, groups;  // span: weights per x-block
+  std::vector<int8_t> xq;  // [M, K], per pair in lane order
+  std::vector<int32_t> lane_base;  // [M, K / 4]: -Z * each lane's sum of xq
+  std::vector<float> d;  // [M, K / span]
+  std::vector<int32_t> group_sum;  // [M, K / group]: each group's sum of xq
+
+  Rows(const Layout& L, const float* x, int64_t M);
+  void quantize(const float* xr, int64_t m, int32_t z, int8_t* natural, int64_t group);
+};
+
+// a 32-group's scale and min (per_super 1), and an x-block's sum of sub_min times its groups'
+// xq sums (exact in int32: the order of its terms does not matter)
+inline float block_scale(const Layout& L, int64_t n, int64_t g) {
+  const float scale = L.super_scale[n * L.supers + g];
+  return L.sub_scale ? scale * static_cast<float>(L.sub_scale[n * L.groups + g]) : scale;
+}
+
+inline float block_min(const Layout& L, int64_t n, int64_t g) {
+  const float min = L.super_min[n * L.supers + g];
+  return L.sub_min ? min * static_cast<float>(L.sub_min[n * L.groups + g]) : min;
+}
+
+inline int32_t min_sum(const Layout& L, int64_t n, int64_t xb, int64_t span,
+                       const int32_t* group_sum) {  // over x-block xb's groups
+  int32_t sum = 0;
+  for (int64_t g = xb * span / L.group; g < (xb + 1) * span / L.group; ++g) {
+    sum += (L.sub_min ? L.sub_min[n * L.groups + g] : 1) * group_sum[g];
+  }
+  return sum;
+}
+
+// y [M, N] from the quantized rows, in register tiles (built with AVX512-VNNI only)
+void run_vnni(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N);
+
+}  // namespace group_quant
