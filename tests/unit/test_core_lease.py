@@ -115,16 +115,21 @@ def test_a_step_gives_back_last_the_core_a_waking_worker_waits_on(tmp_path, monk
         lease.close()
 
 
-def test_a_killed_worker_strands_no_core(tmp_path):
+def lease_holder(tmp_path) -> subprocess.Popen[str]:
+    """Another process holding a 2-core lease in `tmp_path`: it prints its core, then sleeps."""
     script = (
         "import sys, time; from pathlib import Path;"
         "from services.worker.core_lease import CoreLease;"
         "lease = CoreLease(2, Path(sys.argv[1])); print(lease.acquire(), flush=True);"
         "time.sleep(60)"
     )
-    holder = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
     )
+
+
+def test_a_killed_worker_strands_no_core(tmp_path):
+    holder = lease_holder(tmp_path)
     try:
         assert holder.stdout.readline().strip() == "2"
         mine = CoreLease(2, tmp_path)
@@ -371,15 +376,7 @@ def test_workers_of_both_roles_neither_raise_nor_heed_backlogs(tmp_path):
 def test_an_owner_does_not_wait_on_a_stopped_holder(tmp_path, caplog):
     # A worker frozen mid-step (SIGSTOP) holds its locks for as long as it is stopped: the
     # owner of the core it holds steps at once rather than after HOME_WAIT_LIMIT_S (60 s).
-    script = (
-        "import sys, time; from pathlib import Path;"
-        "from services.worker.core_lease import CoreLease;"
-        "lease = CoreLease(2, Path(sys.argv[1])); print(lease.acquire(), flush=True);"
-        "time.sleep(60)"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
-    )
+    holder = lease_holder(tmp_path)
     try:
         assert holder.stdout.readline().strip() == "2"  # its home and the idle one
         os.kill(holder.pid, signal.SIGSTOP)
