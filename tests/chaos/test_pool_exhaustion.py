@@ -28,15 +28,13 @@ import openai
 import pytest
 
 from tests.e2e.test_chaos import (
-    MAX_TOKENS,
     STREAMS,
     Job,
     assert_blocks_return,
     assert_same_texts,
+    complete,
     make_jobs,
-    mesh_model_name,
     reference,
-    sampling,
 )
 from tests.e2e.test_mesh import Mesh, mesh_model_dir, start_mesh  # noqa: F401 (a fixture)
 
@@ -71,20 +69,9 @@ class Answer:
 
 def send(mesh: Mesh, job: Job) -> Answer:
     """One streamed request, recording a refusal's status and Retry-After."""
-    client = openai.OpenAI(
-        base_url=f"{mesh.base}/v1", api_key="x", timeout=PATIENT_S + 60, max_retries=0
-    )
     answer, pieces, started = Answer(), [], time.monotonic()
-    extra = {"ignore_eos": True} | ({"seed": job.seed} if job.seed is not None else {})
     try:
-        stream = client.completions.create(
-            model=mesh_model_name(mesh),
-            prompt=job.prompt,
-            max_tokens=MAX_TOKENS,
-            temperature=sampling(job).temperature,
-            stream=True,
-            extra_body=extra,
-        )
+        stream = complete(mesh, job, PATIENT_S + 60, stream=True)
         for chunk in stream:
             if chunk.choices:
                 pieces.append(chunk.choices[0].text)

@@ -33,14 +33,12 @@ import pytest
 from shared.nats_server import NatsServer, cluster_urls, start_nats_cluster
 from tests.chaos.soak import MemoryLog, Proc, descendants, restart_node, scan
 from tests.e2e.test_chaos import (
-    MAX_TOKENS,
     Job,
     Outcome,
     assert_blocks_return,
+    complete,
     make_jobs,
-    mesh_model_name,
     reference,
-    sampling,
     stream_one,
 )
 from tests.e2e.test_mesh import Mesh, mesh_model_dir, start_mesh  # noqa: F401 (a fixture)
@@ -76,18 +74,8 @@ def soak_mesh(mesh_model_dir, tmp_path_factory, cluster) -> Iterator[Mesh]:  # n
 
 def plain_one(mesh: Mesh, job: Job) -> Outcome:
     """One request without streaming."""
-    client = openai.OpenAI(
-        base_url=f"{mesh.base}/v1", api_key="x", timeout=CLIENT_TIMEOUT_S, max_retries=0
-    )
-    extra = {"ignore_eos": True} | ({"seed": job.seed} if job.seed is not None else {})
     try:
-        reply = client.completions.create(
-            model=mesh_model_name(mesh),
-            prompt=job.prompt,
-            max_tokens=MAX_TOKENS,
-            temperature=sampling(job).temperature,
-            extra_body=extra,
-        )
+        reply = complete(mesh, job, CLIENT_TIMEOUT_S, stream=False)
     except openai.APIError as exc:
         return Outcome(error=str(exc) or type(exc).__name__)
     return Outcome(text=reply.choices[0].text, finish=reply.choices[0].finish_reason)

@@ -79,21 +79,27 @@ def reference(model_dir: Path, jobs: list[Job]) -> list[str]:
     return [tokenizer.decode(tokens[str(i)], skip_special_tokens=True) for i in range(len(jobs))]
 
 
+def complete(mesh: Mesh, job: Job, timeout: float, stream: bool):
+    """`job` as one completion request (its seed and sampling, MAX_TOKENS, no retries): the
+    chunk stream when `stream`, else the reply."""
+    client = openai.OpenAI(base_url=f"{mesh.base}/v1", api_key="x", timeout=timeout, max_retries=0)
+    extra = {"ignore_eos": True} | ({"seed": job.seed} if job.seed is not None else {})
+    return client.completions.create(
+        model=mesh_model_name(mesh),
+        prompt=job.prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=sampling(job).temperature,
+        stream=stream,
+        extra_body=extra,
+    )
+
+
 def stream_one(
     mesh: Mesh, job: Job, progress: list[int], slot: int, timeout: float = 60
 ) -> Outcome:
-    client = openai.OpenAI(base_url=f"{mesh.base}/v1", api_key="x", timeout=timeout, max_retries=0)
     outcome, pieces, last = Outcome(), [], time.monotonic()
-    extra = {"ignore_eos": True} | ({"seed": job.seed} if job.seed is not None else {})
     try:
-        stream = client.completions.create(
-            model=mesh_model_name(mesh),
-            prompt=job.prompt,
-            max_tokens=MAX_TOKENS,
-            temperature=sampling(job).temperature,
-            stream=True,
-            extra_body=extra,
-        )
+        stream = complete(mesh, job, timeout, stream=True)
         for chunk in stream:
             now = time.monotonic()
             outcome.max_gap, last = max(outcome.max_gap, now - last), now
