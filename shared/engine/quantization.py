@@ -101,16 +101,7 @@ def quantize_weights(weights: ModelWeights, mode: str, group_size: int = 32) -> 
     def q(w: torch.Tensor) -> QuantizedLinear:
         return Int4Linear.quantize(w, group_size) if mode == "int4" else int8(w)
 
-    layers = [
-        replace(
-            layer,
-            qkv=q(layer.qkv),
-            o_proj=q(layer.o_proj),
-            gate_up=q(layer.gate_up),
-            down=q(layer.down),
-        )
-        for layer in weights.layers
-    ]
+    layers = [layer.map_linears(q) for layer in weights.layers]
     head = int8(weights.lm_head)  # [vocab, hidden]; int8 in every mode
     return replace(weights, layers=layers, lm_head=head, lm_head_column_major=head)
 

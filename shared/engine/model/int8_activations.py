@@ -22,16 +22,7 @@ def with_int8_activations(weights: ModelWeights, vnni: bool) -> ModelWeights:
             return w.with_int8_activations(vnni)
         return w
 
-    layers = [
-        replace(
-            layer,
-            qkv=switch(layer.qkv),
-            o_proj=switch(layer.o_proj),
-            gate_up=switch(layer.gate_up),
-            down=switch(layer.down),
-        )
-        for layer in weights.layers
-    ]
+    layers = [layer.map_linears(switch) for layer in weights.layers]
     head = switch(weights.lm_head)
     column_major = head if weights.lm_head_column_major is weights.lm_head else None
     return replace(

@@ -12,9 +12,10 @@ interleave, fusing) on whole quantized rows, the embedding too (read by rows).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -79,6 +80,16 @@ class LayerWeights:
     attn_out_norm: torch.Tensor | None = None  # [hidden] on the attention output (Gemma)
     mlp_out_norm: torch.Tensor | None = None  # [hidden] on the MLP output (Gemma)
     experts: ExpertWeights | None = None
+
+    def map_linears(self, fn: Callable[[Any], Any]) -> LayerWeights:
+        """A copy with `fn` of each of its four matrices (qkv, o_proj, gate_up, down)."""
+        return replace(
+            self,
+            qkv=fn(self.qkv),
+            o_proj=fn(self.o_proj),
+            gate_up=fn(self.gate_up),
+            down=fn(self.down),
+        )
 
 
 @dataclass(slots=True)
