@@ -10,7 +10,6 @@ Needs vLLM (`make install ENGINE=vllm`); skipped, saying so, without it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,17 +25,11 @@ from tokenizers import Tokenizer
 from loadtest.engine_bench.lora import write_random_adapter
 from services.offline import chat_prompt_ids
 from shared.engine.model_config import ModelConfig
+from tests.e2e import test_vllm_engine
 from tests.e2e.test_mesh import Mesh
 from tests.e2e.test_vllm_engine import READY_S, VLLM_FLAGS
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vLLM is not installed here (make install ENGINE=vllm)",
-    ),
-]
+pytestmark = test_vllm_engine.pytestmark  # e2e, slow, and skipped without vLLM
 
 PROMPTS = ["What is the capital of France?", "Name three colours of the rainbow."]
 MAX_TOKENS = 16
