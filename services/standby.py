@@ -16,12 +16,15 @@ counts from the hand-off (HANDED_OFF_AT_ENV), not from the standby's own start.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import runpy
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+
+log = logging.getLogger(__name__)
 
 HANDED_OFF_AT_ENV = "SPLITSERVE_HANDED_OFF_AT"  # time.time() of the hand-off, in the worker
 WARM_IMPORTS = ("services.worker.runtime",)  # what every worker imports before it starts
@@ -41,10 +44,17 @@ class StandbyWorker:
     def __init__(self, environment: dict[str, str]) -> None:
         self.environment = environment  # the standby's own, before any hand-off
         self.process: subprocess.Popen[bytes] | None = None
+        self.died = False  # one exited while it waited: no more are started
 
     def spawn(self) -> None:
-        """Start a standby unless one is waiting."""
-        if self.process is not None and self.process.poll() is None:
+        """Start a standby unless one is waiting, or one died waiting (no start loop)."""
+        if self.process is not None:
+            code = self.process.poll()
+            if code is None:
+                return
+            log.warning("the standby worker exited with %s while it waited: no more", code)
+            self.process, self.died = None, True
+        if self.died:
             return
         command = (sys.executable, "-m", "services.standby")
         self.process = subprocess.Popen(

@@ -66,6 +66,17 @@ def test_without_a_usable_standby_nothing_is_taken(tmp_path: Path):
     assert waiting.poll() is not None and standby.process is None
 
 
+def test_a_standby_that_dies_waiting_is_not_started_again():
+    standby = StandbyWorker(environment())
+    standby.spawn()
+    standby.process.kill()
+    standby.process.wait()
+    standby.spawn()  # noticed: no start loop of a standby that cannot stay up
+    assert standby.process is None and standby.died
+    standby.spawn()
+    assert standby.process is None
+
+
 def test_the_start_up_clock_of_a_handed_off_worker_counts_from_the_hand_off(monkeypatch):
     monkeypatch.setenv(HANDED_OFF_AT_ENV, repr(time.time() - 2.5))
     assert 2.4 < process_age() < 10.0
