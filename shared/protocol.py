@@ -59,6 +59,12 @@ class SubmitRequest:
     # derives from its API key (never the key; "": no keys), and vLLM's `priority` (lower first).
     tenant: str = ""
     priority: int = 0
+    # The previous attempt's split, so the scheduler replica that places this one judges
+    # its hand-off (services/scheduler/hand_offs.py): its prefill and decode workers ("":
+    # it was not split, or this is attempt 0) and the tokens delivered before it.
+    last_prefill: str = ""
+    last_decode: str = ""
+    last_delivered: int = 0
 
 
 @dataclass(slots=True)

@@ -129,11 +129,13 @@ class ModelClient:
                 raise Refused(ack.outcome, f"invalid request: {ack.error}")
             message = f"request refused: {ack.error or 'overloaded'}"
             raise Refused(ack.outcome, message, ack.retry_after)
-        stream.prefill_worker = ack.prefill_worker
+        stream.prefill_worker, stream.decode_worker = ack.prefill_worker, ack.decode_worker
         return stream
 
     def _message(self, job: GatewayRequest) -> SubmitRequest:
-        """The current attempt, as submitted."""
+        """The current attempt, as submitted; a migrated one names the previous attempt's
+        split (its stream is still `job.stream` while the next is being sent)."""
+        split = job.stream if job.attempt and job.stream.prefill_worker else None
         return SubmitRequest(
             request_id=job.wire_id,
             gateway_id=self.config.gateway_id,
@@ -147,6 +149,9 @@ class ModelClient:
             submitted_at=time.time(),
             tenant=job.spec.tenant,
             priority=job.spec.priority,
+            last_prefill=split.prefill_worker if split else "",
+            last_decode=split.decode_worker if split else "",
+            last_delivered=split.first_index if split else 0,
         )
 
     async def _ask_scheduler(self, message: SubmitRequest) -> SubmitAck:

@@ -31,6 +31,8 @@ class RequestStream:
     queue: asyncio.Queue[TokenChunk] = field(default_factory=asyncio.Queue)
     next_index: int = 0  # output position of the next token not yet delivered
     prefill_worker: str = ""  # the attempt's prefill worker ("" on the decode-only path)
+    decode_worker: str = ""  # the attempt's decode worker
+    first_index: int = 0  # the output position it started at (tokens delivered before it)
     received: int = 0  # tokens this attempt has delivered
     broken: bool = False  # tokens went missing: nothing more of this attempt is delivered
 
@@ -94,7 +96,8 @@ class TokenStreams:
     def open_stream(self, request_id: str, first_index: int = 0) -> RequestStream:
         """`first_index`: the attempt's first output position (a migrated attempt's chunks
         go on from the tokens delivered before it)."""
-        stream = self.open[request_id] = RequestStream(request_id, next_index=first_index)
+        stream = RequestStream(request_id, next_index=first_index, first_index=first_index)
+        self.open[request_id] = stream
         return stream
 
     def close_stream(self, request_id: str) -> None:

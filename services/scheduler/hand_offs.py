@@ -15,8 +15,13 @@ it (or a worker of the pair died). Then
   worker, or prefills there itself (`Rule.FAILED_PAIR`).
 Each placement kept off a link this way is counted
 (`splitserve_scheduler_kv_fallbacks_total{reason}`: request, pair). The book is soft state
-of one scheduler replica: a migrated attempt that another replica places splits as usual
-there, until that replica sees a hand-off of its own fail.
+of one scheduler replica, but the judgement is not: a migrated attempt names the previous
+attempt's split itself (`SubmitRequest.last_prefill`, `last_decode`, `last_delivered`, set
+by the gateway), so whichever replica the queue group hands it judges that hand-off, and
+keeps the request off every link from then on. The pair's cool-off is each replica's own,
+learnt from the attempts it places; a pair judged from what an attempt names is marked with
+the epochs the judging replica knows (a worker of it that restarted in between is avoided
+for the cool-off too: it cannot tell).
 
 The one subtle rule: a pair is marked with the process epochs of both its workers, and
 avoided only while both ids still run those processes: a worker that restarted (or a
@@ -85,12 +90,10 @@ class HandOffs:
         """What placing `request` keeps off, having judged the hand-off of its last split
         attempt if this is a later one."""
         key, now = base_id(request), self.clock()
-        split = self._splits.get(key)
-        if split is not None and split.attempt < request.attempt:
-            del self._splits[key]
-            if len(request.delivered_token_ids) <= split.delivered + 1:
-                self._local[key] = request.deadline
-                self._pairs[split.pair] = (split.epochs, now + self.cooloff)
+        split = self._last_split(key, request)
+        if split is not None and len(request.delivered_token_ids) <= split.delivered + 1:
+            self._local[key] = request.deadline
+            self._pairs[split.pair] = (split.epochs, now + self.cooloff)
         pairs = frozenset(
             pair
             for pair, (epochs, until) in self._pairs.items()
@@ -108,6 +111,24 @@ class HandOffs:
         self._splits = {k: s for k, s in self._splits.items() if s.deadline >= now}
         self._local = {k: deadline for k, deadline in self._local.items() if deadline >= now}
         self._pairs = {p: mark for p, mark in self._pairs.items() if mark[1] > now}
+
+    def _last_split(self, key: str, request: SubmitRequest) -> _Split | None:
+        """The split of an earlier attempt of `request`, taken out of the book: this
+        replica's record when it placed the previous attempt, else the previous attempt's
+        split as the request names it (whichever replica placed it), else this replica's
+        older record; None when there is none."""
+        booked = self._splits.get(key)
+        if booked is not None and booked.attempt < request.attempt:
+            del self._splits[key]
+        else:
+            booked = None
+        previous = booked is not None and booked.attempt == request.attempt - 1
+        if request.attempt and request.last_prefill and not previous:
+            pair = (request.last_prefill, request.last_decode)
+            delivered = request.last_delivered
+            epochs = self._epochs(pair)  # as it knows them: the placing replica's are not said
+            return _Split(request.attempt - 1, delivered, pair, epochs, request.deadline)
+        return booked
 
     def _epochs(self, pair: Pair) -> tuple[int, int]:
         return self.registry.epoch(pair[0]), self.registry.epoch(pair[1])

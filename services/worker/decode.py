@@ -7,11 +7,12 @@ written beside the running steps, or one READ straight into the reserved blocks)
 gateway) → finished. A `DecodeTask` (the decode worker prefills itself) is ENGINE at once.
 
 The transfer itself is the receiver's (shared/kvtransfer, picked by the first message of
-the transfer); this side only follows its states (`on_receive`). The blocks of a
-reservation are freed at once by a `Cancel`, a failed transfer (a `KVDone` that is not OK,
-a failed READ), a `WorkerLost` naming the request (its prefill worker died), or its
-transfer deadline: no first message within `reservation_timeout`, or no next one within
-`transfer_timeout` (never past the request's own deadline).
+the transfer); this side only follows its states (`on_receive`). A reservation ends at
+once on a `Cancel`, a failed transfer (a `KVDone` that is not OK, a failed READ), a
+`WorkerLost` naming the request (its prefill worker died), or its transfer deadline: no
+first message within `reservation_timeout`, or no next one within `transfer_timeout`
+(never past the request's own deadline). Its blocks are freed then, or, while a READ into
+them is in flight, once that READ has ended: NIXL cannot stop one (transfer.read_blocks).
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ class DecodeSide:
             self.ctx.table.end(entry, output.finish_reason.name.lower(), time.time())
 
     def stop(self, entry: WorkerRequest, reason: str, *, tell_gateway: bool) -> None:
-        """Abort the request (its blocks are freed once no write or READ of them runs; a
-        READ in flight is abandoned at once: its source may be dead)."""
+        """Abort the request at once (its source may be dead); its blocks are freed once no
+        write or READ into them runs, a READ in flight having ended (transfer.read_blocks)."""
         if entry.receiver is not None:
             entry.receiver.abort()
         self.ctx.engine.abort(entry.request_id)

@@ -14,7 +14,9 @@ is asked, into the same taken blocks and within the same deadline.
 
 The one subtle rule: `read` never fails the request. Any failure — the holder gone, the pin
 refused, a stale or forged answer, a READ lost or late — gives the taken blocks back and is
-counted by reason (`PeerFallback`); the prompt is then computed as without a hint.
+counted by reason (`PeerFallback`); the prompt is then computed as without a hint. Given
+back means once no READ into them is in flight (`TakenBlocks`): a READ given up on still
+lands (transfer.read_blocks), so neither the pool nor the next holder gets them before.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from nats.errors import Error as NatsError
 
@@ -121,11 +123,11 @@ class PeerReads:
             raise PinRefused(PeerFallback.NO_ROOM, "the prompt would not fit beside them")
         if not take.block_ids:
             return 0  # this pool holds them already (the scheduler's view was older)
-        num_read = 0
+        taken, num_read = TakenBlocks(blocks, take), 0
         try:
-            num_read = await self._from_holders(request, hint, transport, take, deadline)
+            num_read = await self._from_holders(request, hint, transport, taken, deadline)
         finally:
-            blocks.adopt(take, num_read)  # the blocks not read go back
+            taken.over(num_read)  # the blocks not read go back
         return num_read
 
     async def _from_holders(
@@ -133,19 +135,20 @@ class PeerReads:
         request: SubmitRequest,
         hint: PeerPrefix,
         transport: KVTransport,
-        take: PeerTake,
+        taken: TakenBlocks,
         deadline: float,
     ) -> int:
         """Read from the hint's holders in turn: the next one after a failure of its holder,
-        while time is left; PinRefused of the last one tried."""
+        while time is left and no READ given up on still lands in the blocks; PinRefused of
+        the last one tried."""
         holders = [h for h in hint.holders() if h.holder != self.link.agent]
         loop = asyncio.get_running_loop()
         for index, holder in enumerate(holders):
             try:
-                return await self._pin_and_read(request, holder, transport, take, deadline)
+                return await self._pin_and_read(request, holder, transport, taken, deadline)
             except PinRefused as refused:
                 last = index == len(holders) - 1 or loop.time() >= deadline
-                if last or refused.reason not in NEXT_HOLDER:
+                if last or refused.reason not in NEXT_HOLDER or taken.in_flight:
                     raise
                 self._fell_back(request, holder, refused)
         return 0
@@ -155,10 +158,11 @@ class PeerReads:
         request: SubmitRequest,
         hint: PeerPrefix,
         transport: KVTransport,
-        take: PeerTake,
+        taken: TakenBlocks,
         deadline: float,
     ) -> int:
         loop, pin_id, holder = asyncio.get_running_loop(), request.request_id, hint.holder
+        take = taken.take
         began = loop.time()
         pin = PrefixPin(
             pin_id,
@@ -186,7 +190,8 @@ class PeerReads:
             read_by = min(deadline, loop.time() + reply.read_by - time.time())
             try:
                 local = take.block_ids[:count]
-                await read_blocks(transport, holder, reply.block_ids, local, read_by)
+                keep = taken.reading()
+                await read_blocks(transport, holder, reply.block_ids, local, read_by, keep=keep)
             except ValueError as exc:  # ids the transport refuses before any byte moves
                 raise PinRefused(PeerFallback.BAD_REPLY, str(exc)) from None
             except TransferError as exc:
@@ -204,3 +209,36 @@ class PeerReads:
         self.counters.bytes += num_bytes
         self.counters.seconds += done - began
         return count
+
+
+class TakenBlocks:
+    """The blocks taken for one read, given to the pool once (`PeerBlocks.adopt`: the read
+    ones cached, the rest freed): when the read is `over` and no READ into them is in flight
+    (`reading` is what `read_blocks` keeps until its READ has ended)."""
+
+    def __init__(self, blocks: PeerBlocks, take: PeerTake) -> None:
+        self.blocks = blocks
+        self.take = take
+        self.in_flight = 0  # READs into the blocks not ended yet
+        self._num_read: int | None = None  # the read's outcome, once it is over
+        self._settled = False
+
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[None]:
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self._settle()
+
+    def over(self, num_read: int) -> None:
+        """The read is over: its first `num_read` blocks were read."""
+        self._num_read = num_read
+        self._settle()
+
+    def _settle(self) -> None:
+        if self._num_read is None or self.in_flight or self._settled:
+            return
+        self._settled = True
+        self.blocks.adopt(self.take, self._num_read)

@@ -4,6 +4,10 @@ Several `FakeTransport`s share one `FakeFabric` (their "network"): a READ copies
 remote cache's blocks into the local one on its first `poll`. The fabric can fail or stall
 the READs from a peer, and `remove` a peer as if its process died, so the failure paths of
 the workers can be driven by hand. Id checks are the same as the `nixl` transport's.
+
+The subtle rule, NIXL's own: releasing a READ in flight does not stop it. A stalled READ
+whose handle is released still lands when its stall is cleared (`set_fault`), in whatever
+the local blocks hold by then (tests/integration/test_nixl_transport.py shows NIXL doing so).
 """
 
 from __future__ import annotations
@@ -30,9 +34,17 @@ class ReadFault(Enum):
 class FakeFabric:
     transports: dict[str, FakeTransport] = field(default_factory=dict)  # by agent name
     faults: dict[str, ReadFault] = field(default_factory=dict)  # of READs from that agent
+    released: list[FakeReadHandle] = field(default_factory=list)  # in flight, handle freed
 
     def set_fault(self, peer: str, fault: ReadFault) -> None:
+        """READs from `peer` fail or stall from now on, or (NONE) go on: the stalled ones
+        whose handles were released land now, as NIXL's would."""
         self.faults[peer] = fault
+        if fault != ReadFault.STALL:
+            landing = [h for h in self.released if h.peer == peer]
+            self.released = [h for h in self.released if h.peer != peer]
+            for handle in landing:
+                handle.poll()
 
     def remove(self, agent_name: str) -> None:
         """`agent_name` is gone: READs from it fail from now on, even ones already started."""
@@ -58,7 +70,7 @@ class FakeReadHandle:
             return self.state
         fault = self.fabric.faults.get(self.peer, ReadFault.NONE)
         remote = self.fabric.transports.get(self.peer)
-        if fault == ReadFault.STALL:
+        if fault == ReadFault.STALL and remote is not None:
             return self.state
         if remote is None or fault == ReadFault.FAIL:
             self.state = TransferState.FAILED
@@ -73,9 +85,9 @@ class FakeReadHandle:
         return self.state
 
     def release(self) -> None:
+        """As NIXL's: a READ in flight is not stopped (it lands when its stall clears)."""
         if self.state == TransferState.TRANSFERRING:
-            self.state = TransferState.FAILED
-            self.reason = "released while in flight"
+            self.fabric.released.append(self)
 
 
 class FakeTransport:

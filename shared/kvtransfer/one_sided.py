@@ -115,11 +115,16 @@ class OneSidedReceiver:
                 except ValueError as exc:
                     raise InvalidRequest("agent_metadata", str(exc)) from None
                 read_by = asyncio.get_running_loop().time() + ready.read_by - time.time()
-                self._read = asyncio.current_task()  # `abort` cancels it: the READ stops
-                async with self.pins.pinned(ready.request_id):  # an abort waits for the READ
-                    await read_blocks(
-                        transport, ready.agent, ready.block_ids, local_blocks, read_by, self.holds
-                    )
+                self._read = asyncio.current_task()  # `abort` cancels it: the request lets go
+                await read_blocks(
+                    transport,
+                    ready.agent,
+                    ready.block_ids,
+                    local_blocks,
+                    read_by,
+                    self.holds,
+                    keep=self.pins.pinned(ready.request_id),  # freed once the READ has ended
+                )
                 self._read = None
         except Exception as exc:
             self.received.error = f"kv transfer failed: {exc}"

@@ -23,15 +23,18 @@ layer, [num_blocks, block_size, 2, kv_heads, head_dim], on the CPU or a GPU); it
 `metadata()` travels in the mesh's own messages (`KVReady`), never through a side channel.
 A decode worker `connect`s to a peer once (by agent name), then each transfer is one
 `start_read` whose handle it polls until SUCCESS or FAILED, within a deadline.
+
+The one subtle rule (`read_blocks`): the blocks a READ writes into are not freed before it
+has ended, even when it is given up on (a deadline, a cancel): NIXL cannot stop a READ in
+flight, and bytes landing later would overwrite another request's KV.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TYPE_CHECKING, Protocol
@@ -72,8 +75,8 @@ class ReadHandle(Protocol):
         """Why it FAILED ("" otherwise)."""
 
     def release(self) -> None:
-        """Free the handle (after SUCCESS or FAILED; aborts a READ still in flight where the
-        library can, and says so by raising when it cannot)."""
+        """Free the handle of a READ that has ended (SUCCESS or FAILED). Not for one in
+        flight: NIXL frees the request then, but cannot stop its bytes (`read_blocks`)."""
 
 
 class KVTransport(Protocol):
@@ -178,7 +181,8 @@ class KVReceiver(Protocol):
         """Take one message; raising refuses it (the sender fails the transfer)."""
 
     def abort(self) -> None:
-        """Stop now: a READ in flight is abandoned (its source may be dead)."""
+        """Stop now: a READ in flight is given up on (its source may be dead); the blocks it
+        writes stay pinned until it ends (`read_blocks`)."""
 
 
 class Awaiting(Protocol):
@@ -210,35 +214,71 @@ async def read_blocks(
     local_blocks: list[int],
     deadline: float,
     holds: HoldFile | None = None,  # tests only (read_hold.py)
+    keep: AbstractAsyncContextManager[object] | None = None,
 ) -> None:
     """One READ, polled on the event loop until it is over; `deadline` on the loop's clock.
-    The handle is released whatever happens (cancelled too); one that cannot be aborted
-    is waited out, since its bytes would land in blocks someone else may own by then."""
+    `keep` is what keeps `local_blocks` from being freed (a reservation's pin): entered
+    before the READ is posted and exited once no byte of it can land any more. A READ that
+    ends is released and `keep` exited at once; one given up on while in flight (its
+    deadline passed, the caller was cancelled) raises at once, but its handle and `keep`
+    go to a task that waits it out (`_wait_out`): releasing a READ does not stop it (NIXL
+    over UCX cannot cancel an RMA GET; the request is freed and the bytes still come), and
+    they would land in blocks someone else owns by then."""
     loop = asyncio.get_running_loop()
     hold = holds.claim() if holds is not None else None
-    if hold is not None:
-        await hold.at(HoldPoint.BEFORE, peer, len(local_blocks), None)
-    handle = transport.start_read(peer, remote_blocks, local_blocks)
-    try:
+    async with AsyncExitStack() as stack:
+        if keep is not None:
+            await stack.enter_async_context(keep)
         if hold is not None:
-            await hold.at(HoldPoint.IN_FLIGHT, peer, len(local_blocks), handle)
-        while (state := handle.poll()) == TransferState.TRANSFERRING:
-            if loop.time() > deadline:
-                blocks = len(local_blocks)
-                raise TransferError(f"READ of {blocks} blocks from {peer} passed its deadline")
-            await asyncio.sleep(POLL_S)
-        if state != TransferState.SUCCESS:
-            raise TransferError(f"READ from {peer} failed: {handle.error or state.name}")
-        if hold is not None:
-            await hold.at(HoldPoint.LANDED, peer, len(local_blocks), handle)
-    finally:
-        _release(handle, peer)
+            await hold.at(HoldPoint.BEFORE, peer, len(local_blocks), None)
+        handle = transport.start_read(peer, remote_blocks, local_blocks)
+        try:
+            if hold is not None:
+                await hold.at(HoldPoint.IN_FLIGHT, peer, len(local_blocks), handle)
+            while (state := handle.poll()) == TransferState.TRANSFERRING:
+                if loop.time() > deadline:
+                    blocks = len(local_blocks)
+                    raise TransferError(f"READ of {blocks} blocks from {peer} passed its deadline")
+                await asyncio.sleep(POLL_S)
+            if state != TransferState.SUCCESS:
+                raise TransferError(f"READ from {peer} failed: {handle.error or state.name}")
+            if hold is not None:
+                await hold.at(HoldPoint.LANDED, peer, len(local_blocks), handle)
+        finally:
+            if handle.poll() == TransferState.TRANSFERRING:
+                _wait_out(handle, peer, len(local_blocks), stack.pop_all())
+            else:
+                _release(handle, peer)
+
+
+_ABANDONED: set[asyncio.Task[None]] = set()  # READs given up on in flight, until they end
+WAIT_OUT_POLL_S = 0.01  # between polls of a READ given up on: nobody waits for it
+
+
+def _wait_out(handle: ReadHandle, peer: str, blocks: int, keep: AsyncExitStack) -> None:
+    """Poll a READ given up on in flight until it ends, then release it and exit `keep`
+    (its local blocks may be freed from then on), in a task of its own."""
+    log.warning(
+        "a READ of %d blocks from %s was given up on in flight: they stay held until it ends",
+        blocks,
+        peer,
+    )
+
+    async def wait() -> None:
+        async with keep:
+            while (state := handle.poll()) == TransferState.TRANSFERRING:
+                await asyncio.sleep(WAIT_OUT_POLL_S)
+            _release(handle, peer)
+            log.warning("the READ from %s given up on has ended (%s)", peer, state.name)
+
+    task = asyncio.get_running_loop().create_task(wait())
+    _ABANDONED.add(task)  # a reference until it is done
+    task.add_done_callback(_ABANDONED.discard)
 
 
 def _release(handle: ReadHandle, peer: str) -> None:
+    """Free the handle of a READ that has ended."""
     try:
         handle.release()
     except Exception:
-        log.exception("a READ from %s could not be aborted; waiting for it to end", peer)
-        while handle.poll() == TransferState.TRANSFERRING:
-            time.sleep(POLL_S)  # blocking: the loop must not run on meanwhile
+        log.exception("the handle of a READ from %s could not be released", peer)

@@ -113,6 +113,10 @@ def test_a_failed_attempt_migrates_with_the_tokens_delivered(migrating_gw: Harne
     first, migrated = gw.mesh.submitted[-2:]
     assert (migrated.request_id, migrated.attempt) == (f"{first.request_id}~1", 1)
     assert migrated.delivered_token_ids == first_chunk[0]
+    # it names the failed attempt's split, for whichever scheduler replica places it
+    assert (first.last_prefill, first.last_decode) == ("", "")
+    split = (migrated.last_prefill, migrated.last_decode, migrated.last_delivered)
+    assert split == ("w0", "w1", 0)
     assert migrated.deadline == first.deadline and migrated.sampling == first.sampling
     assert gw.wait_cancelled(first.request_id)  # the failed attempt frees its blocks
 

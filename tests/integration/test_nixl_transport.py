@@ -1,15 +1,19 @@
 """The `nixl` transport between two processes, as the workers use it: process A (a spawned
 child) registers its cache and hands its metadata over a queue; this process (B) READs.
+Over UCX's TCP with A stopped, a READ stays in flight: released, it still lands once A
+goes on, which is why `read_blocks` keeps the blocks of a READ it gave up on until it ends.
 
 Skipped where NIXL cannot load or start (the suite still passes there)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -19,7 +23,7 @@ pytest.importorskip("nixl_cu13", reason="NIXL (nixl-cu13) is not installed")
 
 from shared.kvtransfer.chunks import DTYPES, KVLayout
 from shared.kvtransfer.nixl_transport import NixlTransport, nixl_available
-from shared.kvtransfer.transfer import TransferState
+from shared.kvtransfer.transfer import TransferError, TransferState, read_blocks
 
 AVAILABLE, WHY = nixl_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"NIXL cannot start here: {WHY}")
@@ -185,3 +189,82 @@ def test_read_from_a_killed_peer_fails_and_its_restart_is_readable() -> None:
     finally:
         reader.transport.close()
         reader.transport.close()  # safe twice
+
+
+LATE = list(range(8, 40))  # the blocks of the READs below
+
+
+@pytest.fixture
+def stopped_peer(monkeypatch) -> Iterator[tuple[Peer, Reader]]:
+    """A peer and a reader over UCX's TCP (a READ needs the peer's answer there, unlike CMA
+    on one host), the peer stopped (SIGSTOP) after a first READ connected them: a READ
+    posted now stays in flight until the peer is continued (SIGCONT)."""
+    monkeypatch.setenv("UCX_TLS", "tcp,self")
+    peer = start_peer("a-stopped", "float32", seed=13)
+    reader = start_reader("b-stopped", "float32")
+    try:
+        reader.transport.connect(peer.name, peer.metadata, peer.num_blocks)
+        warm = reader.transport.start_read(peer.name, [0], [0])
+        assert wait(warm) == TransferState.SUCCESS, warm.error
+        warm.release()
+        os.kill(peer.pid, signal.SIGSTOP)
+        yield peer, reader
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
+        reader.transport.close()
+        stop_peer(peer)
+
+
+def landed(peer: Peer, reader: Reader) -> bool:
+    """Every layer of LATE in the reader's cache is the peer's."""
+    return all(
+        torch.equal(as_bytes(mine[LATE]), as_bytes(theirs[LATE]))
+        for mine, theirs in zip(reader.cache, peer.cache, strict=True)
+    )
+
+
+def test_a_read_released_in_flight_still_lands(stopped_peer) -> None:
+    """What the workers' READs are built around (transfer.read_blocks): releasing a READ in
+    flight frees NIXL's request without stopping it (UCX cannot cancel an RMA GET), so its
+    bytes land afterwards, in whatever the blocks hold by then."""
+    peer, reader = stopped_peer
+    handle = reader.transport.start_read(peer.name, LATE, LATE)
+    time.sleep(0.2)
+    assert handle.poll() == TransferState.TRANSFERRING
+    handle.release()  # no error: NIXL says it let go
+    for layer in reader.cache:
+        layer[LATE] = -7.0  # the blocks, freed, now another request's
+    os.kill(peer.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while not landed(peer, reader):
+        assert time.monotonic() < deadline, "the released READ never landed"
+        time.sleep(0.05)
+
+
+def test_read_blocks_keeps_the_blocks_of_a_read_given_up_on_until_it_ends(stopped_peer) -> None:
+    """`read_blocks` past its deadline raises at once, but what keeps the local blocks
+    (a reservation's pin) is let go only once the READ has ended: every byte was in by
+    then, none comes after."""
+    peer, reader = stopped_peer
+    let_go: list[bool] = []  # whether the bytes had landed when the blocks were let go
+
+    @contextlib.asynccontextmanager
+    async def keep() -> AsyncIterator[None]:
+        yield
+        let_go.append(landed(peer, reader))
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 0.3
+        with pytest.raises(TransferError, match="deadline"):
+            await read_blocks(reader.transport, peer.name, LATE, LATE, deadline, keep=keep())
+        await asyncio.sleep(0.5)
+        assert let_go == []  # the READ is still in flight: the blocks stay kept
+        os.kill(peer.pid, signal.SIGCONT)
+        give_up = loop.time() + 10
+        while not let_go:
+            assert loop.time() < give_up, "the blocks were never let go"
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert let_go == [True]

@@ -62,7 +62,10 @@ def test_beyond_the_shed_limit_the_flood_is_refused_and_the_light_tenant_is_not(
                 return place(client, "fair2", tenant_request(f"h{i}", "heavy"))
 
             waiting = [asyncio.create_task(heavy(i)) for i in range(5)]
-            await until(lambda: services[0].placing.get("", 0) == 5)  # past the shed limit, 4
+            # Past the shed limit (4) once all five wait in the line: admitted (`placing`) is
+            # not enough, a submit joins the line only after its first try found no room.
+            line = services[0].lines.of("")
+            await until(lambda: len(line) == 5)
             shed = await asyncio.gather(heavy(5), heavy(6))
             assert all(a.outcome == Outcome.BUSY and a.retry_after > 0 for a in shed), shed
             assert all("overloaded" in a.error for a in shed)

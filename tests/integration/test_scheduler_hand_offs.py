@@ -52,3 +52,25 @@ def test_a_request_migrated_after_its_decode_worker_streamed_splits_again(nats_s
             assert (await place(client, "ho2", migrated)).prefill_worker == "p1"
 
     asyncio.run(scenario())
+
+
+def test_a_replica_that_did_not_place_the_failed_split_judges_it_from_the_attempt(nats_server):
+    """Scheduler replicas share the submits (a queue group), not their books: attempt 1 may
+    reach a replica that never saw attempt 0. It names attempt 0's split (the gateway sets
+    `last_prefill`, `last_decode`, `last_delivered`), so this replica, which placed nothing,
+    still places it where it decodes."""
+
+    async def scenario() -> None:
+        p1, d1 = FakeWorker("p1", "prefill"), FakeWorker("d1", "decode")
+        services: list[SchedulerService] = []
+        async with mesh(nats_server.url, "ho3", [p1, d1], services) as client:
+            migrated = submit("r1~1")
+            migrated.attempt, migrated.delivered_token_ids = 1, [7]
+            migrated.last_prefill, migrated.last_decode = "p1", "d1"  # placed elsewhere
+            again = await place(client, "ho3", migrated)
+            assert again.accepted and (again.prefill_worker, again.decode_worker) == ("", "d1")
+            assert isinstance(d1.received[-1], DecodeTask) and not p1.received
+            (service,) = services
+            assert fallbacks(service, "request") == 1
+
+    asyncio.run(scenario())

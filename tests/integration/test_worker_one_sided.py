@@ -2,7 +2,10 @@
 transport, which has the `nixl` transport's shape: the decode worker READs the prefill
 worker's blocks into its reservation; forged offers are refused before any byte moves; a
 READ that fails or whose source is gone fails the request, so its gateway migrates it,
-and leaves no block behind on either side."""
+and leaves no block behind on either side. A READ given up on while in flight (a Cancel,
+its deadline) ends the request at once, but its blocks stay held until it has ended: its
+bytes still land (NIXL's, and the fake's, release does not stop a READ), and landing in
+blocks another request computes into made migrated streams differ (issue 60)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,16 @@ import pytest
 
 from shared.kvtransfer.chunks import KVLayout
 from shared.kvtransfer.fake_transport import FakeFabric, FakeTransport, ReadFault
-from shared.protocol import Cancel, KVReady, Outcome, Reservation, Reserve, TaskAck, WorkerLost
+from shared.protocol import (
+    Cancel,
+    DecodeTask,
+    KVReady,
+    Outcome,
+    Reservation,
+    Reserve,
+    TaskAck,
+    WorkerLost,
+)
 from tests.integration.test_worker import (
     GREEDY,
     NUM_BLOCKS,
@@ -135,6 +147,13 @@ def test_a_stalled_read_ends_at_its_deadline(nats_server, tiny_model_dir):
         await mesh.split(mesh.request("stuck", GREEDY))
         await until(lambda: any(c.error for c in mesh.chunks.get("stuck", [])), timeout=10)
         assert time.monotonic() - started < 6  # transfer_timeout 4 s: the READ gets half
+        await until(lambda: not mesh.workers[1].table.get("stuck"))
+        await asyncio.sleep(0.5)
+        mesh.beats.clear()
+        await until(lambda: "decode" in mesh.beats and "prefill" in mesh.beats)
+        assert mesh.beats["prefill"].free_blocks == NUM_BLOCKS
+        assert mesh.beats["decode"].free_blocks == NUM_BLOCKS - 4  # the READ may still land
+        fabric.set_fault("prefill", ReadFault.NONE)  # it ends: now they are free
         mesh.beats.clear()
         await until(lambda: all_blocks_free(mesh), timeout=5)
 
@@ -152,9 +171,11 @@ def test_a_transfer_whose_peer_is_lost_frees_the_survivors_blocks_at_once(
     nats_server, tiny_model_dir, lost, survivor
 ):
     """The READ stalls (its peer stopped answering); the scheduler's `WorkerLost` for one
-    side frees the other's blocks within a beat, not at a deadline: a decode worker abandons
-    the READ, a prefill worker drops the blocks it held for the lost decode worker. Its
-    gateway migrates the request (no error chunk from the survivor)."""
+    side ends the request on the other within a beat, not at a deadline: a decode worker
+    gives up on the READ, a prefill worker drops the blocks it held for the lost decode
+    worker. Its gateway migrates the request (no error chunk from the survivor). The
+    decode worker's blocks come back once the READ has ended: a lost prefill worker may only
+    be frozen, and its READ land later; once it is dead (NIXL fails the READ), at once."""
     fabric = FakeFabric()
 
     async def scenario(mesh: Mesh) -> None:
@@ -166,8 +187,14 @@ def test_a_transfer_whose_peer_is_lost_frees_the_survivors_blocks_at_once(
         await mesh.bus.publish(mesh.subjects.events, WorkerLost(lost, ["stranded"]))
         mesh.beats.clear()
         await until(lambda: survivor in mesh.beats and not mesh.beats[survivor].num_requests)
+        if lost == "prefill":
+            await asyncio.sleep(0.3)
+            mesh.beats.clear()
+            await until(lambda: survivor in mesh.beats)
+            assert mesh.beats[survivor].free_blocks == NUM_BLOCKS - 4  # the READ may land
+            fabric.remove("prefill")  # now it died: the READ fails, nothing more can land
         await until(lambda: mesh.beats[survivor].free_blocks == NUM_BLOCKS, timeout=2)
-        assert time.monotonic() - lost_at < 2  # the deadlines are 15 s and 30 s away
+        assert time.monotonic() - lost_at < 3  # the deadlines are 15 s and 30 s away
         assert not any(c.error for c in mesh.chunks["stranded"])
         await mesh.bus.publish(mesh.subjects.cancel, Cancel("stranded", "migrated"))
 
@@ -178,3 +205,35 @@ def test_a_transfer_whose_peer_is_lost_frees_the_survivors_blocks_at_once(
         transport_factory=fake_factory(fabric),
         transfer_timeout=30.0,
     )
+
+
+VICTIM = [(11 * i) % 250 + 3 for i in range(50)]  # another prompt of PROMPT's 4 blocks
+
+
+def test_a_read_given_up_on_never_lands_in_another_requests_blocks(nats_server, tiny_model_dir):
+    """The netem chaos case's wrong text (issue 60): a READ over a slow link is given up on
+    (the gateway migrates; its Cancel ends the reservation), the migrated attempt or
+    another request computes on the decode worker, and the abandoned READ's bytes land
+    afterwards. Before, the reservation's blocks were freed at the Cancel, the next request
+    took them (the pool hands out the last freed first) and its stream went wrong from the
+    landing on; now they stay held until the READ has ended."""
+    fabric = FakeFabric()
+    long_greedy = replace(GREEDY, max_tokens=300)
+
+    async def scenario(mesh: Mesh) -> None:
+        fabric.set_fault("prefill", ReadFault.STALL)
+        await mesh.split(mesh.request("stuck", GREEDY))
+        await until(lambda: "stuck" in mesh.chunks)  # first token out, the READ posted
+        await asyncio.sleep(0.3)
+        await mesh.bus.publish(mesh.subjects.cancel, Cancel("stuck", "migrated"))
+        await until(lambda: not mesh.workers[1].table.get("stuck"))
+        task = DecodeTask(mesh.request("victim", long_greedy, VICTIM))
+        ack = await mesh.bus.request(mesh.subjects.decode("decode"), task, TaskAck, 5)
+        assert ack.ok, ack.error
+        await until(lambda: "victim" in mesh.chunks)  # its prompt's KV is computed
+        fabric.set_fault("prefill", ReadFault.NONE)  # the abandoned READ lands now
+        assert await mesh.tokens("victim") == reference(tiny_model_dir, VICTIM, long_greedy)
+        mesh.beats.clear()
+        await until(lambda: all_blocks_free(mesh), timeout=5)
+
+    run_mesh(nats_server.url, tiny_model_dir, scenario, transport_factory=fake_factory(fabric))

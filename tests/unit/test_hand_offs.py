@@ -122,3 +122,31 @@ def test_only_placements_kept_off_a_link_are_counted() -> None:
         metrics.get_sample_value("fallbacks_total", {"reason": r}) for r in ("request", "pair")
     ]
     assert counts == [1, 2]
+
+
+def carried(number: int, delivered: int, pair: tuple[str, str], before: int) -> SubmitRequest:
+    """Attempt `number`, naming its previous attempt's split (as the gateway sends it)."""
+    request = attempt(number, delivered)
+    request.last_prefill, request.last_decode = pair
+    request.last_delivered = before
+    return request
+
+
+def test_another_replica_judges_the_hand_off_from_what_the_attempt_names() -> None:
+    """Replicas share the submits (a queue group), not their books: the replica that placed
+    attempt 0 split is not the one attempt 1 reaches. That one judges the hand-off from the
+    split the attempt names, keeps the request off every link from then on, and the pair
+    for the cool-off; a replica that placed attempt 1 itself keeps its own record."""
+    placer, _, _, _ = book()
+    placer.placed(attempt(0, 0), "p1", "d1")
+    other, _, _, _ = book()
+    assert other.avoid(attempt(1, 1)) == Avoid()  # before: it knew of no split
+    judged = other.avoid(carried(1, 1, ("p1", "d1"), 0))
+    assert judged == Avoid(True, frozenset({("p1", "d1")}))
+    assert other.avoid(attempt(0, 0, "r2")).pairs == {("p1", "d1")}
+
+    fine, _, _, _ = book()
+    assert fine.avoid(carried(1, 9, ("p1", "d1"), 0)) == Avoid()  # decode had streamed
+    fine.placed(carried(1, 9, ("p1", "d1"), 0), "p2", "d1")
+    own = fine.avoid(carried(2, 10, ("p2", "d1"), 9))
+    assert own == Avoid(True, frozenset({("p2", "d1")}))
