@@ -123,9 +123,11 @@ def test_roles_change_workers_join_and_a_drained_worker_finishes_its_stream(mesh
         mesh.log_path.read_text()
     )
     # the standby it was shows the worker's command line, as ps and pgrep -f read it
-    up = mesh.process.pid
-    assert pids_with(up, "--worker-id", "decode-1") == [standby_pid]
-    assert pids_with(up, "services.cli", "worker", "--role", "decode") == [standby_pid]
+    assert pids_with(mesh.process.pid, "--worker-id", "decode-1") == [standby_pid]
+    shown = Path(f"/proc/{standby_pid}/cmdline").read_bytes().split(b"\0")
+    assert [a.decode() for a in shown if a][:6] == [
+        *(sys.executable, "-m", "services.cli", "worker", "--role", "decode")
+    ]
 
     expected = stream_text(mesh, model)  # undisturbed
     got: list[tuple[str, int]] = []
