@@ -6,12 +6,16 @@ For each engine asked, cold (the page cache dropped first, where this process ma
 - `native` / `vllm`: `splitserve up --aggregated --prefill 1` on a nats-server of the
   bench's own; time from launching `up` to the first request served (a 1-token completion
   answered 200), the worker's phases from its heartbeat (GET /v1/mesh/status), then a second
-  worker started beside the first (its process start → serving, and its phases);
+  worker that `up` starts beside the first (`splitserve scale`: a PoolTarget for two), from
+  its standby worker once that says its imports are done (services/standby.py; `--
+  --no-standby-worker`: a fresh process): its start (process start, or hand-off) → serving,
+  its phases, and which it was (`second_from`);
 - `vllm-server`: vLLM's OpenAI server from the peers' venv (loadtest/peers/servers.py),
   launch to the first request served (its own phases are in its log).
-Then, for `native` (vLLM's CPU build has no sleep mode), the first worker alone is put to
-sleep at level 1 through the gateway (POST /sleep?level=1&worker=ID) and woken up: `wake_s`
-is POST /wake_up sent → its answer → the next 1-token completion served.
+Before the second worker, for `native` (vLLM's CPU build has no sleep mode), the first
+worker alone is put to sleep at level 1 through the gateway (POST /sleep?level=1&worker=ID)
+and woken up: `wake_s` is POST /wake_up sent → its answer → the next 1-token completion
+served.
 
 Each mesh row also times a decode step on the first worker: a 65-token completion (greedy,
 ignore_eos) less a 1-token one, over 64 (`step_s`: what `--no-vllm-compile` costs at every
@@ -27,11 +31,11 @@ that compiles.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -42,6 +46,9 @@ from pathlib import Path
 from loadtest.mesh import MeshProcess, stop_group
 from loadtest.peers.servers import usable_cpus, vllm_command, vllm_env
 from loadtest.vllm_compile_log import VllmCompile, describe_compile, read_compile
+from services.scale_cli import ScaleCommand, scale
+from services.standby import READY_LINE
+from shared.config import CommonConfig
 from shared.engine.startup_phases import StartupPhase
 from shared.nats_server import start_nats_server
 from shared.ports import free_port
@@ -52,6 +59,9 @@ VLLM_FLAGS = ("--engine", "vllm", "--dtype", "bfloat16")
 POLL_S = 0.25
 STEP_TOKENS = 64  # decode steps timed on the first worker
 SLEEPING_ENGINES = ("native",)  # vLLM's CPU build has no sleep mode
+NO_STANDBY = "--no-standby-worker"
+FROM_STANDBY = "from the standby"  # in up's log line for a worker it started so
+STANDBY_GONE = "the standby worker exited"  # in up's log: none will be ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +83,7 @@ class StartRow:
     phases: dict[str, float] = field(default_factory=dict)
     second_ready_s: float = 0.0  # a second worker, started while the first serves
     second_phases: dict[str, float] = field(default_factory=dict)
+    second_from: str = ""  # "standby" (handed off) | "process" (a fresh one)
     wake_s: float = 0.0  # level-1 sleep, then POST /wake_up → the next token served (0: none)
     token_s: float = 0.0  # the same 1-token completion on the awake worker, just before
     step_s: float = 0.0  # a decode step on the first worker (0: not timed)
@@ -117,18 +128,18 @@ def _mesh(cfg: StartBenchConfig, engine: str, cache: str) -> StartRow:
             first = _workers(mesh.url, cfg.timeout_s, lambda w: "first_step" in w["startup"])[0]
             row.ready_s, row.phases = first["ready_s"], first["startup"]
             row.step_s = _step_s(mesh.url, cfg.model_dir.name, cfg.timeout_s)
-            second = _second_worker(cfg, nats_url, engine_flags, log_dir / "second.log")
-            try:
-                beat = _workers(mesh.url, cfg.timeout_s, lambda w: w["id"] == "second")[0]
-                row.second_ready_s, row.second_phases = beat["ready_s"], beat["startup"]
-            finally:
-                stop_group(second)
             if engine == "vllm":
                 row.compile = read_compile(mesh.log_path.read_text(errors="replace"))
-                second_log = log_dir / "second.log"
-                row.second_compile = read_compile(second_log.read_text(errors="replace"))
             if engine in SLEEPING_ENGINES:
                 row.token_s, row.wake_s = _wake_up_to_token(mesh, first["id"], cfg)
+            if NO_STANDBY not in cfg.up_args:
+                _standby_ready(mesh, cfg.timeout_s)
+            beat = _second_worker(mesh, nats_url, first["id"], cfg.timeout_s)
+            row.second_ready_s, row.second_phases = beat["ready_s"], beat["startup"]
+            log_text = mesh.log_path.read_text(errors="replace")
+            row.second_from = "standby" if FROM_STANDBY in log_text else "process"
+            if engine == "vllm":  # the second worker's start is the log's last
+                row.second_compile = read_compile(log_text)
         finally:
             mesh.stop()
     return row
@@ -203,20 +214,26 @@ def _nats(log_dir: Path) -> Iterator[str]:
         server.stop()
 
 
-def _second_worker(
-    cfg: StartBenchConfig, nats_url: str, engine_flags: tuple[str, ...], log: Path
-) -> subprocess.Popen:
-    argv = [
-        sys.executable, "-m", "services.cli", "worker", "--model-dir", str(cfg.model_dir),
-        "--role", "both", "--worker-id", "second", "--nats", nats_url, *engine_flags,
-    ]  # fmt: skip
-    return subprocess.Popen(
-        argv,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
+def _standby_ready(mesh: MeshProcess, timeout_s: float) -> None:
+    """Until up's log says its standby worker has its imports done (or that it exited)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = mesh.log_path.read_text(errors="replace")
+        if READY_LINE in text or STANDBY_GONE in text:
+            return
+        time.sleep(POLL_S)
+    raise TimeoutError(f"no standby worker ready within {timeout_s:.0f}s ({mesh.log_path})")
+
+
+def _second_worker(mesh: MeshProcess, nats_url: str, first: str, timeout_s: float) -> dict:
+    """Have `up` start a second worker (a PoolTarget for two); its status once it serves."""
+    command = ScaleCommand(
+        role="both", replicas=2, wait=timeout_s, common=CommonConfig(nats_url=nats_url)
     )
+    reached, message = asyncio.run(scale(command))
+    if not reached:
+        raise RuntimeError(f"no second worker: {message} ({mesh.log_path})")
+    return _workers(mesh.url, timeout_s, lambda w: w["id"] != first)[0]
 
 
 def _first_served(url: str, model: str, process: subprocess.Popen, timeout_s: float) -> float:
@@ -260,8 +277,8 @@ def describe(row: StartRow) -> str:
     if row.step_s:
         text += f"; a decode step {row.step_s * 1000:.1f} ms"
     if row.second_ready_s:
-        text += f"; a second worker beside it ready in {row.second_ready_s:.1f}s: "
-        text += _phases(row.second_phases)
+        text += f"; a second worker beside it ({row.second_from}) ready in "
+        text += f"{row.second_ready_s:.1f}s: {_phases(row.second_phases)}"
     if describe_compile(row.second_compile):
         text += f" ({describe_compile(row.second_compile)})"
     if row.wake_s:
@@ -276,13 +293,15 @@ def _phases(phases: dict[str, float]) -> str:
 
 def table(rows: list[StartRow]) -> str:
     names = [p.name.lower() for p in StartupPhase]
-    head = ["engine", "cache", "served_s", "ready_s", *names, "second_ready_s", "token_s", "wake_s"]
+    head = ["engine", "cache", "served_s", "ready_s", *names, "second_ready_s", "second_from"]
+    head += ["token_s", "wake_s"]
     head += ["step_ms", "vllm_compile", "vllm_init_s", "second_vllm_compile", "second_vllm_init_s"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for row in rows:
         cells = [row.engine, row.cache, f"{row.served_s:.1f}", f"{row.ready_s:.1f}"]
         cells += [f"{row.phases[n]:.2f}" if n in row.phases else "-" for n in names]
         cells.append(f"{row.second_ready_s:.1f}" if row.second_ready_s else "-")
+        cells.append(row.second_from or "-")
         cells += [f"{row.token_s:.2f}", f"{row.wake_s:.2f}"] if row.wake_s else ["-", "-"]
         cells.append(f"{row.step_s * 1000:.1f}" if row.step_s else "-")
         cells += [*_compile_cells(row.compile), *_compile_cells(row.second_compile)]

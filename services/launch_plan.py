@@ -143,11 +143,11 @@ class LauncherConfig:
         "(splitserve scale, the planner); one-model meshes",
     )
     standby_worker: bool = flag(
-        False,
+        True,
         variable=None,
-        help="keep a worker process with its imports done, for the next worker started while "
-        "serving (added, restarted): it starts seconds sooner; ps shows it as "
-        "services.standby (services/standby.py)",
+        help="once the mesh serves, keep a worker process with its imports done, for the next "
+        "worker started while serving (added, restarted, a reload's): it starts seconds "
+        "sooner (services/standby.py); --no-standby-worker: none",
     )
     max_workers: int = flag(
         0, variable=None, help="most workers while following PoolTargets (0: the cores)"

@@ -24,7 +24,9 @@ beats the heartbeat timeout. Shutdown on SIGINT/SIGTERM: the pool follower's NAT
 connection first, then gateway, workers, scheduler (each group SIGTERM, `grace` seconds,
 then SIGUSR1 for a hung child's thread stacks, then SIGKILL), nats-server last. Once the
 gateway's `/ready` answers 200 it prints `splitserve is up: http://HOST:PORT/v1`; if that
-takes longer than `ready_timeout` it names the children not running and keeps going.
+takes longer than `ready_timeout` it names the children not running and keeps going. Either
+way, from then on it keeps a standby worker (`--standby-worker`, on by default:
+services/standby.py) for the next worker it starts.
 
 With a mesh config, `reload` (set on SIGHUP) reads the file again while serving: new models'
 workers start, routes ramp to them, removed models' workers drain and exit
@@ -200,6 +202,7 @@ def _supervise(
         if probe():
             print(f"splitserve is up: http://{config.host}:{config.port}/v1", flush=True)
             waiting_for_ready = False
+            supervisor.serving()
         elif now > ready_deadline:
             missing = ", ".join(supervisor.missing()) or "none (all running)"
             log.warning(
@@ -208,6 +211,7 @@ def _supervise(
                 missing,
             )
             waiting_for_ready = False
+            supervisor.serving()
 
 
 def gateway_port_problem(host: str, port: int) -> str | None:

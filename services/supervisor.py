@@ -14,7 +14,9 @@ it left, and `up` stops with that message.
 Every child finds the launcher's pid in UP_PID_ENV (the gateway's POST /admin/reload
 signals it); `hangup` sends the children of a role SIGHUP (the gateway reads its mesh
 config again: services/mesh_reload.py). With `standby`, a worker started after the plan's
-(added, restarted) is a standby process handed its command line (services/standby.py).
+(added, restarted) is a standby process handed its command line (services/standby.py); the
+first standby starts once the launcher says the plan's children serve (`serving`), so that
+it does not compete with their start for the cores.
 
 The subtle rule: a retired child that exits is removed, never restarted.
 """
@@ -44,7 +46,6 @@ ESSENTIAL_ROLES = ("gateway", "scheduler")
 MAX_BACKOFF_S = 30.0
 STACK_DUMP_WAIT_S = 2.0  # for a hung child to print its stacks before SIGKILL
 UP_PID_ENV = "SPLITSERVE_UP_PID"  # set for every child: the launcher's pid
-STANDBY_AFTER_S = 20.0  # after the plan's children start, the standby worker's own start
 
 
 class MeshDown(RuntimeError):
@@ -121,10 +122,9 @@ class Supervisor:
         self.restart_backoff = restart_backoff
         self.max_restarts_per_minute = max_restarts_per_minute
         self.grace = grace
-        # a worker's imports done before it is needed (services/standby.py): spawned
-        # STANDBY_AFTER_S after the plan's children start, so it does not slow their start
+        # a worker's imports done before it is needed (services/standby.py)
         self.standby = StandbyWorker(child_environment()) if standby else None
-        self._standby_at = float("inf")
+        self._standby_due = False  # set by `serving`
 
     def _child(self, spec: ChildSpec) -> Child:
         return Child(spec, Path(self._messages.name) / f"{spec.name}.cannot-run")
@@ -132,7 +132,10 @@ class Supervisor:
     def start_all(self) -> None:
         for child in self.children:
             child.start()
-        self._standby_at = time.monotonic() + STANDBY_AFTER_S
+
+    def serving(self) -> None:
+        """The plan's children serve (or the wait for that is over): the standby may start."""
+        self._standby_due = True
 
     def _start(self, child: Child) -> None:
         child.start(self.standby if child.spec.role == "worker" else None)
@@ -169,7 +172,7 @@ class Supervisor:
     def poll(self) -> None:
         """Notice crashed children and restart those that are due; remove retired ones."""
         now = time.monotonic()
-        if self.standby is not None and now >= self._standby_at:
+        if self.standby is not None and self._standby_due:
             self.standby.spawn()  # none waits: the last was handed off, or it died
         for child in list(self.children):
             if child.retiring and not child.running:

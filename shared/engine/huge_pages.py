@@ -6,7 +6,10 @@ THP mode `madvise` (the usual default), memory gets 2 MiB pages only where a pro
 them with madvise(MADV_HUGEPAGE) before it first touches the pages. `zeros_on_huge_pages`
 allocates, asks over the 2 MiB-aligned part, then zeroes (the faults then take huge pages
 when the kernel has free ones: with memory fragmented it falls back to 4 KiB pages; a
-process's AnonHugePages in /proc/PID/smaps say what it got).
+process's AnonHugePages in /proc/PID/smaps say what it got). `fresh_zeros_on_huge_pages`
+(the KV cache's) asks the same of a fresh mapping and touches nothing: the advice holds for
+the faults to come, so the pages are huge ones however late they are first written, and a
+start does not wait for the zeroing (the kernel zeroes each page at its first write).
 
 The weights stream through the matmuls every step: `move_onto_huge_pages` puts a model's
 tensors in one such allocation (torch's THP_MEM_ALLOC_ENABLE advises only allocations of 2 MiB
@@ -20,6 +23,7 @@ import ctypes
 import dataclasses
 import logging
 import math
+import mmap
 import sys
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -70,6 +74,28 @@ def empty_on_huge_pages(nbytes: int) -> tuple[torch.Tensor, bool]:
     if not advised:
         log.debug("madvise(MADV_HUGEPAGE) failed: errno %d", ctypes.get_errno())
     return raw[offset : offset + nbytes], advised
+
+
+def fresh_zeros_on_huge_pages(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> tuple[torch.Tensor, bool]:
+    """As `zeros_on_huge_pages`, without touching a page: fresh anonymous memory of its own
+    mapping, which the kernel promises reads zero, faulted in (on huge pages, where it
+    gives them) as it is first written. Memory a tensor takes from torch's allocator may be
+    reused, so only a mapping of its own is zero untouched."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    madvise = _madvise()
+    huge = madvise is not None and nbytes >= HUGE_PAGE and thp_mode() in ("always", "madvise")
+    # anonymous and private (mmap's default is shared: shmem, whose pages MADV_DONTNEED does
+    # not free): zero; room for the 2 MiB start where huge pages are asked for
+    length = max(_PAGE, nbytes + (HUGE_PAGE if huge else 0))
+    region = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(region, dtype=torch.uint8)  # holds the mapping while it lives
+    offset = -raw.data_ptr() % HUGE_PAGE if huge else 0
+    advised = False
+    if huge:
+        advised = madvise(raw.data_ptr() + offset, -(-nbytes // _PAGE) * _PAGE, _MADV_HUGEPAGE) == 0
+    return raw[offset : offset + nbytes].view(dtype).view(shape), advised
 
 
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:

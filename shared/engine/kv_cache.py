@@ -5,7 +5,8 @@ so a block of one layer is one contiguous run of memory and a gather by block id
 The tensors live on the engine's device; blocks copied out (`read_blocks`) are always on
 the CPU, for the KV transfer to ship as bytes, and blocks copied in may come from anywhere.
 On the CPU the layers are views of one allocation on 2 MiB pages where the kernel gives them
-(huge_pages.py: the decode attention's reads miss the TLB far less).
+(huge_pages.py: the decode attention's reads miss the TLB far less), a fresh mapping whose
+pages the kernel zeroes as they are first written: the start does not wait for that.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import torch
 
 from shared.engine.errors import InvalidRequest
-from shared.engine.huge_pages import thp_mode, zeros_on_huge_pages
+from shared.engine.huge_pages import fresh_zeros_on_huge_pages, thp_mode
 from shared.engine.model_config import ModelConfig
 
 CPU = torch.device("cpu")
@@ -37,7 +38,7 @@ class KVCache:
         self.device = device
         shape = (num_blocks, *self.block_shape)
         if device.type == "cpu":
-            every_layer, advised = zeros_on_huge_pages((config.num_layers, *shape), dtype)
+            every_layer, advised = fresh_zeros_on_huge_pages((config.num_layers, *shape), dtype)
             self.layers = list(every_layer.unbind(0))
             log.info(
                 "KV cache: %d MiB, %s (transparent huge pages: %s)",

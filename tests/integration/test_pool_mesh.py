@@ -1,21 +1,25 @@
 """Pools that follow the load under `splitserve up` (processes, real nats-server, tiny random
 model with the real tokenizer): a worker started as decode changes role under the
 credentials `up` made (every worker connects as `both`); `splitserve scale` brings a new
-worker up, which joins the scheduler; a lower target drains the worker holding a stream,
+worker up, which joins the scheduler: `up`'s standby worker (services/standby.py), found by
+its command line as any worker is; a lower target drains the worker holding a stream,
 which finishes with the exact tokens of an undisturbed run, and the drained worker is not
 restarted."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from services.role_cli import RoleCommand, change_role
+from services.standby import READY_LINE
 from shared.bus import Bus
 from shared.config import CommonConfig
 from shared.pool_messages import PoolTarget
@@ -68,6 +72,22 @@ def stream_text(mesh: Mesh, model: str) -> tuple[str, int]:
     return "".join(pieces), usage.completion_tokens
 
 
+def pids_with(parent: int, *args: str) -> list[int]:
+    """`parent`'s children whose command line (/proc/PID/cmdline, split on NUL) holds `args`
+    in a row."""
+    wanted = [a.encode() for a in args]
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if argv else 0
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and any(argv[i : i + len(wanted)] == wanted for i in range(len(argv))):
+            found.append(int(entry.name))
+    return found
+
+
 def publish(mesh: Mesh, pool_target: PoolTarget) -> None:
     async def send() -> None:
         settings = common(mesh, "planner")
@@ -85,6 +105,9 @@ def test_roles_change_workers_join_and_a_drained_worker_finishes_its_stream(mesh
     ok, message = asyncio.run(change_role(command))
     assert ok, message
 
+    log_text = mesh.log_path.read_text
+    ready = wait_for(lambda: re.search(rf"{READY_LINE} \(pid (\d+)\)", log_text()), timeout=180)
+    standby_pid = int(ready.group(1))
     argv = [sys.executable, "-m", "services.cli", "scale", "--role", "decode", "--replicas", "1"]
     argv += ["--nats", f"nats://127.0.0.1:{mesh.nats_port}", "--nats-user", "planner"]
     argv += ["--nats-password-file", str(mesh.credentials.password_file("planner"))]
@@ -96,6 +119,15 @@ def test_roles_change_workers_join_and_a_drained_worker_finishes_its_stream(mesh
         "decode-1": "decode",
     }
     assert "adding worker decode-1 (decode) for pool target scale #" in mesh.log_path.read_text()
+    assert f"started worker decode-1 (role worker) pid {standby_pid} from the standby" in (
+        mesh.log_path.read_text()
+    )
+    # the standby it was shows the worker's command line, as ps and pgrep -f read it
+    assert pids_with(mesh.process.pid, "--worker-id", "decode-1") == [standby_pid]
+    shown = Path(f"/proc/{standby_pid}/cmdline").read_bytes().split(b"\0")
+    assert [a.decode() for a in shown if a][:6] == [
+        *(sys.executable, "-m", "services.cli", "worker", "--role", "decode")
+    ]
 
     expected = stream_text(mesh, model)  # undisturbed
     got: list[tuple[str, int]] = []
