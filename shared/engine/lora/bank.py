@@ -106,6 +106,11 @@ class AdapterBank:
         for each adapter it uses."""
         return sum(stack.slot_bytes for stacks in self._stacks for stack in stacks.values())
 
+    @property
+    def has_rows(self) -> bool:
+        """Whether the step begun last has rows of an adapter (else all are the base's)."""
+        return self._rows is not None
+
     # -- one step -------------------------------------------------------------------------------
     def begin_step(self, rows: StepRows) -> None:
         """Fill a slot for every adapter of the step, then serve its rows' products."""

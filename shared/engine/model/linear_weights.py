@@ -98,6 +98,13 @@ class PackedGateUp:
         fp32, or with bf16_out those values rounded to bf16 (pair-packed only)."""
         return _kernels().linear_silu_mul(x, self.packed, self.inter, bf16_out)
 
+    def gate_up_product(self, x: torch.Tensor) -> torch.Tensor:
+        """x as silu_mul takes it -> the product [T, 2 * inter] fp32 that silu_mul applies
+        SiLU·up to, in the plain matrix's column order (gate's, then up's)."""
+        t, panels = x.shape[0], self.inter // PANEL
+        y = _kernels().linear(x, self.packed, 2 * self.inter, None, True)
+        return y.view(t, panels, 2, PANEL).transpose(1, 2).reshape(t, 2 * self.inter)
+
 
 def _pair_packed(packed: torch.Tensor) -> bool:
     """The layout of the bf16 pair kernels: [P, pairs, 2 * 64] (linear_bf16.cpp)."""
