@@ -131,11 +131,14 @@ class AdapterBank:
             self._slots[name] = slot
         self._rows = rows.slots(self._slots) if needed else None
 
-    def add_products(self, x: torch.Tensor, y: torch.Tensor, layer: int, target: Target):
-        """y [n, out] += each row's adapter product of x [n, in], in place; returns y."""
+    def add_products(
+        self, x: torch.Tensor, y: torch.Tensor, layer: int, target: Target, interleave: int = 0
+    ) -> torch.Tensor:
+        """y [n, out] += each row's adapter product of x [n, in], in place (interleave:
+        StackedPair.add's); returns y."""
         if self._rows is None:
             return y
-        return self._stacks[layer][target].add(x, y, self._rows.of(x.shape[0]))
+        return self._stacks[layer][target].add(x, y, self._rows.of(x.shape[0]), interleave)
 
     # -- internals ----------------------------------------------------------------------------
     def _read(self, name: str, path: Path) -> list[HostLayer]:

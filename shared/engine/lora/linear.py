@@ -6,8 +6,8 @@ adapter's B(A(x)) to its own rows. Rows of the base model get nothing added, so 
 are the base model's. A SiLU MLP's gate_up stays packed for SiLU·up inside the matmul
 (`PackedGateUp`), as the plain engine packs it: a step without adapter rows runs it so
 (and each layer as one native call where the plain engine would: `base_layer`); a step with
-adapter rows takes its gate and up products in gate-then-up order (`gate_up_product`), adds
-the adapters' products to them, then applies SiLU·up.
+adapter rows takes the matmul's product (gate's and up's columns in turns of 64), adds the
+adapters' products to it in place (the kernel's interleave) and applies SiLU·up to it.
 
 The one rule: whichever path a step takes, a base row's bits are the plain engine's (the
 packed kernel's SiLU·up is the same `silu_mul_row` over the same product).
@@ -15,14 +15,13 @@ packed kernel's SiLU·up is the same `silu_mul_row` over the same product).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from shared.engine.lora.bank import AdapterBank
 from shared.engine.lora.targets import Target
-from shared.engine.model.linear_weights import LinearWeight, PackedGateUp
+from shared.engine.model.linear_weights import PANEL, LinearWeight, PackedGateUp
 from shared.engine.model.weights import LayerWeights, ModelWeights
 
 
@@ -37,19 +36,16 @@ class LoraLinear:
         """y: the base's product of x -> y with each row's adapter product added."""
         return self.bank.add_products(x, y, self.layer, self.target)
 
-    def silu_mul(
-        self,
-        x: torch.Tensor,  # [T, hidden]
-        bf16_out: bool,  # as PackedGateUp.silu_mul's
-        silu_mul: Callable[[torch.Tensor], torch.Tensor],  # [T, 2 inter] -> [T, inter]
-    ) -> torch.Tensor:
+    def silu_mul(self, x: torch.Tensor, bf16_out: bool) -> torch.Tensor:
         """A packed gate_up's silu(gate) * up [T, inter], each row's adapter products added
         to gate and up before the SiLU; a step without adapter rows: the packed kernel's."""
         base = self.base
         assert isinstance(base, PackedGateUp), "silu_mul: over a packed SiLU gate_up"
         if not self.bank.has_rows:
             return base.silu_mul(x, bf16_out)
-        return silu_mul(self.add_products(x, base.gate_up_product(x)))
+        product = base.product(x)
+        self.bank.add_products(x, product, self.layer, self.target, PANEL)  # in turns
+        return base.silu_mul_of(product)
 
 
 def base_of(w: LinearWeight | LoraLinear | None) -> LinearWeight | None:

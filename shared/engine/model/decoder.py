@@ -154,7 +154,7 @@ def gated_mlp(
     if isinstance(gate_up, PackedGateUp):  # a SiLU MLP's, SiLU·up inside the matmul
         return linear(gate_up.silu_mul(x, bf16_rows), down)
     if isinstance(gate_up, LoraLinear) and isinstance(gate_up.base, PackedGateUp):
-        return linear(gate_up.silu_mul(x, bf16_rows, ops.silu_mul if ops else silu_mul), down)
+        return linear(gate_up.silu_mul(x, bf16_rows), down)
     fused = linear(x, gate_up)
     if act == "silu":
         return linear(ops.silu_mul(fused) if ops else silu_mul(fused), down)
