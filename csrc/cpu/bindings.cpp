@@ -60,7 +60,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "silu(gate) * up of x @ w.T over a gate_up weight packed as pairs of panels",
         py::arg("x"), py::arg("packed"), py::arg("inter"), py::arg("bf16_out") = false,
         py::call_guard<py::gil_scoped_release>());
-  m.def("lora_add", &lora_add, "y += LoRA products", py::call_guard<py::gil_scoped_release>());
+  m.def("lora_add", &lora_add, "y += LoRA products", py::arg("y"), py::arg("x"), py::arg("slots"),
+        py::arg("a"), py::arg("b"), py::arg("ranks"), py::arg("bounds"),
+        py::arg("interleave") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("argmax_rows", &argmax_rows, "each row's first maximum, as torch.argmax",
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &rms_norm, "per-row RMSNorm times weight", py::arg("x"), py::arg("weight"),

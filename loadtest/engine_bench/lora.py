@@ -39,6 +39,14 @@ from shared.engine.sampling_params import SamplingParams
 
 VLLM_SCRIPT = Path(__file__).with_name("lora_vllm.py")
 VLLM_TIMEOUT_S = 1200.0  # its import, start-up and the two runs
+# vLLM's CPU settings, as a vLLM worker sets them (services/worker/vllm_engine_args.py): the
+# model in the engine core process, OpenMP threads unbound, 1 GiB of KV cache. With vLLM's
+# defaults its engine core's worker process failed to start (2 cores, no cause printed).
+VLLM_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
 KV_CACHE_GIB = 0.5  # each engine's: c=16 prompts of a few hundred tokens fit many times
 WARM_UP_TOKENS = 2  # output tokens of the warm-up runs
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -149,7 +157,8 @@ def _vllm(
         "--output-len", str(cfg.output_len), "--max-loras", str(cfg.max_loras),
         "--max-lora-rank", str(cfg.rank), "--out", str(tmp / "vllm.json"),
     ]  # fmt: skip
-    done = subprocess.run(args, capture_output=True, text=True, timeout=VLLM_TIMEOUT_S)
+    env = VLLM_ENV | dict(os.environ)  # the caller's own settings first
+    done = subprocess.run(args, capture_output=True, text=True, timeout=VLLM_TIMEOUT_S, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"vLLM's LoRA run failed:\n{done.stderr[-3000:]}")
     return json.loads((tmp / "vllm.json").read_text())

@@ -91,8 +91,8 @@ class ModelRunner:
         shipped = shipped_quantization(model_dir, config.quantization, device.type)
         packed = not config.quantization and batch_invariant.resolve(config)
         lora = self._lora
-        # with adapters, gate_up stays a plain matrix (lora/linear.py)
-        silu_mlp = model_config.hidden_act == "silu" and lora is None
+        # with adapters too: lora/linear.py adds theirs to the packed gate_up's product
+        silu_mlp = model_config.hidden_act == "silu"
         cache = PackedCache.of(config, model_dir, silu_mlp) if packed and not shipped else None
         weights = cache.load(clock) if cache is not None else None
         mapped = weights is not None

@@ -41,6 +41,19 @@ def test_the_fused_call_gives_silu_mul_of_the_plain_product_bit_for_bit(dtype, i
 
 
 @pytest.mark.parametrize("dtype", WEIGHT_DTYPES)
+def test_the_product_before_the_silu_is_the_plain_matrixs(dtype):
+    """What a step with LoRA rows takes from a PackedGateUp (lora/linear.py): the plain
+    matrix's product bit for bit, and SiLU·up of it the fused call's."""
+    w = _gate_up(192, 575, dtype, seed=4)
+    plain, fused = PackedLinear.pack(w), PackedGateUp.pack(w)
+    x = torch.randn(7, 575, generator=torch.Generator().manual_seed(5))
+    product = fused.product(x)  # gate's and up's columns in turns of 64
+    in_order = product.view(7, 3, 2, 64).transpose(1, 2).reshape(7, 384)
+    assert torch.equal(in_order, plain(x))
+    assert torch.equal(fused.silu_mul_of(product), fused.silu_mul(x))
+
+
+@pytest.mark.parametrize("dtype", WEIGHT_DTYPES)
 def test_a_row_does_not_depend_on_its_batch_or_the_thread_count(dtype):
     fused = PackedGateUp.pack(_gate_up(320, 576, dtype, seed=2))
     x = torch.randn(130, 576, generator=torch.Generator().manual_seed(3))

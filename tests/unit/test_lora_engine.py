@@ -15,6 +15,8 @@ import torch
 from shared.engine import native
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
+from shared.engine.lora.linear import LoraLinear
+from shared.engine.model.linear_weights import PackedGateUp
 from shared.engine.sampling_params import SamplingParams
 from tests.conftest import write_tiny_model
 from tests.engine_harness import LogitsRecorder, hf_logits, run_to_completion
@@ -98,6 +100,32 @@ def test_a_mixed_batch_gives_every_row_its_bits_alone(setup):
     assert mixed_rows.rows.keys() == alone_rows.rows.keys()
     for key, row in alone_rows.rows.items():
         assert torch.equal(mixed_rows.rows[key], row), key
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_base_row_of_a_lora_engine_has_the_plain_engines_bits(setup, dtype):
+    """A LoRA engine packs gate_up as the plain engine does (SiLU·up inside the matmul): the
+    base model's rows, alone (steps without adapter rows) and beside adapter rows (steps that
+    take gate and up apart for the adapters' products), are the plain engine's bits."""
+    model_dir, adapters = setup
+    plain = make_engine(model_dir, {}, dtype=dtype)
+    assert plain.adapters is None
+    expected = LogitsRecorder(plain)
+    plain.add_request("base", PROMPT, greedy("", 8))
+    tokens = run_to_completion(plain)
+    for beside in ([], list(adapters)):
+        engine = make_engine(model_dir, adapters, dtype=dtype, max_num_batched_tokens=24)
+        layer = engine.runner.model.weights.layers[0]
+        assert isinstance(layer.gate_up, LoraLinear) and isinstance(
+            layer.gate_up.base, PackedGateUp
+        )
+        recorder = LogitsRecorder(engine)
+        engine.add_request("base", PROMPT, greedy("", 8))
+        for k, name in enumerate(beside):
+            engine.add_request(name, [(7 * i + k) % 250 + 3 for i in range(11)], greedy(name, 8))
+        assert run_to_completion(engine)["base"] == tokens["base"]
+        for key, row in expected.rows.items():
+            assert torch.equal(recorder.rows[key], row), (beside, key)
 
 
 def test_two_adapters_never_share_kv_blocks(setup):

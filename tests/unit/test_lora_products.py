@@ -168,3 +168,28 @@ def test_a_call_split_over_threads_keeps_every_rows_bits():
         assert torch.equal(row[0], split[t]), t
     expected = reference(x, slots, pairs, edges)
     assert torch.allclose(split.double() - base.double(), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_products_into_a_y_that_holds_its_modules_in_turns():
+    """A PackedGateUp's product holds gate's and up's columns in turns (`interleave`): every
+    module's columns get the bits they get in the plain order, by the kernel and by torch."""
+    edges, turn, rank = (0, 48, 96), 16, 5
+    gen = torch.Generator().manual_seed(10)
+    stack = StackedPair(2, edges, K, 1, torch.float32, torch.device("cpu"))
+    for slot, present in enumerate([(True, True), (False, True)]):
+        a = torch.randn(2, rank, K, generator=gen) * torch.tensor(present)[:, None, None]
+        b = torch.randn(edges[-1], rank, generator=gen)
+        stack.fill(slot, lay_out(LowRankPair(a, b, present), edges, 1))
+    own = torch.arange(edges[-1])  # y's column j holds module m's column n:
+    m, n = own % (2 * turn) // turn, own // (2 * turn) * turn + own % turn
+    columns = torch.tensor(edges)[m] + n
+    slots = torch.tensor([0, 1, -1, 0, 1], dtype=torch.int32)
+    x = torch.randn(len(slots), K, generator=gen)
+    base = torch.randn(len(slots), edges[-1], generator=gen)
+    plain = stack.add(x, base.clone(), slots)
+    in_turns = stack.add(x, base[:, columns].clone(), slots, interleave=turn)
+    assert torch.equal(in_turns, plain[:, columns])
+    by_torch = stack.add_by_torch(x, base[:, columns].clone(), slots, interleave=turn)
+    assert torch.allclose(by_torch, plain[:, columns], atol=1e-4)
+    with pytest.raises(RuntimeError, match="interleave"):
+        stack.add(x, base.clone(), slots, interleave=24)

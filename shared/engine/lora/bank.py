@@ -106,6 +106,11 @@ class AdapterBank:
         for each adapter it uses."""
         return sum(stack.slot_bytes for stacks in self._stacks for stack in stacks.values())
 
+    @property
+    def has_rows(self) -> bool:
+        """Whether the step begun last has rows of an adapter (else all are the base's)."""
+        return self._rows is not None
+
     # -- one step -------------------------------------------------------------------------------
     def begin_step(self, rows: StepRows) -> None:
         """Fill a slot for every adapter of the step, then serve its rows' products."""
@@ -126,11 +131,14 @@ class AdapterBank:
             self._slots[name] = slot
         self._rows = rows.slots(self._slots) if needed else None
 
-    def add_products(self, x: torch.Tensor, y: torch.Tensor, layer: int, target: Target):
-        """y [n, out] += each row's adapter product of x [n, in], in place; returns y."""
+    def add_products(
+        self, x: torch.Tensor, y: torch.Tensor, layer: int, target: Target, interleave: int = 0
+    ) -> torch.Tensor:
+        """y [n, out] += each row's adapter product of x [n, in], in place (interleave:
+        StackedPair.add's); returns y."""
         if self._rows is None:
             return y
-        return self._stacks[layer][target].add(x, y, self._rows.of(x.shape[0]))
+        return self._stacks[layer][target].add(x, y, self._rows.of(x.shape[0]), interleave)
 
     # -- internals ----------------------------------------------------------------------------
     def _read(self, name: str, path: Path) -> list[HostLayer]:

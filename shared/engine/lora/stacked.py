@@ -87,16 +87,21 @@ class StackedPair:
         self.b[slot].copy_(host.b)
         self.ranks[slot].copy_(host.ranks)
 
-    def add(self, x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def add(
+        self, x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, interleave: int = 0
+    ) -> torch.Tensor:
         """y [T, N] += each row's adapter product of x [T, K], in place; slots [T] int32 on
-        the host, -1 for the base model's rows. Returns y."""
+        the host, -1 for the base model's rows. interleave: 0, or y holds the modules in
+        turns of that many columns (a PackedGateUp's product: lora_products.h). Returns y."""
         if self._kernels is not None and x.dtype in _KERNEL_DTYPES and y.dtype in _KERNEL_DTYPES:
             x = x if x.stride(-1) == 1 else x.contiguous()
-            self._kernels.lora_add(y, x, slots, self.a, self.b, self.ranks, self.bounds)
+            self._kernels.lora_add(y, x, slots, self.a, self.b, self.ranks, self.bounds, interleave)
             return y
-        return self.add_by_torch(x, y, slots)
+        return self.add_by_torch(x, y, slots, interleave)
 
-    def add_by_torch(self, x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor):
+    def add_by_torch(
+        self, x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, interleave: int = 0
+    ) -> torch.Tensor:
         """`add` through torch's matmuls: off the CPU kernels (or their dtypes)."""
         on_device = slots.to(y.device)
         for slot in sorted(set(slots.tolist()) - {-1}):
@@ -109,9 +114,20 @@ class StackedPair:
                 count = _panels(stop - first)
                 if ranks[m]:
                     product = torch.einsum("rj,cjl->rcl", u[:, m], b[column : column + count])
-                    y[rows, first:stop] += product.flatten(1)[:, : stop - first].to(y.dtype)
+                    columns = self._columns(m, interleave).to(y.device)
+                    product = product.flatten(1)[:, : stop - first].to(y.dtype)
+                    y[rows[:, None], columns] += product
                 column += count
         return y
+
+    def _columns(self, m: int, interleave: int) -> torch.Tensor:
+        """y's columns of module m (lora_products.h's interleave)."""
+        first, stop = self.edges[m], self.edges[m + 1]
+        own = torch.arange(stop - first)
+        if not interleave:
+            return own + first
+        modules = len(self.edges) - 1
+        return own // interleave * interleave * modules + m * interleave + own % interleave
 
 
 def _panels(columns: int) -> int:

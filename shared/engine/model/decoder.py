@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from shared.engine.attention import AttentionBackend
 from shared.engine.attention.base import LayerAttention
 from shared.engine.attention.metadata import AttentionMetadata
-from shared.engine.lora.linear import LoraLinear
+from shared.engine.lora.bank import AdapterBank
+from shared.engine.lora.linear import LoraLinear, bank_of, base_layer, base_of
 from shared.engine.model.group_quant import GroupQuantLinear
 from shared.engine.model.layer_ops import LayerOps, StepRope, layer_ops
 from shared.engine.model.linear_weights import LinearWeight, PackedGateUp, PackedLinear
@@ -56,6 +57,17 @@ class DecoderModel:
         # a family whose layer loop can run each layer as one native call sets this
         # (llama.py); None: the Python layer
         self.native_layers: NativeLayers | None = None
+        # LoRA (lora/linear.py): the bank whose adapters wrap the matrices, and the layers
+        # as the native call takes them, without (a step without adapter rows runs those)
+        self.adapters: AdapterBank | None = bank_of(weights.layers)
+        self.base_layers = [base_layer(layer) for layer in weights.layers]
+
+    def native_call(self) -> NativeLayers | None:
+        """The native layer call for this step: None where the Python layer runs (a family or
+        model without it, or a step with rows of an adapter)."""
+        if self.adapters is not None and self.adapters.has_rows:
+            return None
+        return self.native_layers
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] int64 -> [T, hidden] in act_dtype (a quantized table: its rows dequantized)."""
@@ -99,7 +111,7 @@ class DecoderModel:
         attn = attn.reshape(t, heads * d)
         if keep is not None:
             attn = attn[keep]
-        if not isinstance(layer.o_proj, PackedLinear):  # a packed one takes the bf16 rows as is
+        if not isinstance(base_of(layer.o_proj), PackedLinear):  # takes the bf16 rows as is
             attn = attn.to(x.dtype)
         return linear(attn, layer.o_proj)
 
@@ -141,14 +153,19 @@ def gated_mlp(
     """x: [T, hidden] -> [T, hidden]: down(act(gate(x)) * up(x)), gate and up fused."""
     if isinstance(gate_up, PackedGateUp):  # a SiLU MLP's, SiLU·up inside the matmul
         return linear(gate_up.silu_mul(x, bf16_rows), down)
+    if isinstance(gate_up, LoraLinear) and isinstance(gate_up.base, PackedGateUp):
+        return linear(gate_up.silu_mul(x, bf16_rows), down)
     fused = linear(x, gate_up)
-    if act == "silu" and ops is not None:
-        return linear(ops.silu_mul(fused), down)
+    if act == "silu":
+        return linear(ops.silu_mul(fused) if ops else silu_mul(fused), down)
     inter = fused.shape[1] // 2
-    gate = (
-        F.silu(fused[:, :inter]) if act == "silu" else F.gelu(fused[:, :inter], approximate="tanh")
-    )
-    return linear(gate * fused[:, inter:], down)
+    return linear(F.gelu(fused[:, :inter], approximate="tanh") * fused[:, inter:], down)
+
+
+def silu_mul(fused: torch.Tensor) -> torch.Tensor:
+    """fused [T, 2 * inter] (gate, up) -> silu(gate) * up [T, inter], by torch's ops."""
+    inter = fused.shape[1] // 2
+    return F.silu(fused[:, :inter]) * fused[:, inter:]
 
 
 def linear(
@@ -173,6 +190,7 @@ def linear(
 
 def _rounds_rows_to_bf16(layer: LayerWeights) -> bool:
     """Whether every matmul of a dense SiLU layer rounds its rows to bf16 itself."""
+    layer = base_layer(layer)  # adapters beside them change no matmul's rows
     matrices = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
     return isinstance(layer.gate_up, PackedGateUp) and all(
         isinstance(w, PackedLinear | PackedGateUp) and w.rounds_rows_to_bf16 for w in matrices

@@ -98,6 +98,16 @@ class PackedGateUp:
         fp32, or with bf16_out those values rounded to bf16 (pair-packed only)."""
         return _kernels().linear_silu_mul(x, self.packed, self.inter, bf16_out)
 
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x as silu_mul takes it -> the product [T, 2 * inter] fp32 that silu_mul applies
+        SiLU·up to, in the packed order: PANEL columns of gate, the same of up, and so on."""
+        return _kernels().linear(x, self.packed, 2 * self.inter, None, True)
+
+    def silu_mul_of(self, product: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up [T, inter] fp32 of a `product`: silu_mul's bits, one pass."""
+        pairs = product.view(-1, 2 * PANEL)  # each row: a panel of gate, then of up
+        return _kernels().silu_mul(pairs).view(product.shape[0], self.inter)
+
 
 def _pair_packed(packed: torch.Tensor) -> bool:
     """The layout of the bf16 pair kernels: [P, pairs, 2 * 64] (linear_bf16.cpp)."""

@@ -38,12 +38,12 @@ class LlamaModel(DecoderModel):
         rope = self.ops.rope(self.rotations, positions)
         h = self.embed(input_ids)  # [T, hidden]
         y = None  # the previous layer's MLP output, joining the residual stream
+        native = self.native_call()
         for i, (layer, cache) in enumerate(zip(w.layers, kv_cache, strict=True)):
             keep = self.rows_kept_after(i, logits_rows, h.shape[0])
-            if self.native_layers is not None:
-                h, y = self.native_layers(
-                    h, y, layer, cache, rope, meta, keep, self.layer_attention[i]
-                )
+            if native is not None:
+                base = self.base_layers[i]
+                h, y = native(h, y, base, cache, rope, meta, keep, self.layer_attention[i])
                 continue
             if y is None:
                 x = self.norm(h, layer.input_norm, self.bf16_rows)
