@@ -4,8 +4,8 @@ The engine thread `offer`s the blocks one call evicted, copied out of the pool t
 one tensor, and goes on; the writer copies each block out of it into one buffer, then
 checksums and stores it as its own entry: three calls that each let go of the GIL, and no
 torch call (which would start a second OpenMP team beside the engine's). It runs at the
-lowest CPU priority (`NICE`): on a host whose cores the engine's threads keep busy it
-writes in their gaps rather than slow their steps. The queue is bounded in blocks: the
+engine's CPU priority: a lower one starved it on a loaded host while it held the GIL, and
+the engine's thread waited for it (docs/kv_tier.md). The queue is bounded in blocks: the
 engine asks for `room` before copying, and an offer beyond it is refused and counted
 (`dropped`), never waited for. The one subtle rule: the first write that fails (a full
 disk, a removed directory) stops every later one for good and is logged once (`stopped`);
@@ -15,7 +15,6 @@ the blocks are then recomputed as they would be without a tier.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 
@@ -28,7 +27,6 @@ from shared.engine.kv_tier.store import TierStore
 log = logging.getLogger(__name__)
 
 QUEUE_DEPTH = 256  # blocks waiting to be written, at most
-NICE = 19  # the writer thread's CPU priority (Linux: per thread), the lowest
 
 Batch = tuple[list[int], np.ndarray]  # hashes, and their blocks' bytes: [L, n, bytes a layer]
 
@@ -84,10 +82,6 @@ class TierWriter:
         self.flush(timeout)
 
     def _run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-        except OSError as exc:  # not Linux, or not allowed: at the engine's priority
-            log.info("KV tier: the writer keeps its priority: %s", exc)
         while True:
             item = self._queue.get()
             if isinstance(item, threading.Event):
