@@ -25,4 +25,5 @@ class TierCounters:
     late: int = 0  # blocks recomputed since their read passed its deadline
     evictions: int = 0  # entries dropped for room
     dropped_writes: int = 0  # evicted blocks not written: the writer was behind
+    unwritten: int = 0  # evicted blocks not written: no evicted block was seen to return
     write_stopped: bool = False  # a write failed (full disk): it writes no more

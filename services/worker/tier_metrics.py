@@ -3,7 +3,8 @@ samples on /metrics (`TierMetrics`) and as the heartbeat's `TierCounters` (/mesh
 
 Metrics, labelled by `role`, `tier` ("host": the worker's own directory or /dev/shm) and
 `model` when the worker names one: splitserve_kv_tier_{hits, refused, skipped, read_bytes,
-written_bytes, load_seconds, evictions, prefetched, late, dropped_writes}_total (counters), and
+written_bytes, load_seconds, evictions, prefetched, late, dropped_writes, unwritten}_total
+(counters), and
 splitserve_kv_tier_{stored_bytes, capacity_bytes, write_stopped} (gauges). The one subtle
 rule: they are read at each scrape from the newest stats the heartbeat saw, so a worker
 without a tier exports none of them, and counters never move backwards within a process.
@@ -34,6 +35,7 @@ COUNTERS = {  # metric name (without _total) -> (TierStats field, help)
     "prefetched": ("prefetched", "KV blocks loaded from the tier after a read beside a step"),
     "late": ("late", "KV blocks recomputed since their tier read passed its deadline"),
     "dropped_writes": ("dropped_writes", "Evicted KV blocks not written: the writer was behind"),
+    "unwritten": ("unwritten", "Evicted KV blocks not written: none was seen to return"),
 }
 GAUGES = {
     "stored_bytes": ("stored_bytes", "Bytes the tier holds"),

@@ -7,8 +7,9 @@ A block is in exactly one of three states:
 - free and empty: ref_count == 0, no hash; handed out before any cached block is evicted.
 Only full blocks whose KV has been computed are registered in the cache. Every hash
 registered or evicted is recorded as it happens (`events`, see stats.KVEventLog).
-With a second tier (kv_tier/), the cached blocks one call evicts are copied there together
-before the call returns (one gather, before any of them is written again), and an admission
+With a second tier (kv_tier/), the cached blocks one call evicts are offered to it together
+before the call returns (those it keeps are copied in one gather, before any of them is
+written again); an admission tells it which blocks it missed in the pool, and one
 that misses the pool loads the run of blocks that follows its pool hits from the tier into
 fresh blocks, when loading pays; they are then cached like computed ones. A sequence's
 block hashes are computed once (`hashes`): asking every step costs no hashing.
@@ -279,6 +280,7 @@ class BlockManager:
         """Append to `seq` the blocks of `hashes` that the tier fills, cached as computed."""
         if self.tier is None or not hashes:
             return
+        self.tier.asked(hashes)  # how the tier learns that evicted blocks return
         run = self._tier_run(hashes, self.num_free_blocks)
         if run == 0:
             if not self.tier.pays():

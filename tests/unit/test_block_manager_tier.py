@@ -34,6 +34,9 @@ class FakeTier:
             if self.data.draw(st.integers(0, 3), label="written"):  # 0: the writer was behind
                 self.stored[block_hash] = content
 
+    def asked(self, hashes: list[int]) -> None:
+        pass  # this tier writes what the draws say, returns or not
+
     def held_run(self, hashes: list[int]) -> int:
         count = 0
         while count < len(hashes) and hashes[count] in self.stored:

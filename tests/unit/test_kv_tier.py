@@ -1,5 +1,6 @@
 """The second KV tier in the engine: blocks evicted from the pool come back from the tier
-bit for bit; a refused entry is recomputed; a tier slower than recomputing is not read."""
+bit for bit; a refused entry is recomputed; a tier slower than recomputing is not read;
+blocks are written only once evicted blocks are seen to return."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.engine_harness import LogitsRecorder, run_to_completion
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 PROMPT = [(11 * i) % 250 + 3 for i in range(70)]  # 4 full blocks before its last token
 FILLERS = [[(13 * i + k) % 250 + 3 for i in range(150)] for k in (1, 2)]
+MORE_FILLERS = [[(13 * i + k) % 250 + 3 for i in range(150)] for k in (3, 4)]  # never return
 
 
 def make_engine(model_dir, tmp_path, **overrides) -> LLMEngine:
@@ -29,10 +31,13 @@ def run(engine: LLMEngine, request_id: str, prompt: list[int]) -> list[int]:
 
 
 def evict_prompt(engine: LLMEngine) -> list[int]:
-    """Serve PROMPT, then the fillers that evict its blocks from the pool; its block hashes."""
-    run(engine, "first", PROMPT)
-    for index, filler in enumerate(FILLERS):
-        run(engine, f"filler{index}", filler)
+    """Serve PROMPT, then the fillers that evict its blocks from the pool, twice: the tier
+    writes a block once evicted blocks are seen to return (admission.py), here PROMPT's
+    second time. PROMPT's block hashes."""
+    for round, fillers in enumerate((FILLERS, MORE_FILLERS)):
+        run(engine, f"first{round}", PROMPT)
+        for index, filler in enumerate(fillers):
+            run(engine, f"filler{round}.{index}", filler)
     hashes = hash_full_blocks(PROMPT[:-1], 16, "")
     assert not any(h in engine.block_manager.cached for h in hashes), "the fillers evict it"
     assert engine.tier is not None and engine.tier.writer.flush()
@@ -112,3 +117,29 @@ def test_close_removes_the_entries(tiny_model_dir, tmp_path):
     assert any(path.glob("*.kv"))
     engine.close()
     assert not path.exists()
+
+
+def test_nothing_is_written_until_evicted_blocks_return(tiny_model_dir, tmp_path, monkeypatch):
+    engine = make_engine(tiny_model_dir, tmp_path, kv_offloading_size=0.01)
+    gathers: list[list[int]] = []
+    read_blocks = engine.runner.kv_cache.read_blocks
+    monkeypatch.setattr(
+        engine.runner.kv_cache,
+        "read_blocks",
+        lambda ids, layers: gathers.append(ids) or read_blocks(ids, layers),
+    )
+    run(engine, "first", PROMPT)
+    for index, filler in enumerate(FILLERS):  # no block returns: none is copied or written
+        run(engine, f"filler{index}", filler)
+    assert engine.tier is not None and engine.tier.writer.flush()
+    stats = engine.stats().tier
+    assert stats.unwritten == engine.block_manager.evictions > 0
+    assert stats.bytes_out == 0 and gathers == [] and not any(engine.tier.store.path.glob("*.kv"))
+    run(engine, "again", PROMPT)  # PROMPT returns: recomputed, and written at its eviction
+    assert engine.stats().tier.hits == 0
+    for index, filler in enumerate(MORE_FILLERS):
+        run(engine, f"filler{index}.again", filler)
+    assert engine.tier.writer.flush() and gathers
+    hashes = hash_full_blocks(PROMPT[:-1], 16, "")
+    assert engine.tier.held_run(hashes) == len(hashes)
+    engine.close()

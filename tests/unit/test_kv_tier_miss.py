@@ -47,6 +47,9 @@ class MissTier:
     def save(self, evicted: list[tuple[int, int]]) -> None:
         self.saves.append(list(evicted))
 
+    def asked(self, hashes: list[int]) -> None:
+        pass
+
     def held_run(self, hashes: list[int]) -> int:
         return 0
 
@@ -115,17 +118,16 @@ def test_the_blocks_one_call_evicts_are_copied_in_one_gather_and_stored_bit_for_
 
     monkeypatch.setattr(kv_cache, "read_blocks", spy)
     blocks = BlockManager(8, BS, MODEL_ID, tier=tier)
-    first = Sequence("a", list(range(8 * BS)), 8 * BS, SamplingParams(), 0)
-    blocks.allocate(first)
-    blocks.allocate_slots(first, first.num_tokens)
-    first.num_computed_tokens = first.num_tokens
-    blocks.commit(first)  # 8 cached blocks: the whole pool
+    first = computed(blocks, "a", list(range(8 * BS)))  # 8 cached blocks: the whole pool
+    blocks.free(first)
+    second = computed(blocks, "b", list(range(50, 50 + 6 * BS)))  # evicts 6 of first's
+    assert gathers == [] and tier.stats().unwritten == 6  # no block has returned yet
     before = {h: kv_cache.read_blocks([b], range(3)).clone() for h, b in blocks.cached.items()}
     gathers.clear()
-    blocks.free(first)
-    second = Sequence("b", list(range(50, 50 + 6 * BS)), 6 * BS, SamplingParams(), 0)
-    blocks.allocate(second)
-    blocks.allocate_slots(second, second.num_tokens)  # evicts 6 cached blocks at once
+    blocks.free(second)
+    third = Sequence("c", list(range(8 * BS)), 8 * BS, SamplingParams(), 0)
+    blocks.allocate(third)  # first's evicted blocks return: from now on evictions are written
+    blocks.allocate_slots(third, third.num_uncomputed_tokens)  # evicts second's 6 at once
     assert len(gathers) == 1 and len(gathers[0]) == 6
     assert tier.writer.flush()
     saved = [h for h in before if tier.store.holds(h)]
@@ -138,6 +140,16 @@ def test_the_blocks_one_call_evicts_are_copied_in_one_gather_and_stored_bit_for_
     tier.close()
 
 
+def computed(blocks: BlockManager, request_id: str, prompt: list[int]) -> Sequence:
+    """`prompt` admitted, its every token computed and its full blocks cached."""
+    seq = Sequence(request_id, prompt, len(prompt), SamplingParams(), 0)
+    blocks.allocate(seq)
+    blocks.allocate_slots(seq, seq.num_uncomputed_tokens)
+    seq.num_computed_tokens = seq.num_tokens
+    blocks.commit(seq)
+    return seq
+
+
 def test_blocks_beyond_the_writers_room_are_not_copied_and_are_counted(tmp_path, monkeypatch):
     kv_cache = KVCache(CONFIG, num_blocks=8, block_size=BS, dtype=torch.float32)
     tier = KVTier.open(kv_cache, MODEL_ID, tmp_path, capacity_bytes=1 << 20)
@@ -147,6 +159,8 @@ def test_blocks_beyond_the_writers_room_are_not_copied_and_are_counted(tmp_path,
     monkeypatch.setattr(
         kv_cache, "read_blocks", lambda ids, layers: gathers.append(ids) or read_blocks(ids, layers)
     )
+    tier.save([(0, 11), (1, 12), (2, 13)])  # not written: no block has returned yet
+    tier.asked([11, 12, 13])  # now they have
     tier.save([(0, 11), (1, 12), (2, 13)])
     assert gathers == [[0, 1]] and tier.stats().dropped_writes == 1
     assert tier.writer.flush() and tier.held_run([11, 12, 13]) == 2

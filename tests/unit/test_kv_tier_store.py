@@ -14,10 +14,11 @@ import torch
 
 from shared.engine.kv_tier.entry import (
     BadEntry,
+    Buffer,
     Refusal,
     TierLayout,
     decode_entry,
-    encode_entry,
+    entry_parts,
 )
 from shared.engine.kv_tier.policy import LoadPolicy
 from shared.engine.kv_tier.store import LOCK_NAME, TierStore
@@ -25,6 +26,11 @@ from shared.engine.kv_tier.writer import TierWriter
 
 LAYOUT = TierLayout("tiny", "float32", 4, (2, 4, 2, 1, 2), 4)  # 128 bytes a block
 PAYLOAD = bytes(range(128))
+
+
+def encode_entry(layout: TierLayout, block_hash: int, payload: bytes) -> bytes:
+    """The whole file of an entry."""
+    return b"".join(entry_parts(layout, block_hash, [payload]))
 
 
 def blocks(count: int) -> torch.Tensor:
@@ -70,13 +76,14 @@ def test_the_store_keeps_the_most_recently_used_under_its_size(tmp_path):
     entry_size = len(encode_entry(LAYOUT, 1, PAYLOAD))
     store = TierStore(tmp_path, 2 * entry_size, LAYOUT)
     for block_hash in (1, 2):
-        assert store.put(block_hash, encode_entry(LAYOUT, block_hash, PAYLOAD))
+        assert store.put(block_hash, [encode_entry(LAYOUT, block_hash, PAYLOAD)])
     assert store.get(1) is not None  # 2 is now the least recently used
-    store.put(3, encode_entry(LAYOUT, 3, PAYLOAD))
+    store.put(3, entry_parts(LAYOUT, 3, [PAYLOAD[:50], PAYLOAD[50:]]))  # written in pieces
     assert (store.holds(1), store.holds(2), store.holds(3)) == (True, False, True)
     assert store.evictions == 1 and store.stored_bytes == 2 * entry_size
     assert len(list(store.path.glob("*.kv"))) == 2
-    assert not store.put(3, encode_entry(LAYOUT, 3, PAYLOAD))  # already stored
+    assert decode_entry(LAYOUT, 3, store.get(3) or b"") == PAYLOAD
+    assert not store.put(3, [encode_entry(LAYOUT, 3, PAYLOAD)])  # already stored
     events = store.take_events()  # 2 was stored and evicted since the last take: never heard of
     assert (sorted(events.stored), events.removed) == ([1, 3], [])
     store.discard(1)
@@ -85,7 +92,7 @@ def test_the_store_keeps_the_most_recently_used_under_its_size(tmp_path):
 
 def test_a_file_removed_under_the_store_is_a_miss(tmp_path):
     store = TierStore(tmp_path, 1 << 20, LAYOUT)
-    store.put(1, encode_entry(LAYOUT, 1, PAYLOAD))
+    store.put(1, [encode_entry(LAYOUT, 1, PAYLOAD)])
     next(store.path.glob("*.kv")).unlink()
     assert store.get(1) is None and not store.holds(1)
 
@@ -96,7 +103,7 @@ def test_a_stopped_engines_directory_is_emptied_and_a_live_ones_kept(tmp_path):
     (stale / LOCK_NAME).touch()
     (stale / "0000000000000001.kv").write_bytes(b"old")
     live = TierStore(tmp_path, 1 << 20, LAYOUT)
-    live.put(1, encode_entry(LAYOUT, 1, PAYLOAD))
+    live.put(1, [encode_entry(LAYOUT, 1, PAYLOAD)])
     other = TierStore(tmp_path, 1 << 20, LAYOUT)  # another worker sharing the root
     assert not stale.exists()
     assert live.holds(1) and live.path.exists() and other.path != live.path
@@ -107,7 +114,7 @@ def test_a_stopped_engines_directory_is_emptied_and_a_live_ones_kept(tmp_path):
 
 
 def test_a_full_disk_stops_writing_and_says_so_once(tmp_path, caplog):
-    def full(path: Path, data: bytes) -> None:
+    def full(path: Path, parts: list[Buffer]) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     writer = TierWriter(TierStore(tmp_path, 1 << 20, LAYOUT, write=full), LAYOUT)
@@ -122,9 +129,9 @@ def test_a_full_disk_stops_writing_and_says_so_once(tmp_path, caplog):
 def test_offers_beyond_the_queue_are_dropped_and_counted(tmp_path):
     release = threading.Event()
 
-    def slow(path: Path, data: bytes) -> None:
+    def slow(path: Path, parts: list[Buffer]) -> None:
         release.wait(10)
-        path.write_bytes(data)
+        path.write_bytes(b"".join(parts))
 
     writer = TierWriter(TierStore(tmp_path, 1 << 20, LAYOUT, write=slow), LAYOUT, depth=3)
     assert writer.offer([1, 2], blocks(2)) and writer.room() == 1

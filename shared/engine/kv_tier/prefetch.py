@@ -21,7 +21,7 @@ from enum import IntEnum
 
 DEPTH = 128  # blocks queued or read and not yet taken, at most
 
-Result = bytes | Exception  # the entry's checked payload, or why it was refused
+Result = memoryview | Exception  # the entry's checked payload, or why it was refused
 
 
 class FetchState(IntEnum):

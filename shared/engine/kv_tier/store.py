@@ -9,22 +9,26 @@ model never reads it (its entries are refused by their header besides, entry.py)
 The one subtle rule: the index (hash → bytes, oldest first) is the truth about what is
 stored, and it is guarded by one lock, since the writer thread `put`s while the engine's
 thread `get`s. File I/O happens outside the lock; a file written is renamed into place
-whole, so a reader never sees half of one, and a missing file is a miss.
+whole, so a reader never sees half of one, and a missing file is a miss. An entry is
+written from its pieces (no joined copy) and read into a buffer of the size it was stored
+with (a file grown or shrunk since reads as what it is: the entry's checks refuse it).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import io
 import logging
 import os
 import shutil
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from shared.engine.kv_tier.entry import TierLayout
+from shared.engine.kv_tier.entry import Buffer, TierLayout
 from shared.engine.stats import KVCacheEvents, KVEventLog
 
 log = logging.getLogger(__name__)
@@ -32,11 +36,20 @@ log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """Write `data` to `path` whole: a temporary file, then a rename."""
+def write_file(path: Path, parts: Sequence[Buffer]) -> None:
+    """Write `parts`, one after another, to `path` whole, in one system call: a temporary
+    file, then a rename (no fsync: the tier dies with the engine, a crash loses nothing
+    it needs). A short write (a full disk) is an OSError."""
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as out:
-        out.write(data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        written = os.writev(fd, parts)
+    finally:
+        os.close(fd)
+    size = sum(len(part) for part in parts)
+    if written != size:
+        tmp.unlink(missing_ok=True)
+        raise OSError(errno.ENOSPC, f"wrote {written} of {size} bytes", str(tmp))
     os.replace(tmp, path)
 
 
@@ -46,7 +59,7 @@ class TierStore:
         root: Path,
         capacity_bytes: int,
         layout: TierLayout,
-        write: Callable[[Path, bytes], None] = write_file,
+        write: Callable[[Path, Sequence[Buffer]], None] = write_file,
     ) -> None:
         self.capacity_bytes = capacity_bytes
         self._write = write
@@ -65,15 +78,16 @@ class TierStore:
         with self._lock:
             return block_hash in self._index
 
-    def put(self, block_hash: int, data: bytes) -> bool:
-        """Store an entry (OSError when the file cannot be written). False when it is
-        already stored or larger than the whole capacity."""
-        if len(data) > self.capacity_bytes or self.holds(block_hash):
+    def put(self, block_hash: int, parts: Sequence[Buffer]) -> bool:
+        """Store an entry, given as its pieces (OSError when the file cannot be written).
+        False when it is already stored or larger than the whole capacity."""
+        size = sum(len(part) for part in parts)
+        if size > self.capacity_bytes or self.holds(block_hash):
             return False
-        self._write(self._file(block_hash), data)
+        self._write(self._file(block_hash), parts)
         with self._lock:
-            self._index[block_hash] = len(data)
-            self.stored_bytes += len(data)
+            self._index[block_hash] = size
+            self.stored_bytes += size
             self._events.stored(block_hash)
             victims = []
             while self.stored_bytes > self.capacity_bytes:
@@ -86,17 +100,22 @@ class TierStore:
             self._file(victim).unlink(missing_ok=True)
         return True
 
-    def get(self, block_hash: int) -> bytes | None:
-        """The entry's bytes, or None when it is not stored (OSError when unreadable)."""
+    def get(self, block_hash: int) -> memoryview | None:
+        """The entry's bytes (writable: a tensor may be made on them without a copy), or None
+        when it is not stored (OSError when unreadable)."""
         with self._lock:
-            if block_hash not in self._index:
+            size = self._index.get(block_hash)
+            if size is None:
                 return None
             self._index.move_to_end(block_hash)
+        data = bytearray(size + 1)  # one byte more: a file that grew reads as too long
         try:
-            return self._file(block_hash).read_bytes()
+            with open(self._file(block_hash), "rb", buffering=0) as entry:
+                count = _read_into(entry, memoryview(data))
         except FileNotFoundError:
             self.discard(block_hash)
             return None
+        return memoryview(data)[:count]
 
     def discard(self, block_hash: int) -> None:
         with self._lock:
@@ -118,6 +137,17 @@ class TierStore:
 
     def _file(self, block_hash: int) -> Path:
         return self.path / f"{block_hash:016x}.kv"
+
+
+def _read_into(entry: io.RawIOBase, buffer: memoryview) -> int:
+    """Fill `buffer` from the file `entry` until it is full or the file ends; bytes read."""
+    count = 0
+    while count < len(buffer):
+        got = entry.readinto(buffer[count:])
+        if not got:
+            break
+        count += got
+    return count
 
 
 def _empty_unheld(root: Path) -> None:

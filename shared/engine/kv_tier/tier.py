@@ -1,9 +1,10 @@
 """`KVTier`: the engine's second KV tier, where prefix blocks evicted from the pool go, and
 whence a prefix lookup that misses the pool loads them back instead of recomputing them.
 
-The block manager calls `save` with the cached blocks one of its calls evicted (before they
-are reused: their bytes are copied out at once, in one gather, and the writer thread cuts,
-checksums and stores them), `loading` for the requests
+The block manager calls `save` with the cached blocks one of its calls evicted (those worth
+writing, admission.py, are copied out at once, in one gather, before they are reused, and
+the writer thread checksums and stores them), `asked` with the blocks an admission missed
+in the pool (how the tier learns that evicted blocks return), `loading` for the requests
 admitted next (the loader thread, prefetch.py, reads their entries while the step runs),
 `held_run` and `pays` to plan an admission, and `load` to fill fresh blocks. The one subtle
 rule: `load` fills a prefix of the blocks asked for and says how many; an entry missing,
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from shared.engine.kv_cache import KVCache
+from shared.engine.kv_tier.admission import WriteAdmission
 from shared.engine.kv_tier.entry import BadEntry, TierLayout, decode_entry
 from shared.engine.kv_tier.policy import LoadPolicy
 from shared.engine.kv_tier.prefetch import FetchState, Result, TierPrefetch
@@ -73,6 +75,8 @@ class KVTier:
         self.store = store
         self.layout = layout
         self.writer = TierWriter(store, layout)
+        pool_blocks = kv_cache.layers[0].shape[0]  # a return keeps writes on for a pool's worth
+        self.admission = WriteAdmission(store.capacity_bytes // layout.entry_bytes, pool_blocks)
         self.policy = LoadPolicy(layout.block_size)
         self.prefetch = TierPrefetch(self._fetch)
         self._layers = range(kv_cache.num_layers)
@@ -88,10 +92,13 @@ class KVTier:
 
     def save(self, evicted: list[tuple[int, int]]) -> None:
         """The blocks of `evicted` (block id, the hash it was cached as) are being evicted:
-        keep a copy of those not stored yet, as many as the writer's queue takes."""
+        keep a copy of those not stored yet that are worth writing (admission.py), as many
+        as the writer's queue takes."""
         if self.writer.stopped:
             return
-        wanted = [(block_id, h) for block_id, h in evicted if not self.store.holds(h)]
+        new = [(block_id, h) for block_id, h in evicted if not self.store.holds(h)]
+        admitted = self.admission.admit([h for _, h in new])
+        wanted = [pair for pair, admit in zip(new, admitted, strict=True) if admit]
         room = self.writer.room()
         if len(wanted) > room:
             self.writer.drop(len(wanted) - room)
@@ -100,6 +107,10 @@ class KVTier:
             block_ids = [block_id for block_id, _ in wanted]
             blocks = self.kv_cache.read_blocks(block_ids, self._layers)  # [L, n, bs, 2, h, d]
             self.writer.offer([h for _, h in wanted], blocks)
+
+    def asked(self, hashes: list[int]) -> None:
+        """An admission missed the pool at `hashes` (those past its pool hits, in order)."""
+        self.admission.asked(hashes, self.store.holds)
 
     def held_run(self, hashes: list[int]) -> int:
         """How many of `hashes`, from the first, the tier holds."""
@@ -135,7 +146,7 @@ class KVTier:
             if payload is None:
                 break
             self.bytes_in += len(payload)
-            flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            flat = torch.frombuffer(payload, dtype=torch.uint8)  # no copy: a writable buffer
             blocks.append(flat.view(self.kv_cache.dtype).view(self.layout.shape))
         if blocks:  # [L, n, bs, 2, h, d], as write_blocks takes them
             data = torch.stack(blocks, dim=1)
@@ -159,6 +170,7 @@ class KVTier:
             prefetched=self.prefetched,
             late=self.late,
             dropped_writes=writer.dropped,
+            unwritten=self.admission.unwritten,
             stored_bytes=store.stored_bytes,
             capacity_bytes=store.capacity_bytes,
             write_stopped=writer.stopped,
@@ -169,7 +181,7 @@ class KVTier:
         self.writer.close()
         self.store.close()
 
-    def _payload(self, block_hash: int) -> bytes | None:
+    def _payload(self, block_hash: int) -> memoryview | None:
         """The entry's payload, read beside a step or now; None: not stored, refused (then
         forgotten), or its read beside the steps passed its deadline (recomputed)."""
         state, result = self.prefetch.take(block_hash)
@@ -177,7 +189,7 @@ class KVTier:
             self.late += 1
             return None
         if state == FetchState.DONE:
-            self.prefetched += isinstance(result, bytes)
+            self.prefetched += isinstance(result, memoryview)
         else:  # never asked, or still on its way while nothing else runs: read it now
             result = self._fetch(block_hash)
         if isinstance(result, Exception):

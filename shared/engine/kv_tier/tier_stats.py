@@ -20,6 +20,7 @@ class TierStats:
     late: int = 0  # blocks recomputed since their read passed its deadline
     evictions: int = 0  # entries dropped to stay under the size limit
     dropped_writes: int = 0  # evicted blocks not written: the writer was behind
+    unwritten: int = 0  # evicted blocks not written: no evicted block was seen to return
     stored_bytes: int = 0  # now
     capacity_bytes: int = 0  # the size limit; 0: no tier
     write_stopped: bool = False  # a write failed (full disk): no more are made

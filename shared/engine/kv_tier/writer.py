@@ -1,12 +1,15 @@
 """`TierWriter`: the thread that writes evicted blocks to the tier, off the engine's step.
 
 The engine thread `offer`s the blocks one call evicted, copied out of the pool together in
-one tensor, and goes on; the writer cuts that tensor into one payload per block, encodes
-(checksums) and stores each. The queue is bounded in blocks: the engine asks for `room`
-before copying, and an offer beyond it is refused and counted (`dropped`), never waited
-for. The one subtle rule: the first write that fails (a full disk, a removed directory)
-stops every later one for good and is logged once (`stopped`); the blocks are then
-recomputed as they would be without a tier.
+one tensor, and goes on; the writer copies each block out of it into one buffer, then
+checksums and stores it as its own entry: three calls that each let go of the GIL, and no
+torch call (which would start a second OpenMP team beside the engine's). It runs at the
+engine's CPU priority: a lower one starved it on a loaded host while it held the GIL, and
+the engine's thread waited for it (docs/kv_tier.md). The queue is bounded in blocks: the
+engine asks for `room` before copying, and an offer beyond it is refused and counted
+(`dropped`), never waited for. The one subtle rule: the first write that fails (a full
+disk, a removed directory) stops every later one for good and is logged once (`stopped`);
+the blocks are then recomputed as they would be without a tier.
 """
 
 from __future__ import annotations
@@ -15,16 +18,17 @@ import logging
 import queue
 import threading
 
+import numpy as np
 import torch
 
-from shared.engine.kv_tier.entry import TierLayout, encode_entry
+from shared.engine.kv_tier.entry import TierLayout, entry_parts
 from shared.engine.kv_tier.store import TierStore
 
 log = logging.getLogger(__name__)
 
 QUEUE_DEPTH = 256  # blocks waiting to be written, at most
 
-Batch = tuple[list[int], torch.Tensor]  # hashes, and their blocks: [L, n, bs, 2, h, d]
+Batch = tuple[list[int], np.ndarray]  # hashes, and their blocks' bytes: [L, n, bytes a layer]
 
 
 class TierWriter:
@@ -49,8 +53,8 @@ class TierWriter:
             return max(0, self._depth - self._queued)
 
     def offer(self, hashes: list[int], blocks: torch.Tensor) -> bool:
-        """Queue `blocks` ([layers, len(hashes), ...], one per hash) whole; False (counted as
-        dropped) when they do not fit the queue."""
+        """Queue `blocks` ([layers, len(hashes), ...], one per hash, on the CPU) whole; False
+        (counted as dropped) when they do not fit the queue."""
         if self.stopped:
             return False
         with self._lock:
@@ -58,7 +62,8 @@ class TierWriter:
                 self.dropped += len(hashes)
                 return False
             self._queued += len(hashes)
-        self._queue.put((hashes, blocks))
+        raw = blocks.contiguous().view(torch.uint8).numpy()  # a view of the gather's copy
+        self._queue.put((hashes, raw.reshape(raw.shape[0], len(hashes), -1)))
         return True
 
     def drop(self, num_blocks: int) -> None:
@@ -89,13 +94,13 @@ class TierWriter:
                 with self._lock:
                     self._queued -= 1
 
-    def _write(self, block_hash: int, block: torch.Tensor) -> None:
-        """Store one block ([L, bs, 2, h, d]); the first failure stops the writer."""
-        payload = block.contiguous().view(-1).view(torch.uint8).numpy()
-        data = encode_entry(self._layout, block_hash, memoryview(payload))
+    def _write(self, block_hash: int, block: np.ndarray) -> None:
+        """Store one block ([L, bytes a layer]); the first failure stops the writer."""
+        payload = np.ascontiguousarray(block).reshape(-1)  # [L * bytes a layer]
+        parts = entry_parts(self._layout, block_hash, [payload])
         try:
-            if self._store.put(block_hash, data):
-                self.bytes_written += len(data)
+            if self._store.put(block_hash, parts):
+                self.bytes_written += sum(len(part) for part in parts)
         except OSError as exc:
             self.stopped = True
             log.error("KV tier: stopped writing to %s: %s", self._store.path, exc)
