@@ -37,9 +37,10 @@ from services.worker.vllm_kv_subscriber import VllmKVEventSubscriber
 from services.worker.vllm_lora import VllmAdapters
 from services.worker.vllm_outputs import flat_block_ids, request_output
 from services.worker.vllm_sampling import to_vllm
+from services.worker.vllm_sleep import VllmSleep
 from services.worker.vllm_stats import CounterLogger, VllmCounters
 from services.worker.vllm_transport import VllmNixlTransport
-from shared.engine.errors import EngineError, InvalidRequest
+from shared.engine.errors import InvalidRequest
 from shared.engine.kv_handoff import HeldBlocks
 from shared.engine.outputs import RequestOutput, StepOutput
 from shared.engine.sequence import FinishReason
@@ -66,6 +67,7 @@ class VllmEngineClient:
         self._num_blocks = 0
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._kv_events: VllmKVEventSubscriber | None = None
+        self._sleep = VllmSleep(config.engine.torch_device.type)
         self.kv = VllmKV(
             self.block_size, self.engine_config.model_id, self._check, self._decode, self._fail
         )
@@ -103,13 +105,11 @@ class VllmEngineClient:
         return {}
 
     async def sleep(self, level: int) -> None:
-        raise EngineError(
-            "this worker's vLLM engine has no sleep mode here (vLLM's sleep needs CUDA, ROCm "
-            "or XPU memory; its CPU build has none)"
-        )
+        """vLLM's own sleep where it has one (a GPU: vllm_sleep.py); EngineError elsewhere."""
+        await self._sleep.sleep(self._llm, level)
 
     async def wake_up(self) -> None:
-        """Never asleep (see `sleep`): nothing to bring back."""
+        await self._sleep.wake_up(self._llm)
 
     @property
     def block_size(self) -> int:

@@ -26,6 +26,7 @@ from services.worker.config import WorkerConfig
 from services.worker.vllm_compile_cache import COMPILE_CACHE_ENV
 from services.worker.vllm_lora import lora_engine_args
 from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
+from services.worker.vllm_sleep import sleep_mode_available
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.checkpoint import gguf_kept_formats
 from shared.engine.resolve import resolve
@@ -94,6 +95,7 @@ def engine_args(config: WorkerConfig, kv_events: KVEventsConfig) -> AsyncEngineA
         kv_transfer_config=connector,
         kv_events_config=kv_events,
         enforce_eager=not config.vllm_compile,
+        enable_sleep_mode=sleep_mode_available(engine.torch_device.type),
         disable_log_stats=False,
         seed=0,
         **lora_engine_args(engine),

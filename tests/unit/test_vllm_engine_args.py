@@ -77,6 +77,7 @@ def test_the_kv_buffer_is_where_the_model_runs():
     args = engine_args(worker(), KVEventsConfig(enable_kv_cache_events=False))
     assert args.kv_transfer_config.kv_buffer_device == "cpu"
     assert args.kv_transfer_config.kv_connector == "NixlConnector"
+    assert args.enable_sleep_mode is False  # vLLM's CPU build has none (vllm_sleep.py)
 
 
 def test_the_block_size_follows_vllms_cpu_attention_and_a_size_it_cannot_run_is_refused():
