@@ -76,6 +76,8 @@ def _bench_step(args: argparse.Namespace) -> None:
             context=args.context,
             trials=args.trials,
             attention_backend=args.attention_backend,
+            group_quant_activations=args.group_quant_activations,
+            threads=args.threads,
         )
     )
 
@@ -156,6 +158,7 @@ def _bench_quant(args: argparse.Namespace) -> None:
             formats=formats,
             num_threads=args.threads,
             llama_windows=args.llama_windows,
+            ppl_only=args.ppl_only,
         )
     )
 
@@ -256,6 +259,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     step.add_argument(
         "--attention-backend", default="auto", help="cpu: native fused ops; torch: torch's"
     )
+    step.add_argument(
+        "--group-quant-activations",
+        choices=("float", "int8"),
+        default="float",
+        help="a kept-quantized checkpoint's kernel: float or int8 activations",
+    )
+    step.add_argument("--threads", type=int, default=1, help="torch threads (>1: wall time)")
     step.set_defaults(func=_bench_step)
     burst = targets.add_parser(
         "burst", help="a burst of prompts prefilled by the engine alone (or the mesh: --mesh)"
@@ -307,6 +317,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--llama-windows",
         action="store_true",
         help="perplexity scored as llama-perplexity -c 512: whole windows, their second halves",
+    )
+    quant.add_argument(
+        "--ppl-only", action="store_true", help="perplexity alone: no agreement or speed runs"
     )
     quant.set_defaults(func=_bench_quant)
     kv = targets.add_parser("kv", help="KV block transfer GB/s between two processes: nixl, nats")

@@ -13,18 +13,26 @@
 namespace group_quant {
 
 constexpr int64_t kPair = 64;  // weights per pair of 32-blocks (one 512-bit register of codes)
+constexpr int64_t kSuper = 256;  // a k-quant's super-block (the x-block of its path)
 
 // The int8 activations of every row, as the dots read them.
 struct Rows {
   int64_t K, span, groups;  // span: weights per x-block
-  std::vector<int8_t> xq;  // [M, K], per pair in lane order
-  std::vector<int32_t> lane_base;  // [M, K / 4]: -Z * each lane's sum of xq
+  std::vector<int8_t> xq;  // [M, K], in k order
+  std::vector<int32_t> lane_base;  // [M, K / 4]: -Z * the sum of each 4 xq
   std::vector<float> d;  // [M, K / span]
-  std::vector<int32_t> group_sum;  // [M, K / group]: each group's sum of xq
+  std::vector<int16_t> group_sum;  // [M, K / group]: each group's sum of xq (|sum| <= 32 * 127)
 
   Rows(const Layout& L, const float* x, int64_t M);
-  void quantize(const float* xr, int64_t m, int32_t z, int8_t* natural, int64_t group);
+  void quantize(const float* xr, int64_t m, int32_t z, int64_t group);
 };
+
+// Whether a layout with group scales takes the k-quant path (Q4_K, Q5_K, Q6_K): 4-6 bit codes
+// (u * xq pairs fit int16), super-blocks of 256, mins only with 32-groups.
+inline bool kquant(const Layout& L) {
+  return L.sub_scale && L.bits < 8 && L.group * L.per_super == kSuper &&
+         (!L.super_min || L.group == 32);
+}
 
 // a 32-group's scale and min (per_super 1), and an x-block's sum of sub_min times its groups'
 // xq sums (exact in int32: the order of its terms does not matter)
@@ -39,7 +47,7 @@ inline float block_min(const Layout& L, int64_t n, int64_t g) {
 }
 
 inline int32_t min_sum(const Layout& L, int64_t n, int64_t xb, int64_t span,
-                       const int32_t* group_sum) {  // over x-block xb's groups
+                       const int16_t* group_sum) {  // over x-block xb's groups
   int32_t sum = 0;
   for (int64_t g = xb * span / L.group; g < (xb + 1) * span / L.group; ++g) {
     sum += (L.sub_min ? L.sub_min[n * L.groups + g] : 1) * group_sum[g];

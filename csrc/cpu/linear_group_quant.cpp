@@ -245,7 +245,8 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   TORCH_CHECK(int8 || kernel == "auto" || kernel == "generic",
               "kernel: auto, generic, int8 or int8-generic");
   TORCH_CHECK(!int8 || group_quant::int8_fits(L),
-              "int8 activations need K in whole 64s and super-blocks of 64s or single groups");
+              "int8 activations need K in whole 64s and super-blocks of 64s or single groups "
+              "(group scales within super-blocks: 4-6 bit k-quants of 256)");
 
   auto x32 = x.to(torch::kFloat).contiguous();
   auto y = torch::empty({M, N}, x32.options());

@@ -2,8 +2,9 @@
 // arithmetic): a register tile of up to kRows rows times kCols columns. Per pair of 32-blocks
 // each column's codes are unpacked (or read from a per-thread panel, unpacked once when the
 // rows take more than one tile) and each row's int8 activations loaded once, and every
-// (row, column) takes its vpdpbusd from them; the factors of a pair are made once per column
-// (scales) and per row (d) and meet lane by lane, the same float product as the generic path.
+// (row, column) takes its vpdpbusd (k-quants: vpmaddubsw and vpmaddwd by the group scales)
+// from them; the factors of a pair are made once per column (scales) and per row (d) and meet
+// lane by lane, the same float product as the generic path.
 //
 // The one rule: the tile shares loads, never arithmetic. Each y[m, n] is the same sequence of
 // integer sums (exact, in any order) and float operations (in one order) as the generic
@@ -13,11 +14,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "group_quant_int8.h"
+#include "group_quant_int8_vnni.h"
 
 namespace group_quant {
 
@@ -27,56 +29,13 @@ namespace {
 
 constexpr int kCols = 4;  // columns per block of a thread's share (and per tile)
 constexpr int kRows = 4;  // rows per tile
-constexpr __mmask16 kOdd = 0xF0F0;  // the lanes of block 2p + 1 (quarters 1 and 3)
-
-// pair p of row n's codes as unsigned bytes, in lane order: for 4-6 bits one 32-byte load of
-// the two blocks' nibbles (low nibbles then high ones are exactly the lane order) and one
-// 64-bit read per bit plane (its middle 16-bit words swapped into lane order)
-template <int BITS>
-[[gnu::always_inline]] inline __m512i codes64(const Layout& L, int64_t n, int64_t p) {
-  if constexpr (BITS == 8) {
-    __m512i v = _mm512_loadu_si512(L.codes + n * L.K + p * kPair);
-    v = _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
-    return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
-  } else {
-    const __m256i t =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(L.low + n * (L.K / 2) + p * 32));
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    const __m256i lo = _mm256_and_si256(t, nibble);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(t, 4), nibble);
-    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-#pragma GCC unroll 2
-    for (int pl = 0; pl < BITS - 4; ++pl) {
-      uint64_t u;
-      std::memcpy(&u, L.high + (n * L.planes + pl) * (L.K / 8) + p * 8, sizeof(u));
-      const uint64_t lanes = (u & 0xFFFF00000000FFFFull) | ((u >> 16) & 0xFFFF0000ull) |
-                             ((u << 16) & 0x0000FFFF00000000ull);
-      q = _mm512_mask_add_epi8(q, lanes, q, _mm512_set1_epi8(static_cast<char>(16 << pl)));
-    }
-    return q;
-  }
-}
-
-// lane l's sub-scale in pair p as int32 lanes (group 32: block 2p + (quarter & 1); group 16:
-// that block's half quarter >> 1)
-inline __m512i sub_scales(const Layout& L, int64_t n, int64_t p) {
-  const int8_t* sc = L.sub_scale + n * L.groups;
-  int32_t four = 0;
-  __m512i index;
-  if (L.group == 32) {
-    std::memcpy(&four, sc + 2 * p, 2);
-    index = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-  } else {
-    std::memcpy(&four, sc + 4 * p, 4);
-    index = _mm512_set_epi32(3, 3, 3, 3, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0);
-  }
-  const __m512i wide = _mm512_cvtepi8_epi32(_mm_cvtsi32_si128(four));
-  return _mm512_permutexvar_epi32(index, wide);
-}
+constexpr __mmask16 kOdd = 0xFF00;  // the lanes of block 2p + 1
+constexpr int64_t kAhead = 4;  // codes read in registers: those of column n + kAhead prefetched
 
 // Rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: those columns' codes [NB, K]
-// in lane order, or nullptr to unpack them in registers. The accumulators are locals of
-// each loop (kept in registers: nothing the loads read can alias them).
+// in k order, or nullptr to unpack them in registers. The accumulators are locals of
+// each loop (kept in registers: nothing the loads read can alias them); the accessors are
+// inlined by force (a call per pair, as GCC chose for these large bodies, halved the speed).
 template <int BITS, int MR, int NB>
 struct Tile {
   const Layout& L;
@@ -84,13 +43,21 @@ struct Tile {
   const uint8_t* panel;
   int64_t m0, n0;
 
-  __m512i codes(int j, int64_t p) const {
-    return panel ? _mm512_loadu_si512(panel + j * L.K + p * kPair) : codes64<BITS>(L, n0 + j, p);
+  [[gnu::always_inline]] __m512i codes(int j, int64_t p) const {
+    if (panel) return _mm512_loadu_si512(panel + j * L.K + p * kPair);
+    prefetch_codes<BITS>(L, n0 + j + kAhead, p);
+    return codes64<BITS>(L, n0 + j, p);
   }
-  const int8_t* xq(int r) const { return R.xq.data() + (m0 + r) * L.K; }
-  const int32_t* base(int r) const { return R.lane_base.data() + (m0 + r) * (L.K / 4); }
-  const float* d(int r) const { return R.d.data() + (m0 + r) * (L.K / R.span); }
-  const int32_t* group_sum(int r) const { return R.group_sum.data() + (m0 + r) * L.groups; }
+  [[gnu::always_inline]] const int8_t* xq(int r) const { return R.xq.data() + (m0 + r) * L.K; }
+  [[gnu::always_inline]] const int32_t* base(int r) const {
+    return R.lane_base.data() + (m0 + r) * (L.K / 4);
+  }
+  [[gnu::always_inline]] const float* d(int r) const {
+    return R.d.data() + (m0 + r) * (L.K / R.span);
+  }
+  [[gnu::always_inline]] const int16_t* group_sum(int r) const {
+    return R.group_sum.data() + (m0 + r) * L.groups;
+  }
 
   // per_super 1: per pair, per block, acc += v * (d * scale); tail += (d * min) * xq sum
   void single_groups(float* y, int64_t N) const {
@@ -129,7 +96,7 @@ struct Tile {
     store(acc, tail, y, N);
   }
 
-  // per_super > 1: per x-block, I = sum of v * sub_scale over its pairs (int32), then
+  // per_super > 1, no group scales: per x-block, I = sum of v over its pairs (int32), then
   // acc += I * (d * super_scale); tail += (d * super_min) * (sum of sub_min * group xq sums)
   void super_blocks(float* y, int64_t N) const {
     const int64_t pairs_per_x = R.span / kPair, super_span = L.group * L.per_super;
@@ -144,11 +111,9 @@ struct Tile {
       for (int64_t p = xb * pairs_per_x; p < (xb + 1) * pairs_per_x; ++p) {
         for (int j = 0; j < NB; ++j) {
           const __m512i q = codes(j, p);
-          const __m512i sc = L.sub_scale ? sub_scales(L, n0 + j, p) : _mm512_set1_epi32(1);
           for (int r = 0; r < MR; ++r) {
-            __m512i v = _mm512_dpbusd_epi32(_mm512_loadu_si512(base(r) + p * kLanes), q,
-                                            _mm512_loadu_si512(xq(r) + p * kPair));
-            if (L.sub_scale) v = _mm512_mullo_epi32(v, sc);
+            const __m512i v = _mm512_dpbusd_epi32(_mm512_loadu_si512(base(r) + p * kLanes), q,
+                                                  _mm512_loadu_si512(xq(r) + p * kPair));
             sums[r][j] = _mm512_add_epi32(sums[r][j], v);
           }
         }
@@ -173,6 +138,73 @@ struct Tile {
     store(acc, tail, y, N);
   }
 
+  // k-quants: per pair, vpmaddubsw (u * xq pairs, int16) and vpmaddwd by the lanes' group
+  // scales (int32 lanes of 4 weights), summed over the x-block; then the zero's and the mins'
+  // terms from the groups' xq sums (linear_group_quant_int8.cpp: dot_kquant)
+  template <int G>
+  void kquants(float* y, int64_t N) const {
+    constexpr int per_x = kSuper / G;
+    const int8_t* scales = L.sub_scale;
+    __m512 acc[MR][NB];
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+    }
+    __m512i perm[kSuper / kPair];
+    for (int j = 0; j < kSuper / kPair; ++j) perm[j] = _mm512_loadu_si512(kPairGroups<G>.e[j]);
+    for (int64_t xb = 0; xb < L.K / kSuper; ++xb) {
+      __m512i sc[NB], sums[MR][NB];
+      for (int j = 0; j < NB; ++j) {
+        sc[j] = groups16<G>(scales + (n0 + j) * L.groups + xb * per_x);
+        for (int r = 0; r < MR; ++r) sums[r][j] = _mm512_setzero_si512();
+      }
+      for (int jp = 0; jp < kSuper / kPair; ++jp) {
+        const int64_t p = xb * (kSuper / kPair) + jp;
+        for (int j = 0; j < NB; ++j) {
+          const __m512i q = codes(j, p), s = _mm512_permutexvar_epi16(perm[jp], sc[j]);
+          for (int r = 0; r < MR; ++r) {
+            const __m512i t = _mm512_maddubs_epi16(q, _mm512_loadu_si512(xq(r) + p * kPair));
+            sums[r][j] = _mm512_add_epi32(sums[r][j], _mm512_madd_epi16(t, s));
+          }
+        }
+      }
+      for (int r = 0; L.zero && r < MR; ++r) {
+        const __m512i gs = sums16<G>(group_sum(r) + xb * per_x);
+        for (int j = 0; j < NB; ++j) {  // past the groups / 2 lanes sc is 0
+          const __m512i zt = _mm512_mullo_epi32(_mm512_madd_epi16(sc[j], gs),
+                                                _mm512_set1_epi32(-static_cast<int32_t>(L.zero)));
+          sums[r][j] = _mm512_add_epi32(sums[r][j], zt);
+        }
+      }
+      for (int j = 0; j < NB; ++j) {
+        const int64_t sup = (n0 + j) * L.supers + xb;
+        for (int r = 0; r < MR; ++r) {
+          const __m512 f = _mm512_set1_ps(d(r)[xb] * L.super_scale[sup]);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][j]), f, acc[r][j]);
+        }
+      }
+      if constexpr (G == 32) {
+        if (!L.super_min) continue;
+        for (int j = 0; j < NB; ++j) {
+          const int64_t sup = (n0 + j) * L.supers + xb;
+          const __m128i sm = L.sub_min ? _mm_cvtepi8_epi16(_mm_loadl_epi64(
+                                             reinterpret_cast<const __m128i*>(
+                                                 L.sub_min + (n0 + j) * L.groups + xb * per_x)))
+                                       : _mm_set1_epi16(1);
+          for (int r = 0; r < MR; ++r) {
+            const __m128i gs = _mm512_castsi512_si128(sums16<G>(group_sum(r) + xb * per_x));
+            const __m512 mins =
+                _mm512_cvtepi32_ps(_mm512_zextsi128_si512(_mm_madd_epi16(sm, gs)));
+            const __m512 f = _mm512_set1_ps(d(r)[xb] * L.super_min[sup]);
+            acc[r][j] = _mm512_fmadd_ps(mins, f, acc[r][j]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < NB; ++j) y[(m0 + r) * N + n0 + j] = hsum16(acc[r][j]);
+    }
+  }
+
   static void zero(__m512 (&acc)[MR][NB], float (&tail)[MR][NB]) {
     for (int r = 0; r < MR; ++r) {
       for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps(), tail[r][j] = 0.f;
@@ -188,6 +220,9 @@ struct Tile {
 
   void run(float* y, int64_t N) const {
     if (L.per_super == 1) return single_groups(y, N);
+    if constexpr (BITS < 8) {
+      if (kquant(L)) return L.group == 16 ? kquants<16>(y, N) : kquants<32>(y, N);
+    }
     super_blocks(y, N);
   }
 };
@@ -203,31 +238,47 @@ void rows_tile(int64_t mr, const Layout& L, const Rows& R, const uint8_t* panel,
   }
 }
 
+// Column block `block` (kCols columns) for every row; scratch: a panel [kCols, K] of the
+// columns' codes where the rows take more than one tile, else empty
+template <int BITS>
+void run_block(const Layout& L, const Rows& R, std::vector<uint8_t>& scratch, float* y,
+               int64_t block, int64_t M, int64_t N) {
+  const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
+  if (!scratch.empty()) {  // more than one tile of rows: unpack the columns' codes once
+    for (int64_t j = 0; j < nb; ++j) {
+      for (int64_t p = 0; p < L.K / kPair; ++p) {
+        _mm512_storeu_si512(&scratch[j * L.K + p * kPair], codes64<BITS>(L, n0 + j, p));
+      }
+    }
+  }
+  const uint8_t* panel = scratch.empty() ? nullptr : scratch.data();
+  for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+    const int64_t mr = std::min<int64_t>(kRows, M - m0);
+    if (nb == kCols && M > 1) {
+      rows_tile<BITS, kCols>(mr, L, R, panel, y, m0, n0, N);
+      continue;
+    }
+    // one row (decoding: measured faster), or the last block's few columns: one at a time
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* column = panel ? panel + j * L.K : nullptr;
+      rows_tile<BITS, 1>(mr, L, R, column, y, m0, n0 + j, N);
+    }
+  }
+}
+
 template <int BITS>
 void run_tiles(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N) {
-  at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
+  // Column blocks in chunks the threads take as they come free: a thread descheduled on a
+  // busy machine holds up no share of the others' (which thread takes a block changes no bit)
+  const int64_t blocks = (N + kCols - 1) / kCols, threads = at::get_num_threads();
+  const int64_t chunk = std::max<int64_t>(1, blocks / (8 * threads));
+  const int64_t tasks = std::min(threads, (blocks + chunk - 1) / chunk);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
     std::vector<uint8_t> scratch(M > kRows ? L.K * kCols : 0);
-    for (int64_t block = begin; block < end; ++block) {
-      const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
-      if (!scratch.empty()) {  // more than one tile of rows: unpack the columns' codes once
-        for (int64_t j = 0; j < nb; ++j) {
-          for (int64_t p = 0; p < L.K / kPair; ++p) {
-            _mm512_storeu_si512(&scratch[j * L.K + p * kPair], codes64<BITS>(L, n0 + j, p));
-          }
-        }
-      }
-      const uint8_t* panel = scratch.empty() ? nullptr : scratch.data();
-      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-        const int64_t mr = std::min<int64_t>(kRows, M - m0);
-        if (nb == kCols && M > 1) {
-          rows_tile<BITS, kCols>(mr, L, R, panel, y, m0, n0, N);
-          continue;
-        }
-        // one row (decoding: measured faster), or the last block's few columns: one at a time
-        for (int64_t j = 0; j < nb; ++j) {
-          const uint8_t* column = panel ? panel + j * L.K : nullptr;
-          rows_tile<BITS, 1>(mr, L, R, column, y, m0, n0 + j, N);
-        }
+    for (int64_t begin = next.fetch_add(chunk); begin < blocks; begin = next.fetch_add(chunk)) {
+      for (int64_t block = begin; block < std::min(begin + chunk, blocks); ++block) {
+        run_block<BITS>(L, R, scratch, y, block, M, N);
       }
     }
   });

@@ -4,7 +4,8 @@ it runs in.
 
 (a) perplexity on a fixed public-domain text (shared/models/data/perplexity.txt), in
     independent windows of `window` tokens (`llama_windows`: scored as `llama-perplexity -c
-    512` scores it, whole windows only, each one's second half given its first);
+    512` scores it, whole windows only, each one's second half given its first; `ppl_only`:
+    this alone, each format's row printed as soon as it is known);
 (b) greedy agreement with fp32 over 20 chat prompts: mean common-prefix fraction of
     `agree_tokens` new tokens, and how many prompts are identical throughout;
 (c) single-stream decode tok/s, beside the memory-bandwidth bound of the bytes a step reads,
@@ -64,6 +65,7 @@ class QuantBenchConfig:
     batch_tokens: int = 32
     num_threads: int | None = None
     llama_windows: bool = False
+    ppl_only: bool = False  # each format's perplexity alone (no agreement, no speed runs)
 
 
 def perplexity(engine: LLMEngine, tokens: list[int], window: int, first: int = 0) -> float:
@@ -178,6 +180,9 @@ def run_quant_bench(cfg: QuantBenchConfig) -> None:
         )
         nbytes = weight_bytes(engine.runner.model.weights)
         ppl = perplexity(engine, text_tokens, cfg.window, first)
+        if cfg.ppl_only:
+            print(f"{fmt:8} {nbytes / 1e6:8.1f} {ppl:8.4f}", flush=True)
+            continue
         outs = greedy_outputs(engine, prompts, cfg.agree_tokens)
         reference = reference or outs
         agree, identical = agreement(reference, outs)

@@ -6,7 +6,11 @@ of `--context` tokens; `p128`: one prefill of 128 tokens — and times each stag
 by matrix, attention, the per-row ops (norms, residual adds, RoPE + KV write, SiLU * up; see
 model/layer_ops.py), the host tensors of the step, greedy sampling and the rest (Python glue,
 the embedding). Time is this thread's CPU time with one torch thread (other load on a
-shared machine does not count), the mean of `--trials` steps after two warm-ups.
+shared machine does not count; with `--threads` N > 1 wall time, since the other threads'
+work is not this thread's), the mean of `--trials` steps after two warm-ups. Each matmul's
+line says the bytes its matrices hold (what a decode step reads of them) and the GB/s that
+makes. `--group-quant-activations int8`: a checkpoint kept quantized through the
+int8-activation kernel, as `splitserve up` runs it with that flag.
 
 `--attention-backend torch` runs the torch path of every per-row op (the reference); `cpu`
 (with the C++ kernels built) the native fused ops.
@@ -26,6 +30,7 @@ from shared.engine.engine_config import EngineConfig
 from shared.engine.model.linear_weights import LinearWeight, PackedGateUp
 from shared.engine.model_config import ModelConfig
 from shared.engine.model_runner import ModelRunner, Span
+from shared.engine.quantization import matrix_bytes
 from shared.engine.sampler import SamplingRow
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import ConfigError
@@ -41,21 +46,26 @@ class StepBenchConfig:
     context: int = 128  # tokens each decode sequence has before its new one
     trials: int = 7
     attention_backend: str = "auto"
+    group_quant_activations: str = "float"
+    threads: int = 1
 
 
 class StageClock:
-    """Seconds of thread CPU time by stage name, accumulated over wrapped calls."""
+    """Seconds by stage name (`now`: this thread's CPU time, or wall time), accumulated over
+    wrapped calls; and the bytes of the matrices each matmul stage reads."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.thread_time) -> None:
+        self.now = now
         self.seconds: dict[str, float] = defaultdict(float)
+        self.bytes: dict[str, int] = defaultdict(int)
 
     def wrap(self, stage: str, call: Callable) -> Callable:
         def timed(*args, **kwargs):
-            start = time.thread_time()
+            start = self.now()
             try:
                 return call(*args, **kwargs)
             finally:
-                self.seconds[stage] += time.thread_time() - start
+                self.seconds[stage] += self.now() - start
 
         return timed
 
@@ -95,9 +105,12 @@ def instrument(runner: ModelRunner, clock: StageClock) -> None:
         timed: dict[str, object] = {
             name: TimedLinear(w, f"matmul {name}", clock) for name, w in matrices.items()
         }
+        for name, w in matrices.items():
+            clock.bytes[f"matmul {name}"] += matrix_bytes(w)
         if isinstance(layer.gate_up, PackedGateUp):
             timed["gate_up"] = TimedGateUp(layer.gate_up.packed, layer.gate_up.inter, clock)
         weights.layers[i] = replace(layer, **timed)
+    clock.bytes["matmul lm_head"] += matrix_bytes(weights.lm_head)
     head = TimedLinear(weights.lm_head, "matmul lm_head", clock)
     head_small = TimedLinear(weights.lm_head_column_major, "matmul lm_head", clock)
     weights.lm_head, weights.lm_head_column_major = head, head_small
@@ -143,21 +156,21 @@ def time_shape(runner: ModelRunner, clock: StageClock, spans: list[Span], trials
     for _ in range(2):
         runner.forward(spans)
     clock.seconds.clear()
-    start = time.thread_time()
+    start = clock.now()
     for _ in range(trials):
         input_ids, positions, meta, logits_rows = prepare(spans)
         logits = runner.model.forward(
             input_ids, positions, meta, runner.kv_cache.layers, logits_rows
         )
         sample(logits, rows)
-    total = time.thread_time() - start
+    total = clock.now() - start
     stages = {name: s * 1e3 / trials for name, s in clock.seconds.items()}
     stages["rest (glue, embedding)"] = total * 1e3 / trials - sum(stages.values())
     return total * 1e3 / trials, stages
 
 
 def run_step_bench(cfg: StepBenchConfig) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.threads)
     blocks = blocks_needed(cfg.shapes, cfg.context)
     engine_config = EngineConfig(
         model_dir=cfg.model_dir,
@@ -166,17 +179,22 @@ def run_step_bench(cfg: StepBenchConfig) -> None:
         num_kv_blocks=blocks,
         block_size=BLOCK,
         attention_backend=cfg.attention_backend,
+        group_quant_activations=cfg.group_quant_activations,
     )
     model_config = ModelConfig.from_dir(cfg.model_dir)
     runner = ModelRunner(engine_config, model_config, blocks, cfg.context + 256)
-    clock = StageClock()
+    clock = StageClock(time.thread_time if cfg.threads == 1 else time.perf_counter)
+    kind = "thread CPU time" if cfg.threads == 1 else "wall time"
     print(
-        f"{cfg.model_dir.name} {cfg.dtype}, per-row ops: {runner.model.ops.path}; "
-        f"ms per step (thread CPU time, 1 thread, mean of {cfg.trials})"
+        f"{cfg.model_dir.name} {cfg.dtype}, per-row ops: {runner.model.ops.path}, "
+        f"kept-quantized activations: {cfg.group_quant_activations}; "
+        f"ms per step ({kind}, {cfg.threads} thread(s), mean of {cfg.trials})"
     )
     instrument(runner, clock)
     for shape in cfg.shapes:
         total, stages = time_shape(runner, clock, spans_of(shape, cfg.context), cfg.trials)
         print(f"\n{shape}: {total:.2f} ms/step")
         for name, ms in sorted(stages.items(), key=lambda kv: -kv[1]):
-            print(f"  {name:24s} {ms:8.2f}  {100 * ms / total:5.1f}%")
+            read = clock.bytes.get(name, 0)
+            rate = f"  {read / 1e6:8.1f} MB  {read / ms / 1e6:6.2f} GB/s" if read and ms else ""
+            print(f"  {name:24s} {ms:8.2f}  {100 * ms / total:5.1f}%{rate}")

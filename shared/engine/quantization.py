@@ -116,6 +116,11 @@ def weight_bytes(weights: ModelWeights) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def matrix_bytes(w: LinearWeight) -> int:
+    """Bytes of one matrix as the engine holds it (what a step reads of it)."""
+    return sum(t.numel() * t.element_size() for t in _flat(w))
+
+
 def _tensors_of(layer: LayerWeights) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):

@@ -49,3 +49,13 @@ def test_every_stage_is_timed(tiny_model_dir, capsys, backend, dtype):
     for stage in ("matmul qkv", "matmul lm_head", "attention", "norm / add + norm", "silu * up"):
         assert out.count(stage) == 2, stage  # once per shape
     assert "d2:" in out and "p9:" in out
+
+
+def test_each_matmul_says_the_bytes_its_matrices_hold(tiny_model_dir, capsys):
+    run_step_bench(StepBenchConfig(tiny_model_dir, shapes=("d1",), context=5, trials=1, threads=2))
+    out = capsys.readouterr().out
+    assert "wall time, 2 thread(s)" in out
+    head = next(line for line in out.splitlines() if "matmul lm_head" in line)
+    assert "MB" in head and "GB/s" in head
+    attention = next(line for line in out.splitlines() if line.strip().startswith("attention"))
+    assert "GB/s" not in attention  # no matrices there

@@ -129,3 +129,27 @@ def test_a_layout_the_int8_kernel_does_not_take_stays_on_the_float_kernel():
     assert odd.with_int8_activations(VNNI).kernel == "auto"
     with pytest.raises(RuntimeError, match="int8 activations need K in whole 64s"):
         kernels.linear_group_quant(torch.randn(1, 96), *odd.kernel_args(), "int8")
+
+
+def test_group_scales_in_super_blocks_take_the_int8_kernel_only_as_k_quants_have_them():
+    q6 = gguf_weight(T.Q6_K)  # 6-bit codes, 16 groups of 16 in super-blocks of 256
+    assert q6.int8_fits
+    wide = GroupQuantLinear.from_tensors(
+        {
+            "format": "test",
+            "bits": 8,
+            "group": 16,
+            "per_super": 16,
+            "zero": 0,
+            "parts": "codes,super_scale,sub_scale",
+        },
+        {
+            "codes": torch.zeros(N, K, dtype=torch.int8),
+            "super_scale": q6.super_scale,
+            "sub_scale": q6.sub_scale,
+        },
+    )  # 8-bit codes times int8 activations: their pairs do not fit int16
+    assert not wide.int8_fits
+    assert wide.with_int8_activations(VNNI).kernel == "auto"
+    with pytest.raises(RuntimeError, match="int8 activations need"):
+        kernels.linear_group_quant(torch.randn(1, K), *wide.kernel_args(), "int8")

@@ -180,10 +180,14 @@ class GroupQuantLinear:
     @property
     def int8_fits(self) -> bool:
         """Whether the int8-activation kernel takes this layout (linear_group_quant_int8.cpp's
-        int8_fits: whole pairs of 32-blocks, super-blocks of whole pairs or single groups)."""
+        int8_fits: whole pairs of 32-blocks, super-blocks of whole pairs or single groups;
+        group scales within super-blocks only as the k-quants have them, 4-6 bits a code,
+        super-blocks of 256, mins only with 32-groups)."""
         span = self.group * self.per_super
         blocks = self.group == 32 if self.per_super == 1 else span % 64 == 0
-        return self.in_features % 64 == 0 and blocks
+        kquant = self.bits < 8 and span == 256 and (self.super_min is None or self.group == 32)
+        scales = self.sub_scale is None or self.per_super == 1 or kquant
+        return self.in_features % 64 == 0 and blocks and scales
 
     def with_int8_activations(self, vnni: bool) -> GroupQuantLinear:
         """The same matrix through the int8-activation kernel where it fits (vnni: the
