@@ -15,21 +15,9 @@ import torch
 
 from services.worker.peer_reads import TakenBlocks
 from shared.engine.kv_tier.peer import PeerTake
-from shared.kvtransfer.chunks import KVLayout
-from shared.kvtransfer.fake_transport import FakeFabric, FakeTransport, ReadFault
+from shared.kvtransfer.fake_transport import FakeTransport, ReadFault
 from shared.kvtransfer.transfer import TransferError, TransferState, read_blocks
-
-LAYOUT = KVLayout(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype="float32")
-REMOTE, LOCAL = [3, 5], [0, 1]
-
-
-def pair() -> tuple[FakeFabric, FakeTransport, FakeTransport]:
-    fabric = FakeFabric()
-    shape = [8, *LAYOUT.block_shape]
-    prefill = FakeTransport("prefill-0", [torch.randn(shape) for _ in range(2)], LAYOUT, fabric)
-    decode = FakeTransport("decode-0", [torch.full(shape, -1.0) for _ in range(2)], LAYOUT, fabric)
-    decode.connect("prefill-0", prefill.metadata(), prefill.num_blocks)
-    return fabric, prefill, decode
+from tests.unit.fake_kv_pair import LOCAL, REMOTE, pair
 
 
 def landed(decode: FakeTransport, prefill: FakeTransport) -> bool:

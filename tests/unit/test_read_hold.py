@@ -11,23 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.kvtransfer.chunks import KVLayout
-from shared.kvtransfer.fake_transport import FakeFabric, FakeTransport
 from shared.kvtransfer.read_hold import VARIABLE, HoldFile, HoldPoint, ReadHold, hold_file
 from shared.kvtransfer.transfer import TransferError, read_blocks
+from tests.unit.fake_kv_pair import LOCAL, REMOTE, pair
 
-LAYOUT = KVLayout(num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype="float32")
 HOLD_S = 0.5  # long enough for the test to act while held; the hold ends it
-REMOTE, LOCAL = [3, 5], [0, 1]
-
-
-def pair() -> tuple[FakeFabric, FakeTransport, FakeTransport]:
-    fabric = FakeFabric()
-    shape = [8, *LAYOUT.block_shape]
-    prefill = FakeTransport("prefill-0", [torch.randn(shape) for _ in range(2)], LAYOUT, fabric)
-    decode = FakeTransport("decode-0", [torch.full(shape, -1.0) for _ in range(2)], LAYOUT, fabric)
-    decode.connect("prefill-0", prefill.metadata(), prefill.num_blocks)
-    return fabric, prefill, decode
 
 
 def arm(tmp_path: Path, text: str) -> HoldFile:
