@@ -57,13 +57,7 @@ def base_layer(layer: LayerWeights) -> LayerWeights:
     """`layer` with its base matrices (the layer itself where no adapters wrap them)."""
     if not any(isinstance(w, LoraLinear) for w in _matrices(layer)):
         return layer
-    return replace(
-        layer,
-        qkv=base_of(layer.qkv),
-        o_proj=base_of(layer.o_proj),
-        gate_up=base_of(layer.gate_up),
-        down=base_of(layer.down),
-    )
+    return layer.map_linears(base_of)
 
 
 def bank_of(layers: list[LayerWeights]) -> AdapterBank | None:
