@@ -38,7 +38,9 @@ from shared.engine.engine_config import EngineConfig
 from shared.engine.kv_tier.admission import WriteAdmission
 from shared.engine.kv_tier.tier_stats import TierStats
 from shared.engine.outputs import StepOutput
+from shared.engine.sampler import SampledToken
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler_output import ScheduledChunk
 
 MODEL_DIR = Path.home() / ".cache/splitserve/models/smollm2-135m-instruct"
 
@@ -133,10 +135,10 @@ class Bench:
     def __post_init__(self) -> None:
         run_model = self.engine.runner.run
 
-        def timed(*args, **kwargs):  # the forward pass's clock, apart from the step's
-            began = time.perf_counter()
+        def timed(chunks: list[ScheduledChunk]) -> list[list[SampledToken]]:
+            began = time.perf_counter()  # the forward pass's clock, apart from the step's
             try:
-                return run_model(*args, **kwargs)
+                return run_model(chunks)
             finally:
                 self.forward_seconds += time.perf_counter() - began
 
