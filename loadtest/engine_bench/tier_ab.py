@@ -12,7 +12,11 @@ an engine's writer is waited for, and that wait counts in its seconds (its write
 slow another variant's slice). The engine's step costs are fed back as the worker's engine
 thread does (StepTimer). Printed per variant: seconds, CPU seconds of the process in its
 slices, TTFT mean / p50 / p99 and TPOT mean in ms, the tier's blocks loaded (read ahead, ms
-a block in the step), late, skipped, written and left unwritten; then the ratios to `off`.
+a block in the step), late, skipped, written and left unwritten; then the step clocks: the
+median ms of a decode-only step and of a step that mixes a prompt chunk with decode rows,
+and the mean ms a step spends outside the model's forward pass (scheduling, the block
+manager and the tier's hooks: what a tier without reuse adds to a step, if anything); then
+the ratios to `off`.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.kv_tier.admission import WriteAdmission
 from shared.engine.kv_tier.tier_stats import TierStats
+from shared.engine.outputs import StepOutput
+from shared.engine.sampler import SampledToken
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler_output import ScheduledChunk
 
 MODEL_DIR = Path.home() / ".cache/splitserve/models/smollm2-135m-instruct"
 
@@ -65,6 +72,10 @@ class Run:
     tpot: list[float] = field(default_factory=list)
     tier: TierStats = field(default_factory=TierStats)
     written: int = 0  # blocks
+    decode_steps: list[float] = field(default_factory=list)  # seconds, no prompt token
+    mixed_steps: list[float] = field(default_factory=list)  # seconds, prompt and decode rows
+    host_seconds: float = 0.0  # in steps, outside the model's forward pass
+    steps: int = 0
 
     def line(self) -> str:
         ttft = self.ttft
@@ -77,6 +88,15 @@ class Run:
             f" {1e3 * self.tier.load_seconds / max(1, self.tier.hits):.2f} ms a block),"
             f" {self.tier.late} late, {self.tier.skipped} skipped, {self.written} written,"
             f" {self.tier.unwritten} unwritten"
+        )
+
+    def step_line(self) -> str:
+        """The step clocks: decode-only and mixed steps' median ms, host ms a step."""
+        return (
+            f"    steps: decode {_median_ms(self.decode_steps)} ms"
+            f" ({len(self.decode_steps)}), mixed {_median_ms(self.mixed_steps)} ms"
+            f" ({len(self.mixed_steps)}), host {1e3 * self.host_seconds / max(1, self.steps):.3f}"
+            " ms a step"
         )
 
     def turns(self) -> str:
@@ -110,6 +130,19 @@ class Bench:
     engine: LLMEngine
     run: Run
     timer: StepTimer = field(default_factory=StepTimer)
+    forward_seconds: float = 0.0  # in the model runner, since start
+
+    def __post_init__(self) -> None:
+        run_model = self.engine.runner.run
+
+        def timed(chunks: list[ScheduledChunk]) -> list[list[SampledToken]]:
+            began = time.perf_counter()  # the forward pass's clock, apart from the step's
+            try:
+                return run_model(chunks)
+            finally:
+                self.forward_seconds += time.perf_counter() - began
+
+        self.engine.runner.run = timed
 
 
 def serve(bench: Bench, requests: list[tuple[int, BenchRequest]], args: argparse.Namespace):
@@ -128,10 +161,12 @@ def serve(bench: Bench, requests: list[tuple[int, BenchRequest]], args: argparse
             index, request = pending.pop(0)
             engine.add_request(str(index), list(request.prompt), params)
             added[str(index)] = time.perf_counter()
+        forward_before = bench.forward_seconds
         step_began = time.perf_counter()
         step = engine.run_step()
         now = time.perf_counter()
         bench.timer.observe(now - step_began, step.num_prompt_tokens, step.num_decode_rows)
+        _clock_step(run, now - step_began, bench.forward_seconds - forward_before, step)
         engine.observe_costs(bench.timer.current)
         for out in step.outputs:
             rid = out.request_id
@@ -149,6 +184,19 @@ def serve(bench: Bench, requests: list[tuple[int, BenchRequest]], args: argparse
         engine.tier.writer.flush(timeout=60)
     run.seconds += time.perf_counter() - began
     run.cpu_seconds += _cpu_seconds() - cpu_before
+
+
+def _clock_step(run: Run, seconds: float, forward: float, step: StepOutput) -> None:
+    run.steps += 1
+    run.host_seconds += seconds - forward
+    if step.num_decode_rows and not step.num_prompt_tokens:
+        run.decode_steps.append(seconds)
+    elif step.num_decode_rows:
+        run.mixed_steps.append(seconds)
+
+
+def _median_ms(values: list[float]) -> str:
+    return f"{1e3 * statistics.median(values):.1f}" if values else "-"
 
 
 def _cpu_seconds() -> float:
@@ -205,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = interleaved(workload, args)
         for run in runs:
             print(run.line(), flush=True)
+            print(run.step_line(), flush=True)
             if len(run.ttft_by_label) > 1:
                 print(f"    TTFT p50 by turn: {run.turns()}", flush=True)
         base = runs[0]
@@ -215,9 +264,17 @@ def main(argv: list[str] | None = None) -> None:
                 f"{statistics.mean(run.ttft) / statistics.mean(base.ttft):.2f}x  p50 "
                 f"{statistics.median(run.ttft) / statistics.median(base.ttft):.2f}x  p99 "
                 f"{_p99(run.ttft) / _p99(base.ttft):.2f}x  TPOT "
-                f"{statistics.mean(run.tpot) / statistics.mean(base.tpot):.2f}x",
+                f"{statistics.mean(run.tpot) / statistics.mean(base.tpot):.2f}x  decode step "
+                f"{_ratio(run.decode_steps, base.decode_steps)}  mixed step "
+                f"{_ratio(run.mixed_steps, base.mixed_steps)}",
                 flush=True,
             )
+
+
+def _ratio(values: list[float], base: list[float]) -> str:
+    if not values or not base:
+        return "-"
+    return f"{statistics.median(values) / statistics.median(base):.2f}x"
 
 
 def _p99(values: list[float]) -> float:
