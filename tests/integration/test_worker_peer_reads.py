@@ -109,6 +109,10 @@ def test_a_late_read_or_a_holder_dying_mid_read_means_recompute(nats_server, tin
         )
         assert time.monotonic() - started < 5  # the read gave up at its 0.5 s deadline
         await fallbacks(mesh, PeerFallback.READ_LATE, 1)
+        # The late READ, given up on, still holds its blocks until it ends (as NIXL's would):
+        # let it land first, so the holder below dies in the next READ, not in that one.
+        fabric.set_fault("decode", ReadFault.NONE)
+        await until(lambda: all_blocks_free(mesh), timeout=5)
         fabric.faults = DiesMidRead()
         tokens = await hinted(mesh, "orphan", OTHER, holder_hint(mesh))
         assert tokens == reference(tiny_model_dir, OTHER, GREEDY)
