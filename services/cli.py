@@ -8,6 +8,7 @@ every command's; `splitserve --help` or a misspelt command gets every command's 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -57,51 +58,13 @@ def build_parser(only: str = "") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, add in COMMANDS.items():
-        if not only or name == only:
+        if only and name != only:
+            continue
+        if isinstance(add, str):
+            importlib.import_module(add).add_parser(commands)
+        else:
             add(commands)
     return parser
-
-
-def _up(commands: argparse._SubParsersAction) -> None:
-    from services import launch_cli
-
-    launch_cli.add_parser(commands)
-
-
-def _gateway(commands: argparse._SubParsersAction) -> None:
-    from services.gateway import cli as gateway_cli
-
-    gateway_cli.add_parser(commands)
-
-
-def _scheduler(commands: argparse._SubParsersAction) -> None:
-    from services.scheduler import cli as scheduler_cli
-
-    scheduler_cli.add_parser(commands)
-
-
-def _worker(commands: argparse._SubParsersAction) -> None:
-    from services.worker import cli as worker_cli
-
-    worker_cli.add_parser(commands)
-
-
-def _role(commands: argparse._SubParsersAction) -> None:
-    from services import role_cli
-
-    role_cli.add_parser(commands)
-
-
-def _planner(commands: argparse._SubParsersAction) -> None:
-    from services.planner import cli as planner_cli
-
-    planner_cli.add_parser(commands)
-
-
-def _scale(commands: argparse._SubParsersAction) -> None:
-    from services import scale_cli
-
-    scale_cli.add_parser(commands)
 
 
 def _pull_parser(commands: argparse._SubParsersAction) -> None:
@@ -137,25 +100,20 @@ def _generate_parser(commands: argparse._SubParsersAction) -> None:
     generate.set_defaults(func=_generate)
 
 
-def _bench(commands: argparse._SubParsersAction) -> None:
-    from loadtest import bench_cli
-
-    bench_cli.add_parser(commands)
-
-
-# each command's name → what adds its parser (importing its modules), in `--help`'s order
-COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
-    "up": _up,
-    "gateway": _gateway,
-    "scheduler": _scheduler,
-    "worker": _worker,
-    "role": _role,
-    "planner": _planner,
-    "scale": _scale,
+# each command's name → the module whose `add_parser` adds it, or what adds it here; in
+# `--help`'s order (a module is imported only when its parser is built)
+COMMANDS: dict[str, str | Callable[[argparse._SubParsersAction], None]] = {
+    "up": "services.launch_cli",
+    "gateway": "services.gateway.cli",
+    "scheduler": "services.scheduler.cli",
+    "worker": "services.worker.cli",
+    "role": "services.role_cli",
+    "planner": "services.planner.cli",
+    "scale": "services.scale_cli",
     "pull": _pull_parser,
     "convert": _convert_parser,
     "generate": _generate_parser,
-    "bench": _bench,
+    "bench": "loadtest.bench_cli",
 }
 
 
