@@ -123,7 +123,7 @@ def matrix_bytes(w: LinearWeight) -> int:
 
 def _tensors_of(layer: LayerWeights) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
+    for w in layer.linears():
         out += _flat(w)
     return out
 

@@ -55,7 +55,7 @@ def base_of(w: LinearWeight | LoraLinear | None) -> LinearWeight | None:
 
 def base_layer(layer: LayerWeights) -> LayerWeights:
     """`layer` with its base matrices (the layer itself where no adapters wrap them)."""
-    if not any(isinstance(w, LoraLinear) for w in _matrices(layer)):
+    if not any(isinstance(w, LoraLinear) for w in layer.linears()):
         return layer
     return layer.map_linears(base_of)
 
@@ -63,7 +63,7 @@ def base_layer(layer: LayerWeights) -> LayerWeights:
 def bank_of(layers: list[LayerWeights]) -> AdapterBank | None:
     """The adapters wrapped around the layers' matrices (None: a model without LoRA)."""
     for layer in layers:
-        for w in _matrices(layer):
+        for w in layer.linears():
             if isinstance(w, LoraLinear):
                 return w.bank
     return None
@@ -84,7 +84,3 @@ def attach(weights: ModelWeights, bank: AdapterBank) -> ModelWeights:
             down=wrap(layer.down, Target.DOWN),
         )
     return weights
-
-
-def _matrices(layer: LayerWeights) -> tuple[object, ...]:
-    return (layer.qkv, layer.o_proj, layer.gate_up, layer.down)

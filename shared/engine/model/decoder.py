@@ -151,10 +151,8 @@ def gated_mlp(
     bf16_rows: bool = False,  # SiLU·up in bf16 for down (DecoderModel.bf16_rows)
 ) -> torch.Tensor:
     """x: [T, hidden] -> [T, hidden]: down(act(gate(x)) * up(x)), gate and up fused."""
-    if isinstance(gate_up, PackedGateUp):  # a SiLU MLP's, SiLU·up inside the matmul
-        return linear(gate_up.silu_mul(x, bf16_rows), down)
-    if isinstance(gate_up, LoraLinear) and isinstance(gate_up.base, PackedGateUp):
-        return linear(gate_up.silu_mul(x, bf16_rows), down)
+    if isinstance(base_of(gate_up), PackedGateUp):  # a SiLU MLP's, SiLU·up inside the matmul
+        return linear(gate_up.silu_mul(x, bf16_rows), down)  # adapters: theirs added first
     fused = linear(x, gate_up)
     if act == "silu":
         return linear(ops.silu_mul(fused) if ops else silu_mul(fused), down)
@@ -191,7 +189,7 @@ def linear(
 def _rounds_rows_to_bf16(layer: LayerWeights) -> bool:
     """Whether every matmul of a dense SiLU layer rounds its rows to bf16 itself."""
     layer = base_layer(layer)  # adapters beside them change no matmul's rows
-    matrices = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
     return isinstance(layer.gate_up, PackedGateUp) and all(
-        isinstance(w, PackedLinear | PackedGateUp) and w.rounds_rows_to_bf16 for w in matrices
+        isinstance(w, PackedLinear | PackedGateUp) and w.rounds_rows_to_bf16
+        for w in layer.linears()
     )

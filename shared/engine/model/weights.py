@@ -81,6 +81,10 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None = None  # [hidden] on the MLP output (Gemma)
     experts: ExpertWeights | None = None
 
+    def linears(self) -> tuple[Any, ...]:
+        """Its four matrices: qkv, o_proj, gate_up, down."""
+        return (self.qkv, self.o_proj, self.gate_up, self.down)
+
     def map_linears(self, fn: Callable[[Any], Any]) -> LayerWeights:
         """A copy with `fn` of each of its four matrices (qkv, o_proj, gate_up, down)."""
         return replace(
