@@ -1,6 +1,7 @@
 // The arithmetic peak of one core, measured: a loop of independent multiply-adds that never
 // touches memory, for the fp32 FMA (vfmadd231ps: 16 lanes, or 8 in an AVX2 build), bf16 pair
-// dot product (vdpbf16ps), int8 quad dot product (vpdpbusd) and AMX bf16 and int8 tile
+// dot product (vdpbf16ps), int8 quad dot product (vpdpbusd), the k-quants' int8 pair
+// (vpmaddubsw then vpmaddwd: `int8_kquant`) and AMX bf16 and int8 tile
 // products (tdpbf16ps, tdpbusd) the linear kernels are built on. `splitserve bench linear` states each kernel's
 // speed as a fraction of it.
 #include <immintrin.h>
@@ -86,6 +87,16 @@ double core_peak_gops(const std::string& numerics, int64_t iterations) {
     const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
     return giga_ops_per_second(iterations, 128, c0, [&](__m512 c) {
       return _mm512_castsi512_ps(_mm512_dpbusd_epi32(_mm512_castps_si512(c), u, s));
+    });
+  }
+  if (numerics == "int8_kquant") {  // the k-quant tile's step: codes x xq in int16 pairs,
+    // then by the groups' scales into int32 (linear_group_quant_int8_vnni.cpp); the chain's
+    // own value feeds the next step's codes, so nothing leaves the loop
+    const __m512i s = _mm512_set1_epi8(-2), scales = _mm512_set1_epi16(3);
+    return giga_ops_per_second(iterations, 128, c0, [&](__m512 c) {
+      const __m512i codes = _mm512_castps_si512(c);
+      const __m512i pairs = _mm512_madd_epi16(_mm512_maddubs_epi16(codes, s), scales);
+      return _mm512_castsi512_ps(_mm512_add_epi32(codes, pairs));
     });
   }
 #endif

@@ -158,7 +158,7 @@ def _check_vllm(config: WorkerConfig) -> None:
         "--speculative": engine.speculative is not None,
         "--num-kv-blocks": engine.num_kv_blocks is not None,
         "--batch-invariant": engine.batch_invariant is True,
-        "--kv-offloading-size": engine.kv_offloading_size > 0,  # our tier; vLLM has its own
+        "--kv-offloading-size": bool(engine.kv_offloading_size),  # our tier; vLLM has its own
     }
     for name, given in unsupported.items():
         if given:

@@ -100,6 +100,7 @@ class RequestTable:
     def __init__(self, hooks: StateHooks) -> None:
         self.hooks = hooks
         self._requests: dict[str, WorkerRequest] = {}
+        self.ended = asyncio.Event()  # set as a request leaves (its blocks freed): beat early
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -128,3 +129,4 @@ class RequestTable:
         if self._requests.get(request.request_id) is request:
             del self._requests[request.request_id]
             self.hooks.on_end(request, reason, now)
+            self.ended.set()

@@ -85,8 +85,13 @@ class EngineConfig:
     enable_prefix_caching: bool = flag(True, help="reuse the KV blocks of shared prefixes")
     # The second KV tier (shared/engine/kv_tier/): prefix blocks evicted from the cache are
     # kept there and loaded back when that is cheaper than recomputing them.
-    kv_offloading_size: float = flag(
-        0.0, help="GiB for the second KV tier of evicted prefix blocks (0: no tier)"
+    # The flag's default (unset: None, the automatic size) is the services'; an engine made
+    # in code has none unless asked.
+    kv_offloading_size: float | None = flag(
+        0.0,
+        unset=None,
+        help="GiB for the second KV tier of evicted prefix blocks (0: no tier; unset: on, "
+        "2 GiB or a quarter of the directory's free space if less; vLLM: its own, none)",
     )
     kv_offloading_dir: str = flag(
         "", help="the second KV tier's directory ('': /dev/shm/splitserve-kv, else $TMPDIR)"
@@ -170,7 +175,7 @@ class EngineConfig:
             raise ConfigError("max_num_batched_tokens must be >= max_num_seqs")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError("num_kv_blocks must be positive")
-        if self.kv_offloading_size < 0:
+        if self.kv_offloading_size is not None and self.kv_offloading_size < 0:
             raise ConfigError("kv_offloading_size must not be negative")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("num_threads must be positive")

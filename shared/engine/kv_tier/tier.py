@@ -28,6 +28,7 @@ from shared.engine.kv_tier.admission import WriteAdmission
 from shared.engine.kv_tier.entry import BadEntry, TierLayout, decode_entry
 from shared.engine.kv_tier.policy import LoadPolicy
 from shared.engine.kv_tier.prefetch import FetchState, Result, TierPrefetch
+from shared.engine.kv_tier.sizing import tier_capacity
 from shared.engine.kv_tier.store import TierStore
 from shared.engine.kv_tier.tier_stats import TierStats
 from shared.engine.kv_tier.writer import TierWriter
@@ -46,16 +47,17 @@ def default_root() -> Path:
 
 
 def open_tier(config: EngineConfig, kv_cache: KVCache) -> KVTier | None:
-    """The tier `config` asks for, or None: no size, no prefix caching, or a draft model
-    (whose own KV of a block the tier does not keep)."""
-    if config.kv_offloading_size <= 0 or not config.enable_prefix_caching:
+    """The tier `config` asks for, or None: size 0 (or an automatic size with no room:
+    sizing.py), no prefix caching, or a draft model (whose own KV of a block the tier does
+    not keep)."""
+    if config.kv_offloading_size == 0 or not config.enable_prefix_caching:
         return None
     if config.speculative == "draft":
         log.warning("KV tier: off, since a draft model's KV is not kept in it")
         return None
     root = Path(config.kv_offloading_dir) if config.kv_offloading_dir else default_root()
-    capacity = int(config.kv_offloading_size * 2**30)
-    return KVTier.open(kv_cache, config.model_id, root, capacity)
+    capacity = tier_capacity(config.kv_offloading_size, root)
+    return KVTier.open(kv_cache, config.model_id, root, capacity) if capacity else None
 
 
 def tier_layout(kv_cache: KVCache, model_id: str) -> TierLayout:
