@@ -23,12 +23,12 @@ from services.worker import cli as worker_cli
 from services.worker.cli import engine_argv
 from shared.ports import free_port
 
-# A stand-in service: records its start (name pid), and on SIGTERM records its stop.
+# A stand-in service: records its start (name pid), and on SIGTERM records its stop. Its
+# handlers are in place before it records its start: a SIGTERM that follows at once (a loaded
+# machine, the last child started) is then a stop recorded, not a death by the default action.
 STAND_IN = """
 import faulthandler, os, signal, sys, time
 name, starts, stops, mode = sys.argv[1:5]
-with open(starts, "a") as f:
-    f.write(f"{name} {os.getpid()}\\n")
 stacks = open(stops + "." + name + ".stacks", "w")
 faulthandler.register(signal.SIGUSR1, file=stacks)  # as service_loop.run does (to stderr)
 def bye(*_):
@@ -36,6 +36,8 @@ def bye(*_):
         f.write(name + "\\n")
     sys.exit(0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else bye)
+with open(starts, "a") as f:
+    f.write(f"{name} {os.getpid()}\\n")
 if mode == "crash":
     time.sleep(0.1)
     sys.exit(3)
