@@ -29,7 +29,7 @@ from shared.ports import free_port
 STAND_IN = """
 import faulthandler, os, signal, sys, time
 name, starts, stops, mode = sys.argv[1:5]
-stacks = open(stops + "." + name + ".stacks", "w")
+stacks = open(stops + "." + name.replace("/", "_") + ".stacks", "w")  # a name may be a URL
 faulthandler.register(signal.SIGUSR1, file=stacks)  # as service_loop.run does (to stderr)
 def bye(*_):
     with open(stops, "a") as f:
