@@ -103,8 +103,9 @@ def traffic_class(value: str) -> str:
 
 
 def _span_traffic(span: Span) -> str:
-    """The traffic attribute of a recorded span ("" for a non-recording one)."""
-    if not span.is_recording():  # no SDK span (nothing is exported): nothing to read
+    """The traffic attribute of a recorded span, ended or not ("" for a non-recording one:
+    a span that ended still parents later ones, e.g. `scheduler.prefix_hit` under the route)."""
+    if isinstance(span, trace.NonRecordingSpan):  # no SDK span (nothing is exported)
         return ""
     from opentelemetry.sdk.trace import ReadableSpan
 

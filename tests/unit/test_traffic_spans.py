@@ -51,6 +51,17 @@ def test_the_traffic_class_reaches_every_span_of_the_request():
     ]
 
 
+def test_a_span_under_a_parent_that_ended_gets_the_class_too():
+    """`scheduler.prefix_hit` starts under the route span after that span ended (when the
+    worker reports its first token)."""
+    tracer, exporter = tracer_and_spans()
+    route = tracer.start_span("scheduler.route", extract({"x-splitserve-traffic": "canary"}))
+    route.end()
+    tracer.start_span("scheduler.prefix_hit", trace.set_span_in_context(route)).end()
+    traffic = [(s.name, s.attributes.get(TRAFFIC)) for s in exporter.get_finished_spans()]
+    assert traffic == [("scheduler.route", "canary"), ("scheduler.prefix_hit", "canary")]
+
+
 def test_only_plain_names_are_traffic_classes():
     assert traffic_class("canary-2.b_x") == "canary-2.b_x"
     for bad in ("", "a b", "x" * 65, "évil", "a,b"):
