@@ -65,7 +65,9 @@ def test_the_clocks_see_products_on_adapter_rows_only_and_come_off(tmp_path):
         assert clock.decode_steps > 0 and clock.prompt_steps > 0
         assert 0 < clock.decode_s + clock.prompt_s < clock.seconds
         assert clock.begin_step_s > 0
-    assert base.kernel_s == 0 and base.add_products_s > 0  # the bank returns at once
+    # No product for base rows: the bank returns at once, or (where a step without adapter
+    # rows runs the plain engine's path, e.g. one native call per layer) is never asked.
+    assert base.kernel_s == 0
     assert 0 < lora.kernel_decode_s < lora.kernel_s <= lora.add_products_s
     assert StackedPair.add.__name__ == "add"  # the class's own again
     assert "forward" not in vars(engine.runner)
