@@ -13,7 +13,7 @@ as they ship; model/group_quant.py) runs as it is: `shipped_quantization` refuse
 int8 and int4 are weight-only through torch's kernels (`Int8Linear`, `Int4Linear`). w8a8 is
 int8 weights and per-row int8 activations through the AVX512-VNNI kernel (`Int8DotLinear`,
 batch-invariant), refused where the C++ kernels lack it; it costs more perplexity than int8
-(see the README's benchmarks).
+(see docs/benchmarks.md).
 """
 
 from __future__ import annotations
