@@ -1,0 +1,319 @@
+// The k-quants' int8-activation linear on a column-interleaved layout (Q4_K, Q6_K): panels of
+// 16 output columns, so that one 512-bit register holds one thing of each of 16 columns.
+//
+// Layout (repack_kquant16, a permutation of the same bytes): panel P holds columns 16 P ..
+// 16 P + w - 1 (w = 16 but in a last, narrower panel). Per 32-block b, low: 8 chunks q of 2 w
+// bytes, byte 2 c + e holding column c's weight 4 q + e (low nibble) and 4 q + 2 + e (high);
+// 6-bit codes' high 2 bits in 4 chunks h of 2 w bytes, byte 2 c + e holding, in 2-bit fields
+// from the bottom, weights 4 h + e, 4 h + 2 + e, 4 (h + 4) + e, 4 (h + 4) + 2 + e. sub_scale,
+// sub_min: [panel][group][w]; super_scale, super_min: [panel][super-block][w].
+//
+// Kernel: per panel and x-block of 256, the codes are unpacked once for every row of the call
+// into int16 already times their group scale (sc * u fits int16), 32 lanes = (column, one of
+// two consecutive weights); per row, vpdpwssd with that row's two int16 xq broadcast adds two
+// weights' sc * u * xq into 16 int32 lanes, one per column.
+//
+// The one subtle rule: the generic path (linear_group_quant_int8.cpp, dot_kquant) keeps, per
+// output, 16 float lanes l, lane l taking weights 4 l .. 4 l + 3 of every pair of 32-blocks,
+// and its zero's and mins' terms on the first lanes only. So here every output keeps those 16
+// lanes too, as 16 registers (one per l, lane c: column c): the same exact int32 per lane and
+// x-block, the same float fma per lane in the same order, the same tree over the lanes at the
+// end. Which rows or columns share a call changes nothing: batch-invariant, the generic bits.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "group_quant.h"
+#include "group_quant_int8.h"
+
+namespace group_quant {
+namespace {
+
+constexpr int64_t kPanel = 16;  // columns per panel
+constexpr int64_t kChunk = 16;  // rows whose float lanes stay in the cache together
+constexpr int kTileRows = 4;  // rows per register tile
+constexpr int64_t kXCodes = kSuper * kPanel;  // int16 codes of a panel's x-block
+
+uint32_t code(const Layout& L, int64_t n, int64_t k) {  // the stored layout's code u
+  const uint8_t byte = L.low[n * (L.K / 2) + k / 32 * 16 + k % 16];
+  uint32_t u = k % 32 < 16 ? byte & 0x0F : byte >> 4;
+  for (int64_t pl = 0; pl < L.planes; ++pl) {
+    u |= ((L.high[(n * L.planes + pl) * (L.K / 8) + k / 8] >> (k % 8)) & 1u) << (4 + pl);
+  }
+  return u;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+
+struct Packed {
+  const uint8_t* low;
+  const uint8_t* high;
+  const float* super_scale;
+  const int8_t* sub_scale;
+  const float* super_min;
+  const int8_t* sub_min;  // nullptr: 1
+  int64_t K, N, group, zero, groups, supers;
+};
+
+// two int8 column vectors [w] as int16 pairs (a, b) per int32 lane; absent: (1, 1)
+[[gnu::always_inline]] inline __m512i pairs(const int8_t* a, const int8_t* b, __mmask16 cols) {
+  if (!a) return _mm512_set1_epi32(0x00010001);
+  const __m512i lo = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(cols, a));
+  const __m512i hi = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(cols, b));
+  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+}
+
+[[gnu::always_inline]] inline __m512i bcast_pair(const int16_t* at) {
+  int32_t v;
+  std::memcpy(&v, at, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// x-block xb of panel p as int16 sc * u: [8 blocks][16 t][32], t = 2 q (+ 1: weights + 2)
+template <int BITS>
+void unpack(const Packed& W, int64_t p, int64_t w, int64_t xb, int16_t* out) {
+  const __mmask32 bytes = static_cast<__mmask32>((1ull << (2 * w)) - 1);
+  const __mmask16 cols = static_cast<__mmask16>((1u << w) - 1);
+  const __m512i nibble = _mm512_set1_epi16(0x0F), top = _mm512_set1_epi16(0x30);
+  const int8_t* sc = W.sub_scale + p * kPanel * W.groups;
+  for (int64_t b = 0; b < kSuper / 32; ++b) {
+    const int64_t block = xb * (kSuper / 32) + b;
+    const uint8_t* low = W.low + p * kPanel * (W.K / 2) + block * 16 * w;
+    __m512i scale = _mm512_setzero_si512();
+    for (int64_t q = 0; q < 8; ++q) {
+      if (q % (W.group / 4) == 0) {  // a new group
+        const int8_t* s = sc + (block * 32 + 4 * q) / W.group * w;
+        scale = pairs(s, s, cols);
+      }
+      const __m512i u = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, low + 2 * w * q));
+      __m512i u0 = _mm512_and_si512(u, nibble), u1 = _mm512_srli_epi16(u, 4);
+      if constexpr (BITS == 6) {
+        const uint8_t* high = W.high + p * kPanel * (W.K / 4) + block * 8 * w + 2 * w * (q % 4);
+        const __m512i h = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, high));
+        const __m512i h0 = q < 4 ? _mm512_slli_epi16(h, 4) : h;
+        const __m512i h1 = q < 4 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
+        u0 = _mm512_or_si512(u0, _mm512_and_si512(h0, top));
+        u1 = _mm512_or_si512(u1, _mm512_and_si512(h1, top));
+      }
+      int16_t* t = out + (b * 16 + 2 * q) * 32;
+      _mm512_storeu_si512(t, _mm512_mullo_epi16(u0, scale));
+      _mm512_storeu_si512(t + 32, _mm512_mullo_epi16(u1, scale));
+    }
+  }
+}
+
+// rows r0 .. r0 + MR - 1 of the call, x-block xb: their 16 float lanes per column in acc
+// ([row][l][16], row 0 the chunk's first), updated as dot_kquant updates its lanes
+template <int MR>
+void rows_xblock(const Packed& W, const Rows& R, const int16_t* xq16, const int16_t* codes,
+                 int64_t p, int64_t w, int64_t xb, int64_t r0, float* acc) {
+  const __mmask16 cols = static_cast<__mmask16>((1u << w) - 1);
+  const int64_t per_x = kSuper / W.group, K = W.K, sup = p * kPanel * W.supers + xb * w;
+  const __m512 ss = _mm512_maskz_loadu_ps(cols, W.super_scale + sup);
+  const __m512 sm = W.super_min ? _mm512_maskz_loadu_ps(cols, W.super_min + sup) : ss;
+  const int8_t* sc = W.sub_scale + p * kPanel * W.groups + xb * per_x * w;
+  const int8_t* mn = W.sub_min ? W.sub_min + p * kPanel * W.groups + xb * per_x * w : nullptr;
+  __m512 f[MR], fm[MR];
+  for (int r = 0; r < MR; ++r) {
+    const __m512 d = _mm512_set1_ps(R.d[(r0 + r) * (K / kSuper) + xb]);
+    f[r] = _mm512_mul_ps(d, ss), fm[r] = _mm512_mul_ps(d, sm);
+  }
+  const int16_t* gs = R.group_sum.data() + r0 * W.groups + xb * per_x;
+  for (int l = 0; l < kLanes; ++l) {
+    __m512i sum[MR];
+    for (int r = 0; r < MR; ++r) sum[r] = _mm512_setzero_si512();
+    if (W.zero && l < per_x / 2) {  // I[l] -= Z * (sc[2l] * s[2l] + sc[2l + 1] * s[2l + 1])
+      const __m512i z = _mm512_mullo_epi16(pairs(sc + 2 * l * w, sc + (2 * l + 1) * w, cols),
+                                           _mm512_set1_epi16(static_cast<int16_t>(-W.zero)));
+      for (int r = 0; r < MR; ++r) {
+        sum[r] = _mm512_dpwssd_epi32(sum[r], z, bcast_pair(gs + r * W.groups + 2 * l));
+      }
+    }
+    const int64_t q = l % 8;
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < kSuper / kPair; ++j) {  // the pairs of 32-blocks
+      const int64_t b = 2 * j + l / 8;
+      const __m512i c0 = _mm512_loadu_si512(codes + (b * 16 + 2 * q) * 32);
+      const __m512i c1 = _mm512_loadu_si512(codes + (b * 16 + 2 * q + 1) * 32);
+      const int16_t* x = xq16 + xb * kSuper + b * 32 + 4 * q;
+      for (int r = 0; r < MR; ++r) {
+        sum[r] = _mm512_dpwssd_epi32(sum[r], c0, bcast_pair(x + (r0 + r) * K));
+        sum[r] = _mm512_dpwssd_epi32(sum[r], c1, bcast_pair(x + (r0 + r) * K + 2));
+      }
+    }
+    __m512i mp = _mm512_setzero_si512();
+    if (W.super_min && l < 4) {
+      mp = mn ? pairs(mn + 2 * l * w, mn + (2 * l + 1) * w, cols) : pairs(nullptr, nullptr, cols);
+    }
+    for (int r = 0; r < MR; ++r) {
+      float* a = acc + (r * kLanes + l) * kPanel;
+      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), f[r], _mm512_loadu_ps(a));
+      if (W.super_min) {
+        const __m512i m = l < 4 ? _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp,
+                                                      bcast_pair(gs + r * W.groups + 2 * l))
+                                : mp;
+        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), fm[r], v);
+      }
+      _mm512_storeu_ps(a, v);
+    }
+  }
+}
+
+void finish(const float* acc, float* y, __mmask16 cols) {  // hsum16_generic, lane by lane
+  __m512 s8[8], s4[4], s2[2];
+  for (int i = 0; i < 8; ++i) {
+    s8[i] = _mm512_add_ps(_mm512_loadu_ps(acc + i * kPanel), _mm512_loadu_ps(acc + (i + 8) * kPanel));
+  }
+  for (int i = 0; i < 4; ++i) s4[i] = _mm512_add_ps(s8[i], s8[i + 4]);
+  for (int i = 0; i < 2; ++i) s2[i] = _mm512_add_ps(s4[i], s4[i + 2]);
+  _mm512_mask_storeu_ps(y, cols, _mm512_add_ps(s2[0], s2[1]));
+}
+
+template <int BITS>
+void run_panel(const Packed& W, const Rows& R, const int16_t* xq16, std::vector<int16_t>& codes,
+               std::vector<float>& acc, float* y, int64_t p, int64_t M) {
+  const int64_t w = std::min(kPanel, W.N - p * kPanel), xblocks = W.K / kSuper;
+  const bool once = M > kChunk;  // more than one chunk of rows: the whole panel unpacked once
+  for (int64_t xb = 0; once && xb < xblocks; ++xb) unpack<BITS>(W, p, w, xb, &codes[xb * kXCodes]);
+  for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
+    const int64_t rows = std::min(kChunk, M - m0);
+    std::fill(acc.begin(), acc.begin() + rows * kLanes * kPanel, 0.f);
+    for (int64_t xb = 0; xb < xblocks; ++xb) {
+      const int16_t* c = once ? &codes[xb * kXCodes] : codes.data();
+      if (!once) unpack<BITS>(W, p, w, xb, codes.data());
+      for (int64_t r = 0; r < rows; r += kTileRows) {
+        float* a = &acc[r * kLanes * kPanel];
+        switch (std::min<int64_t>(kTileRows, rows - r)) {
+          case 1: rows_xblock<1>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
+          case 2: rows_xblock<2>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
+          case 3: rows_xblock<3>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
+          default: rows_xblock<kTileRows>(W, R, xq16, c, p, w, xb, m0 + r, a);
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      finish(&acc[r * kLanes * kPanel], y + (m0 + r) * W.N + p * kPanel,
+             static_cast<__mmask16>((1u << w) - 1));
+    }
+  }
+}
+
+template <int BITS>
+void run_panels(const Packed& W, const Rows& R, float* y, int64_t M) {
+  std::vector<int16_t> xq16(R.xq.begin(), R.xq.end());
+  const int64_t panels = (W.N + kPanel - 1) / kPanel, threads = at::get_num_threads();
+  const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
+  const int64_t tasks = std::min(threads, (panels + chunk - 1) / chunk);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
+    std::vector<int16_t> codes(M > kChunk ? W.K / kSuper * kXCodes : kXCodes);
+    std::vector<float> acc(kChunk * kLanes * kPanel);
+    for (int64_t begin = next.fetch_add(chunk); begin < panels; begin = next.fetch_add(chunk)) {
+      for (int64_t p = begin; p < std::min(begin + chunk, panels); ++p) {
+        run_panel<BITS>(W, R, xq16.data(), codes, acc, y, p, M);
+      }
+    }
+  });
+}
+
+#endif
+
+template <typename T>
+T* data(const torch::Tensor& t, int64_t numel, const char* name) {
+  TORCH_CHECK(t.is_contiguous() && t.numel() == numel, name, " does not fit the layout");
+  return t.data_ptr<T>();
+}
+
+}  // namespace
+}  // namespace group_quant
+
+std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high,
+                                           torch::Tensor super_scale, torch::Tensor sub_scale,
+                                           torch::Tensor super_min, torch::Tensor sub_min,
+                                           int64_t bits, int64_t group, int64_t zero) {
+  using namespace group_quant;
+  TORCH_CHECK(bits == 4 || bits == 6, "the interleaved layout: 4 or 6 bit k-quants");
+  const int64_t N = low.size(0), K = low.size(1) * 2, groups = K / group, supers = K / kSuper;
+  TORCH_CHECK(K % kSuper == 0 && (group == 16 || group == 32), "super-blocks of 256");
+  Layout L{};
+  L.K = K, L.bits = bits, L.group = group, L.zero = zero, L.planes = bits - 4;
+  L.low = data<uint8_t>(low, N * K / 2, "low");
+  L.high = bits == 6 ? data<uint8_t>(high, N * 2 * K / 8, "high") : nullptr;
+  auto out_low = torch::empty_like(low), out_high = torch::empty_like(high);
+  uint8_t* ol = out_low.data_ptr<uint8_t>();
+  uint8_t* oh = bits == 6 ? out_high.data_ptr<uint8_t>() : nullptr;
+  std::vector<torch::Tensor> out{out_low, out_high};
+  for (const torch::Tensor& t : {super_scale, sub_scale, super_min, sub_min}) {
+    out.push_back(torch::empty_like(t));
+  }
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t p = n / kPanel, c = n % kPanel, w = std::min(kPanel, N - p * kPanel);
+      for (int64_t b = 0; b < K / 32; ++b) {
+        uint8_t* lo = ol + p * kPanel * (K / 2) + b * 16 * w + 2 * c;
+        for (int64_t i = 0; i < 16; ++i) {  // chunk q = i / 2, weight e = i % 2
+          const int64_t k = b * 32 + 4 * (i / 2) + i % 2;
+          lo[(i / 2) * 2 * w + i % 2] = static_cast<uint8_t>(code(L, n, k) % 16 |
+                                                             code(L, n, k + 2) % 16 << 4);
+        }
+        for (int64_t i = 0; oh && i < 8; ++i) {  // high chunk h = i / 2, weight e = i % 2
+          const int64_t k = b * 32 + 4 * (i / 2) + i % 2;
+          uint32_t v = 0;
+          for (int f = 0; f < 4; ++f) v |= (code(L, n, k + f % 2 * 2 + f / 2 * 16) >> 4) << 2 * f;
+          oh[p * kPanel * (K / 4) + b * 8 * w + (i / 2) * 2 * w + 2 * c + i % 2] =
+              static_cast<uint8_t>(v);
+        }
+      }
+      for (int64_t t = 0; t < 4; ++t) {  // the factors: [panel][group or super-block][w]
+        const torch::Tensor& from = t % 2 ? (t == 1 ? sub_scale : sub_min)
+                                          : (t == 0 ? super_scale : super_min);
+        if (from.numel() == 0) continue;
+        const int64_t per_row = t % 2 ? groups : supers, size = from.element_size();
+        const auto* src = static_cast<const uint8_t*>(from.data_ptr()) + n * per_row * size;
+        auto* dst = static_cast<uint8_t*>(out[2 + t].data_ptr()) + p * kPanel * per_row * size;
+        for (int64_t g = 0; g < per_row; ++g) {
+          std::memcpy(dst + (g * w + c) * size, src + g * size, size);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+torch::Tensor linear_kquant16(torch::Tensor x, torch::Tensor low, torch::Tensor high,
+                              torch::Tensor super_scale, torch::Tensor sub_scale,
+                              torch::Tensor super_min, torch::Tensor sub_min, int64_t bits,
+                              int64_t group, int64_t zero, int64_t out_features) {
+  using namespace group_quant;
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  TORCH_CHECK(K % kSuper == 0 && (bits == 4 || bits == 6), "4 or 6 bit k-quants of 256");
+  Layout L{};  // what Rows reads: the int8 path's quantization of x
+  L.K = K, L.bits = bits, L.group = group, L.per_super = kSuper / group, L.zero = zero;
+  L.groups = K / group, L.supers = K / kSuper;
+  auto x32 = x.to(torch::kFloat).contiguous();
+  auto y = torch::empty({M, N}, x32.options());
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const bool mins = super_min.numel() > 0;
+  const Packed W{data<uint8_t>(low, N * K / 2, "low"),
+                 bits == 6 ? data<uint8_t>(high, N * K / 4, "high") : nullptr,
+                 data<float>(super_scale, N * L.supers, "super_scale"),
+                 data<int8_t>(sub_scale, N * L.groups, "sub_scale"),
+                 mins ? data<float>(super_min, N * L.supers, "super_min") : nullptr,
+                 sub_min.numel() ? data<int8_t>(sub_min, N * L.groups, "sub_min") : nullptr,
+                 K, N, group, zero, L.groups, L.supers};
+  if (M == 0 || N == 0) return y;
+  const Rows R(L, x32.data_ptr<float>(), M);
+  if (bits == 6) {
+    run_panels<6>(W, R, y.data_ptr<float>(), M);
+  } else {
+    run_panels<4>(W, R, y.data_ptr<float>(), M);
+  }
+  return y;
+#else
+  TORCH_CHECK(false, "linear_kquant16 needs an AVX512-VNNI build");
+#endif
+}
