@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -73,32 +74,42 @@ struct Packed {
   return _mm512_set1_epi32(v);
 }
 
+// chunk q of 32-block `block` of panel p (w columns): weights 4 q + e (u0) and 4 q + 2 + e
+// (u1) of each column c in int16 lane 2 c + e
+template <int BITS>
+[[gnu::always_inline]] inline void chunk(const Packed& W, int64_t p, int64_t w, int64_t block,
+                                         int64_t q, __m512i& u0, __m512i& u1) {
+  const __mmask32 bytes = static_cast<__mmask32>((1ull << (2 * w)) - 1);
+  const uint8_t* low = W.low + p * kPanel * (W.K / 2) + block * 16 * w + 2 * w * q;
+  const __m512i u = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, low));
+  u0 = _mm512_and_si512(u, _mm512_set1_epi16(0x0F)), u1 = _mm512_srli_epi16(u, 4);
+  if constexpr (BITS == 6) {
+    const __m512i top = _mm512_set1_epi16(0x30);
+    const uint8_t* high = W.high + p * kPanel * (W.K / 4) + block * 8 * w + 2 * w * (q % 4);
+    const __m512i h = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, high));
+    const __m512i h0 = q < 4 ? _mm512_slli_epi16(h, 4) : h;
+    const __m512i h1 = q < 4 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
+    u0 = _mm512_or_si512(u0, _mm512_and_si512(h0, top));
+    u1 = _mm512_or_si512(u1, _mm512_and_si512(h1, top));
+  }
+}
+
+// the group scale of chunk q of `block`, in both int16 lanes of each column
+[[gnu::always_inline]] inline __m512i chunk_scale(const Packed& W, int64_t p, int64_t w,
+                                                  int64_t block, int64_t q) {
+  const int8_t* s = W.sub_scale + p * kPanel * W.groups + (block * 32 + 4 * q) / W.group * w;
+  return pairs(s, s, static_cast<__mmask16>((1u << w) - 1));
+}
+
 // x-block xb of panel p as int16 sc * u: [8 blocks][16 t][32], t = 2 q (+ 1: weights + 2)
 template <int BITS>
 void unpack(const Packed& W, int64_t p, int64_t w, int64_t xb, int16_t* out) {
-  const __mmask32 bytes = static_cast<__mmask32>((1ull << (2 * w)) - 1);
-  const __mmask16 cols = static_cast<__mmask16>((1u << w) - 1);
-  const __m512i nibble = _mm512_set1_epi16(0x0F), top = _mm512_set1_epi16(0x30);
-  const int8_t* sc = W.sub_scale + p * kPanel * W.groups;
   for (int64_t b = 0; b < kSuper / 32; ++b) {
     const int64_t block = xb * (kSuper / 32) + b;
-    const uint8_t* low = W.low + p * kPanel * (W.K / 2) + block * 16 * w;
-    __m512i scale = _mm512_setzero_si512();
+    __m512i scale = _mm512_setzero_si512(), u0, u1;
     for (int64_t q = 0; q < 8; ++q) {
-      if (q % (W.group / 4) == 0) {  // a new group
-        const int8_t* s = sc + (block * 32 + 4 * q) / W.group * w;
-        scale = pairs(s, s, cols);
-      }
-      const __m512i u = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, low + 2 * w * q));
-      __m512i u0 = _mm512_and_si512(u, nibble), u1 = _mm512_srli_epi16(u, 4);
-      if constexpr (BITS == 6) {
-        const uint8_t* high = W.high + p * kPanel * (W.K / 4) + block * 8 * w + 2 * w * (q % 4);
-        const __m512i h = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, high));
-        const __m512i h0 = q < 4 ? _mm512_slli_epi16(h, 4) : h;
-        const __m512i h1 = q < 4 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
-        u0 = _mm512_or_si512(u0, _mm512_and_si512(h0, top));
-        u1 = _mm512_or_si512(u1, _mm512_and_si512(h1, top));
-      }
+      if (q % (W.group / 4) == 0) scale = chunk_scale(W, p, w, block, q);  // a new group
+      chunk<BITS>(W, p, w, block, q, u0, u1);
       int16_t* t = out + (b * 16 + 2 * q) * 32;
       _mm512_storeu_si512(t, _mm512_mullo_epi16(u0, scale));
       _mm512_storeu_si512(t + 32, _mm512_mullo_epi16(u1, scale));
@@ -106,45 +117,50 @@ void unpack(const Packed& W, int64_t p, int64_t w, int64_t xb, int16_t* out) {
   }
 }
 
-// rows r0 .. r0 + MR - 1 of the call, x-block xb: their 16 float lanes per column in acc
-// ([row][l][16], row 0 the chunk's first), updated as dot_kquant updates its lanes
+// rows r0 .. r0 + MR - 1 of the call at x-block xb of panel p: their factors, and the integer
+// lane sums' float steps into acc ([row][l][16], row 0 the chunk's first), as dot_kquant's
 template <int MR>
-void rows_xblock(const Packed& W, const Rows& R, const int16_t* xq16, const int16_t* codes,
-                 int64_t p, int64_t w, int64_t xb, int64_t r0, float* acc) {
-  const __mmask16 cols = static_cast<__mmask16>((1u << w) - 1);
-  const int64_t per_x = kSuper / W.group, K = W.K, sup = p * kPanel * W.supers + xb * w;
-  const __m512 ss = _mm512_maskz_loadu_ps(cols, W.super_scale + sup);
-  const __m512 sm = W.super_min ? _mm512_maskz_loadu_ps(cols, W.super_min + sup) : ss;
-  const int8_t* sc = W.sub_scale + p * kPanel * W.groups + xb * per_x * w;
-  const int8_t* mn = W.sub_min ? W.sub_min + p * kPanel * W.groups + xb * per_x * w : nullptr;
+struct XBlock {
+  const Packed& W;
+  const int16_t* gs;  // row r0's group xq sums of the x-block
+  const int8_t *sc, *mn;
+  int64_t w;
+  __mmask16 cols;
   __m512 f[MR], fm[MR];
-  for (int r = 0; r < MR; ++r) {
-    const __m512 d = _mm512_set1_ps(R.d[(r0 + r) * (K / kSuper) + xb]);
-    f[r] = _mm512_mul_ps(d, ss), fm[r] = _mm512_mul_ps(d, sm);
+  bool all_mins;  // the mins' fma on every lane (else lanes 0-3)
+
+  XBlock(const Packed& W, const Rows& R, int64_t p, int64_t w, int64_t xb, int64_t r0)
+      : W(W), w(w) {
+    cols = static_cast<__mmask16>((1u << w) - 1);
+    const int64_t per_x = kSuper / W.group, sup = p * kPanel * W.supers + xb * w;
+    const __m512 ss = _mm512_maskz_loadu_ps(cols, W.super_scale + sup);
+    const __m512 sm = W.super_min ? _mm512_maskz_loadu_ps(cols, W.super_min + sup) : ss;
+    sc = W.sub_scale + p * kPanel * W.groups + xb * per_x * w;
+    mn = W.sub_min ? W.sub_min + p * kPanel * W.groups + xb * per_x * w : nullptr;
+    gs = R.group_sum.data() + r0 * W.groups + xb * per_x;
+    // past lane 3 the mins' fma adds 0 * fm: v itself where fm is finite (v is never -0: the
+    // lanes start at +0, and an fma onto +0 or a nonzero gives -0 only from -0 + -0)
+    __mmask16 finite = cols;
+    for (int r = 0; r < MR; ++r) {
+      const __m512 d = _mm512_set1_ps(R.d[(r0 + r) * (W.K / kSuper) + xb]);
+      f[r] = _mm512_mul_ps(d, ss), fm[r] = _mm512_mul_ps(d, sm);
+      finite &= _mm512_cmp_ps_mask(_mm512_abs_ps(fm[r]), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+    }
+    all_mins = W.super_min && finite != cols;
   }
-  const int16_t* gs = R.group_sum.data() + r0 * W.groups + xb * per_x;
-  for (int l = 0; l < kLanes; ++l) {
-    __m512i sum[MR];
-    for (int r = 0; r < MR; ++r) sum[r] = _mm512_setzero_si512();
-    if (W.zero && l < per_x / 2) {  // I[l] -= Z * (sc[2l] * s[2l] + sc[2l + 1] * s[2l + 1])
-      const __m512i z = _mm512_mullo_epi16(pairs(sc + 2 * l * w, sc + (2 * l + 1) * w, cols),
-                                           _mm512_set1_epi16(static_cast<int16_t>(-W.zero)));
-      for (int r = 0; r < MR; ++r) {
-        sum[r] = _mm512_dpwssd_epi32(sum[r], z, bcast_pair(gs + r * W.groups + 2 * l));
-      }
+
+  // row r's lane l: I[l] -= Z * (sc[2l] * s[2l] + sc[2l + 1] * s[2l + 1]) for l < groups / 2
+  [[gnu::always_inline]] void zero_term(int l, __m512i (&sum)[MR]) const {
+    if (!W.zero || l >= kSuper / W.group / 2) return;
+    const __m512i z = _mm512_mullo_epi16(pairs(sc + 2 * l * w, sc + (2 * l + 1) * w, cols),
+                                         _mm512_set1_epi16(static_cast<int16_t>(-W.zero)));
+    for (int r = 0; r < MR; ++r) {
+      sum[r] = _mm512_dpwssd_epi32(sum[r], z, bcast_pair(gs + r * W.groups + 2 * l));
     }
-    const int64_t q = l % 8;
-#pragma GCC unroll 4
-    for (int64_t j = 0; j < kSuper / kPair; ++j) {  // the pairs of 32-blocks
-      const int64_t b = 2 * j + l / 8;
-      const __m512i c0 = _mm512_loadu_si512(codes + (b * 16 + 2 * q) * 32);
-      const __m512i c1 = _mm512_loadu_si512(codes + (b * 16 + 2 * q + 1) * 32);
-      const int16_t* x = xq16 + xb * kSuper + b * 32 + 4 * q;
-      for (int r = 0; r < MR; ++r) {
-        sum[r] = _mm512_dpwssd_epi32(sum[r], c0, bcast_pair(x + (r0 + r) * K));
-        sum[r] = _mm512_dpwssd_epi32(sum[r], c1, bcast_pair(x + (r0 + r) * K + 2));
-      }
-    }
+  }
+
+  // acc lane l += float(I) * f, then the mins' term (dot_kquant: for every lane, 0 past 3)
+  [[gnu::always_inline]] void step(int l, const __m512i (&sum)[MR], float* acc) const {
     __m512i mp = _mm512_setzero_si512();
     if (W.super_min && l < 4) {
       mp = mn ? pairs(mn + 2 * l * w, mn + (2 * l + 1) * w, cols) : pairs(nullptr, nullptr, cols);
@@ -152,7 +168,7 @@ void rows_xblock(const Packed& W, const Rows& R, const int16_t* xq16, const int1
     for (int r = 0; r < MR; ++r) {
       float* a = acc + (r * kLanes + l) * kPanel;
       __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), f[r], _mm512_loadu_ps(a));
-      if (W.super_min) {
+      if (W.super_min && (l < 4 || all_mins)) {
         const __m512i m = l < 4 ? _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp,
                                                       bcast_pair(gs + r * W.groups + 2 * l))
                                 : mp;
@@ -161,6 +177,62 @@ void rows_xblock(const Packed& W, const Rows& R, const int16_t* xq16, const int1
       _mm512_storeu_ps(a, v);
     }
   }
+};
+
+// rows r0 .. r0 + MR - 1, x-block xb, from the unpacked codes: per lane two chains per row
+// (the even and the odd pairs of 32-blocks; their int32 sum is exact)
+template <int MR>
+void rows_xblock(const Packed& W, const Rows& R, const int16_t* xq16, const int16_t* codes,
+                 int64_t p, int64_t w, int64_t xb, int64_t r0, float* acc) {
+  const XBlock<MR> X(W, R, p, w, xb, r0);
+  for (int l = 0; l < kLanes; ++l) {
+    __m512i sum[MR], odd[MR];
+    for (int r = 0; r < MR; ++r) sum[r] = odd[r] = _mm512_setzero_si512();
+    X.zero_term(l, sum);
+    const int64_t q = l % 8;
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < kSuper / kPair; ++j) {  // the pairs of 32-blocks
+      const int64_t b = 2 * j + l / 8;
+      const __m512i c0 = _mm512_loadu_si512(codes + (b * 16 + 2 * q) * 32);
+      const __m512i c1 = _mm512_loadu_si512(codes + (b * 16 + 2 * q + 1) * 32);
+      const int16_t* x = xq16 + xb * kSuper + b * 32 + 4 * q;
+      for (int r = 0; r < MR; ++r) {
+        __m512i& s = j % 2 ? odd[r] : sum[r];
+        s = _mm512_dpwssd_epi32(s, c0, bcast_pair(x + (r0 + r) * W.K));
+        s = _mm512_dpwssd_epi32(s, c1, bcast_pair(x + (r0 + r) * W.K + 2));
+      }
+    }
+    for (int r = 0; r < MR; ++r) sum[r] = _mm512_add_epi32(sum[r], odd[r]);
+    X.step(l, sum, acc);
+  }
+}
+
+// one row (decoding), x-block xb: the codes unpacked in registers straight into its 16 lane
+// sums, no panel
+template <int BITS>
+void one_row(const Packed& W, const Rows& R, const int16_t* xq16, int64_t p, int64_t w,
+             int64_t xb, int64_t m, float* acc) {
+  const XBlock<1> X(W, R, p, w, xb, m);
+  __m512i sum[kLanes][1];
+  for (int l = 0; l < kLanes; ++l) {
+    sum[l][0] = _mm512_setzero_si512();
+    X.zero_term(l, sum[l]);
+  }
+  const int16_t* x = xq16 + m * W.K + xb * kSuper;
+#pragma GCC unroll 8
+  for (int b = 0; b < kSuper / 32; ++b) {
+    const int64_t block = xb * (kSuper / 32) + b;
+    __m512i scale = _mm512_setzero_si512(), u0, u1;
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; ++q) {
+      if (q % (W.group / 4) == 0) scale = chunk_scale(W, p, w, block, q);
+      chunk<BITS>(W, p, w, block, q, u0, u1);
+      __m512i& s = sum[b % 2 * 8 + q][0];
+      s = _mm512_dpwssd_epi32(s, _mm512_mullo_epi16(u0, scale), bcast_pair(x + b * 32 + 4 * q));
+      s = _mm512_dpwssd_epi32(s, _mm512_mullo_epi16(u1, scale), bcast_pair(x + b * 32 + 4 * q + 2));
+    }
+  }
+  for (int l = 0; l < kLanes; ++l) X.step(l, sum[l], acc);
 }
 
 void finish(const float* acc, float* y, __mmask16 cols) {  // hsum16_generic, lane by lane
@@ -182,7 +254,10 @@ void run_panel(const Packed& W, const Rows& R, const int16_t* xq16, std::vector<
   for (int64_t m0 = 0; m0 < M; m0 += kChunk) {
     const int64_t rows = std::min(kChunk, M - m0);
     std::fill(acc.begin(), acc.begin() + rows * kLanes * kPanel, 0.f);
-    for (int64_t xb = 0; xb < xblocks; ++xb) {
+    for (int64_t xb = 0; M == 1 && xb < xblocks; ++xb) {
+      one_row<BITS>(W, R, xq16, p, w, xb, 0, acc.data());
+    }
+    for (int64_t xb = 0; M > 1 && xb < xblocks; ++xb) {
       const int16_t* c = once ? &codes[xb * kXCodes] : codes.data();
       if (!once) unpack<BITS>(W, p, w, xb, codes.data());
       for (int64_t r = 0; r < rows; r += kTileRows) {
