@@ -1,7 +1,7 @@
 // The k-quants' int8-activation linear on a column-interleaved layout (Q4_K, Q6_K): panels of
 // 16 output columns, so that one 512-bit register holds one thing of each of 16 columns.
 //
-// Layout (repack_kquant16, a permutation of the same bytes): panel P holds columns 16 P ..
+// Layout (kquant16_repack.cpp, a permutation of the same bytes): panel P holds columns 16 P ..
 // 16 P + w - 1 (w = 16 but in a last, narrower panel). Per 32-block b, low: 8 chunks q of 2 w
 // bytes, byte 2 c + e holding column c's weight 4 q + e (low nibble) and 4 q + 2 + e (high);
 // 6-bit codes' high 2 bits in 4 chunks h of 2 w bytes, byte 2 c + e holding, in 2-bit fields
@@ -11,7 +11,7 @@
 // Kernel: per panel and x-block of 256, the codes are unpacked once for every row of the call
 // into int16 already times their group scale (sc * u fits int16), 32 lanes = (column, one of
 // two consecutive weights); per row, vpdpwssd with that row's two int16 xq broadcast adds two
-// weights' sc * u * xq into 16 int32 lanes, one per column.
+// weights' sc * u * xq into 16 int32 lanes, one per column. One row: unpacked in registers.
 //
 // The one subtle rule: the generic path (linear_group_quant_int8.cpp, dot_kquant) keeps, per
 // output, 16 float lanes l, lane l taking weights 4 l .. 4 l + 3 of every pair of 32-blocks,
@@ -34,19 +34,9 @@
 namespace group_quant {
 namespace {
 
-constexpr int64_t kPanel = 16;  // columns per panel
 constexpr int64_t kChunk = 16;  // rows whose float lanes stay in the cache together
 constexpr int kTileRows = 4;  // rows per register tile
 constexpr int64_t kXCodes = kSuper * kPanel;  // int16 codes of a panel's x-block
-
-uint32_t code(const Layout& L, int64_t n, int64_t k) {  // the stored layout's code u
-  const uint8_t byte = L.low[n * (L.K / 2) + k / 32 * 16 + k % 16];
-  uint32_t u = k % 32 < 16 ? byte & 0x0F : byte >> 4;
-  for (int64_t pl = 0; pl < L.planes; ++pl) {
-    u |= ((L.high[(n * L.planes + pl) * (L.K / 8) + k / 8] >> (k % 8)) & 1u) << (4 + pl);
-  }
-  return u;
-}
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
@@ -65,7 +55,8 @@ struct Packed {
   if (!a) return _mm512_set1_epi32(0x00010001);
   const __m512i lo = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(cols, a));
   const __m512i hi = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(cols, b));
-  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+  const __m512i low16 = _mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF));
+  return _mm512_or_si512(low16, _mm512_slli_epi32(hi, 16));
 }
 
 [[gnu::always_inline]] inline __m512i bcast_pair(const int16_t* at) {
@@ -238,7 +229,8 @@ void one_row(const Packed& W, const Rows& R, const int16_t* xq16, int64_t p, int
 void finish(const float* acc, float* y, __mmask16 cols) {  // hsum16_generic, lane by lane
   __m512 s8[8], s4[4], s2[2];
   for (int i = 0; i < 8; ++i) {
-    s8[i] = _mm512_add_ps(_mm512_loadu_ps(acc + i * kPanel), _mm512_loadu_ps(acc + (i + 8) * kPanel));
+    const __m512 a = _mm512_loadu_ps(acc + i * kPanel), b = _mm512_loadu_ps(acc + (i + 8) * kPanel);
+    s8[i] = _mm512_add_ps(a, b);
   }
   for (int i = 0; i < 4; ++i) s4[i] = _mm512_add_ps(s8[i], s8[i + 4]);
   for (int i = 0; i < 2; ++i) s2[i] = _mm512_add_ps(s4[i], s4[i + 2]);
@@ -305,59 +297,6 @@ T* data(const torch::Tensor& t, int64_t numel, const char* name) {
 
 }  // namespace
 }  // namespace group_quant
-
-std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high,
-                                           torch::Tensor super_scale, torch::Tensor sub_scale,
-                                           torch::Tensor super_min, torch::Tensor sub_min,
-                                           int64_t bits, int64_t group, int64_t zero) {
-  using namespace group_quant;
-  TORCH_CHECK(bits == 4 || bits == 6, "the interleaved layout: 4 or 6 bit k-quants");
-  const int64_t N = low.size(0), K = low.size(1) * 2, groups = K / group, supers = K / kSuper;
-  TORCH_CHECK(K % kSuper == 0 && (group == 16 || group == 32), "super-blocks of 256");
-  Layout L{};
-  L.K = K, L.bits = bits, L.group = group, L.zero = zero, L.planes = bits - 4;
-  L.low = data<uint8_t>(low, N * K / 2, "low");
-  L.high = bits == 6 ? data<uint8_t>(high, N * 2 * K / 8, "high") : nullptr;
-  auto out_low = torch::empty_like(low), out_high = torch::empty_like(high);
-  uint8_t* ol = out_low.data_ptr<uint8_t>();
-  uint8_t* oh = bits == 6 ? out_high.data_ptr<uint8_t>() : nullptr;
-  std::vector<torch::Tensor> out{out_low, out_high};
-  for (const torch::Tensor& t : {super_scale, sub_scale, super_min, sub_min}) {
-    out.push_back(torch::empty_like(t));
-  }
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const int64_t p = n / kPanel, c = n % kPanel, w = std::min(kPanel, N - p * kPanel);
-      for (int64_t b = 0; b < K / 32; ++b) {
-        uint8_t* lo = ol + p * kPanel * (K / 2) + b * 16 * w + 2 * c;
-        for (int64_t i = 0; i < 16; ++i) {  // chunk q = i / 2, weight e = i % 2
-          const int64_t k = b * 32 + 4 * (i / 2) + i % 2;
-          lo[(i / 2) * 2 * w + i % 2] = static_cast<uint8_t>(code(L, n, k) % 16 |
-                                                             code(L, n, k + 2) % 16 << 4);
-        }
-        for (int64_t i = 0; oh && i < 8; ++i) {  // high chunk h = i / 2, weight e = i % 2
-          const int64_t k = b * 32 + 4 * (i / 2) + i % 2;
-          uint32_t v = 0;
-          for (int f = 0; f < 4; ++f) v |= (code(L, n, k + f % 2 * 2 + f / 2 * 16) >> 4) << 2 * f;
-          oh[p * kPanel * (K / 4) + b * 8 * w + (i / 2) * 2 * w + 2 * c + i % 2] =
-              static_cast<uint8_t>(v);
-        }
-      }
-      for (int64_t t = 0; t < 4; ++t) {  // the factors: [panel][group or super-block][w]
-        const torch::Tensor& from = t % 2 ? (t == 1 ? sub_scale : sub_min)
-                                          : (t == 0 ? super_scale : super_min);
-        if (from.numel() == 0) continue;
-        const int64_t per_row = t % 2 ? groups : supers, size = from.element_size();
-        const auto* src = static_cast<const uint8_t*>(from.data_ptr()) + n * per_row * size;
-        auto* dst = static_cast<uint8_t*>(out[2 + t].data_ptr()) + p * kPanel * per_row * size;
-        for (int64_t g = 0; g < per_row; ++g) {
-          std::memcpy(dst + (g * w + c) * size, src + g * size, size);
-        }
-      }
-    }
-  });
-  return out;
-}
 
 torch::Tensor linear_kquant16(torch::Tensor x, torch::Tensor low, torch::Tensor high,
                               torch::Tensor super_scale, torch::Tensor sub_scale,
