@@ -35,7 +35,7 @@ namespace group_quant {
 namespace {
 
 constexpr int64_t kChunk = 16;  // rows whose float lanes stay in the cache together
-constexpr int kTileRows = 4;  // rows per register tile
+constexpr int kTileRows = 8;  // rows per register tile
 constexpr int64_t kXCodes = kSuper * kPanel;  // int16 codes of a panel's x-block
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -258,6 +258,10 @@ void run_panel(const Packed& W, const Rows& R, const int16_t* xq16, std::vector<
           case 1: rows_xblock<1>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
           case 2: rows_xblock<2>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
           case 3: rows_xblock<3>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
+          case 4: rows_xblock<4>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
+          case 5: rows_xblock<5>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
+          case 6: rows_xblock<6>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
+          case 7: rows_xblock<7>(W, R, xq16, c, p, w, xb, m0 + r, a); break;
           default: rows_xblock<kTileRows>(W, R, xq16, c, p, w, xb, m0 + r, a);
         }
       }
