@@ -11,6 +11,7 @@
 #include <torch/extension.h>
 
 #include <string>
+#include <vector>
 
 bool group_quant_kernel();
 torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Tensor low,
@@ -19,3 +20,15 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
                                  torch::Tensor sub_min, int64_t bits, int64_t group,
                                  int64_t per_super, int64_t zero, int64_t out_features,
                                  const std::string& kernel);
+
+// linear_kquant16.cpp: Q4_K / Q6_K in panels of 16 columns. repack_kquant16: the parts of the
+// layout above (N from low) as that kernel reads them, the same sizes; linear_kquant16: the
+// int8 kernel's bits (int8-generic) from them.
+std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high,
+                                           torch::Tensor super_scale, torch::Tensor sub_scale,
+                                           torch::Tensor super_min, torch::Tensor sub_min,
+                                           int64_t bits, int64_t group, int64_t zero);
+torch::Tensor linear_kquant16(torch::Tensor x, torch::Tensor low, torch::Tensor high,
+                              torch::Tensor super_scale, torch::Tensor sub_scale,
+                              torch::Tensor super_min, torch::Tensor sub_min, int64_t bits,
+                              int64_t group, int64_t zero, int64_t out_features);
