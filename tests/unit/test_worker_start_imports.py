@@ -13,27 +13,25 @@ DEFERRED = ("xgrammar", "transformers", "gguf", "mistral_common")
 OTHER_COMMANDS = ("matplotlib", "loadtest", "services.gateway", "services.launcher")
 
 
-def test_the_worker_runtime_imports_none_of_the_deferred_packages():
-    probe = (
-        "import sys, services.worker.runtime;"
-        f"print(','.join(m for m in {DEFERRED!r} if m in sys.modules))"
-    )
+def imported_after(code: str, modules: tuple[str, ...]) -> str:
+    """Which of `modules` a fresh interpreter has imported after running `code` (comma-joined)."""
+    probe = f"import sys;{code};print(','.join(m for m in {modules!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
+    return out.stdout.strip()
+
+
+def test_the_worker_runtime_imports_none_of_the_deferred_packages():
+    assert imported_after("import services.worker.runtime", DEFERRED) == ""
 
 
 def test_the_worker_command_line_imports_no_other_command_s_modules():
-    unwanted = (*DEFERRED, *OTHER_COMMANDS)
-    probe = (
-        "import sys, services.cli as cli, services.worker.runtime;"
+    code = (
+        "import services.cli as cli, services.worker.runtime;"
         "args = cli.build_parser('worker').parse_args(['worker', '--model-dir', '/m']);"
-        "assert args.func.__module__ == 'services.worker.cli', args.func;"
-        f"print(','.join(m for m in {unwanted!r} if m in sys.modules))"
+        "assert args.func.__module__ == 'services.worker.cli', args.func"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
+    assert imported_after(code, (*DEFERRED, *OTHER_COMMANDS)) == ""
 
 
 def test_the_whole_parser_still_has_every_command_and_one_command_s_only_it():
