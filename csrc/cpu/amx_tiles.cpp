@@ -47,13 +47,21 @@ const char* status() {
 }
 
 #ifdef SPLITSERVE_AMX
-void configure() {
+void configure(const uint8_t (&rows)[8], const uint16_t (&bytes)[8]) {
   TileConfig config;
   for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = kRows;
+    config.bytes_per_row[t] = bytes[t];
+    config.rows[t] = rows[t];
   }
+  // GCC does not see ldtilecfg read the 64 bytes and drops the stores above (the first AMX
+  // host, 2026-12-07: a general-protection fault on garbage rows): make them happen
+  asm volatile("" : : "r"(&config) : "memory");
   _tile_loadconfig(&config);
+}
+
+void configure() {
+  constexpr uint8_t kAll = kRows;
+  configure({kAll, kAll, kAll, kAll, kAll, kAll, kAll, kAll}, {64, 64, 64, 64, 64, 64, 64, 64});
 }
 
 template <typename Kind>

@@ -36,6 +36,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("repack_kquant16", &repack_kquant16,
         "Q4_K / Q6_K parts (low, high, super_scale, sub_scale, super_min, sub_min) in panels of 16 "
         "columns, for linear_kquant16", py::call_guard<py::gil_scoped_release>());
+  m.def("repack_kquant_amx", &repack_kquant_amx,
+        "Q4_K / Q5_K / Q6_K parts in the AMX panels of linear_group_quant's int8-amx kernel",
+        py::call_guard<py::gil_scoped_release>());
   m.def("linear_kquant16", &linear_kquant16,
         "the int8 kernel's bits over repack_kquant16's layout (AVX512-VNNI builds)",
         py::call_guard<py::gil_scoped_release>());

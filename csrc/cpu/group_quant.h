@@ -5,7 +5,8 @@
 // registers; batch-invariant. kernel: "auto" (AVX-512 where built) or "generic" (any CPU, the
 // same bits); "int8" (activations quantized to int8 per block, integer dot products on
 // AVX512-VNNI where built: linear_group_quant_int8.cpp) or "int8-generic" (its scalar model,
-// the same bits). group_quant_kernel(): whether this build has the AVX-512 path.
+// the same bits), or "int8-amx" (AMX-INT8 tiles over repack_kquant_amx's panels: k-quants).
+// group_quant_kernel(): whether this build has the AVX-512 path.
 #pragma once
 
 #include <torch/extension.h>
@@ -28,6 +29,12 @@ std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high
                                            torch::Tensor super_scale, torch::Tensor sub_scale,
                                            torch::Tensor super_min, torch::Tensor sub_min,
                                            int64_t bits, int64_t group, int64_t zero);
+// repack_kquant_amx: the same parts as linear_group_quant's "int8-amx" kernel reads them
+// (linear_kquant_amx.cpp: Q4_K, Q5_K, Q6_K; N a multiple of 16), the same sizes.
+std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor high,
+                                             torch::Tensor super_scale, torch::Tensor sub_scale,
+                                             torch::Tensor super_min, torch::Tensor sub_min,
+                                             int64_t bits, int64_t group, int64_t zero);
 torch::Tensor linear_kquant16(torch::Tensor x, torch::Tensor low, torch::Tensor high,
                               torch::Tensor super_scale, torch::Tensor sub_scale,
                               torch::Tensor super_min, torch::Tensor sub_min, int64_t bits,

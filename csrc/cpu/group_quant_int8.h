@@ -59,4 +59,14 @@ inline int32_t min_sum(const Layout& L, int64_t n, int64_t xb, int64_t span,
 // y [M, N] from the quantized rows, in register tiles (built with AVX512-VNNI only)
 void run_vnni(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N);
 
+// The k-quant shapes linear_kquant_amx.cpp takes: 4-6 bit codes in groups of 32, or 4 or 6
+// bits in groups of 16 (a B tile's high bits fill whole 64-byte chunks).
+constexpr bool amx_shape(int64_t bits, int64_t group) {
+  return (group == 32 && bits >= 4 && bits <= 6) || (group == 16 && (bits == 4 || bits == 6));
+}
+
+// y [M, N] from the quantized rows on AMX tiles, over repack_kquant_amx's panels (N a multiple
+// of 16); pads R.xq to whole tiles of rows
+void run_amx(const Layout& L, Rows& R, float* y, int64_t M, int64_t N);
+
 }  // namespace group_quant

@@ -43,6 +43,16 @@ struct Layout {
     return bits16;
   }
 
+  // row n's code at k of a 4-6 bit layout (the panel repacks read the stored layout by it)
+  uint32_t code(int64_t n, int64_t k) const {
+    const uint8_t byte = low[n * (K / 2) + k / 32 * 16 + k % 16];
+    uint32_t u = k % 32 < 16 ? byte & 0x0F : byte >> 4;
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      u |= ((high[(n * planes + pl) * (K / 8) + k / 8] >> (k % 8)) & 1u) << (4 + pl);
+    }
+    return u;
+  }
+
   // weights 16 c .. 16 c + 15 of row n, scalar (the generic path)
   void dequant16(int64_t n, int64_t c, float* w) const {
     float scale, min;
@@ -82,8 +92,10 @@ inline float hsum16(__m512 a) {
 
 // linear_group_quant_int8.cpp: whether a layout takes the int8-activation path (K in whole
 // pairs of 32-blocks, and super-blocks of whole pairs or single 32-groups), and that path:
-// y [M, N] from x [M, K] fp32; vnni: AVX512-VNNI where built, else its generic model
+// y [M, N] from x [M, K] fp32 by one of its paths: the generic model, AVX512-VNNI (where
+// built, else the generic one), or AMX tiles over repack_kquant_amx's panels (k-quants)
+enum class Int8Path { kGeneric, kVnni, kAmx };
 bool int8_fits(const Layout& L);
-void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, bool vnni);
+void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, Int8Path path);
 
 }  // namespace group_quant

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "group_quant.h"
-#include "group_quant_layout.h"
+#include "group_quant_int8.h"
 
 bool group_quant_kernel() {
 #ifdef __AVX512F__
@@ -241,9 +241,12 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   L.sub_scale = optional_data<int8_t>(sub_scale, torch::kChar, N * groups, "sub_scale");
   L.super_min = optional_data<float>(super_min, torch::kFloat, N * supers, "super_min");
   L.sub_min = optional_data<int8_t>(sub_min, torch::kChar, N * groups, "sub_min");
-  const bool int8 = kernel == "int8" || kernel == "int8-generic";
+  const bool amx = kernel == "int8-amx";
+  const bool int8 = kernel == "int8" || kernel == "int8-generic" || amx;
   TORCH_CHECK(int8 || kernel == "auto" || kernel == "generic",
-              "kernel: auto, generic, int8 or int8-generic");
+              "kernel: auto, generic, int8, int8-generic or int8-amx");
+  TORCH_CHECK(!amx || (group_quant::kquant(L) && group_quant::amx_shape(bits, group) && N % 16 == 0),
+              "int8-amx takes Q4_K, Q5_K and Q6_K layouts of whole 16-column panels");
   TORCH_CHECK(!int8 || group_quant::int8_fits(L),
               "int8 activations need K in whole 64s and super-blocks of 64s or single groups "
               "(group scales within super-blocks: 4-6 bit k-quants of 256)");
@@ -252,7 +255,9 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   auto y = torch::empty({M, N}, x32.options());
   if (M == 0 || N == 0) return y;
   if (int8) {
-    group_quant::run_int8(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N, kernel == "int8");
+    using group_quant::Int8Path;
+    const Int8Path path = amx ? Int8Path::kAmx : kernel == "int8" ? Int8Path::kVnni : Int8Path::kGeneric;
+    group_quant::run_int8(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N, path);
     return y;
   }
 #ifdef __AVX512F__

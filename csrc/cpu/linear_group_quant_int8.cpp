@@ -195,10 +195,11 @@ bool int8_fits(const Layout& L) {
   return L.K % kPair == 0 && blocks && (!L.sub_scale || L.per_super == 1 || kquant(L));
 }
 
-void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, bool vnni) {
-  const Rows R(L, x, M);
+void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, Int8Path path) {
+  Rows R(L, x, M);
+  if (path == Int8Path::kAmx) return run_amx(L, R, y, M, N);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  if (vnni) return run_vnni(L, R, y, M, N);
+  if (path == Int8Path::kVnni) return run_vnni(L, R, y, M, N);
 #endif
   at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {

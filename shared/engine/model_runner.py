@@ -26,6 +26,7 @@ from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
 from shared.engine.quantization import (
+    amx_kquants,
     describe_shipped,
     int8_dot_product,
     quantize_weights,
@@ -101,7 +102,7 @@ class ModelRunner:
                 weights = load_weights(model_dir, model_config, config.torch_dtype, device)
         int8_activations = bool(shipped) and config.group_quant_activations == "int8"
         if int8_activations:
-            weights = with_int8_activations(weights, int8_dot_product())
+            weights = with_int8_activations(weights, int8_dot_product(), amx_kquants())
         vocab_size = rows_of(weights.lm_head)  # before quantization replaces the head
         with clock.timing(StartupPhase.WEIGHTS_PACK):
             if config.quantization:

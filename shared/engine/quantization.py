@@ -52,6 +52,13 @@ def int8_dot_product() -> bool:
     return kernels is not None and kernels.int8_dot_product_kernel()
 
 
+def amx_kquants() -> bool:
+    """Whether the k-quants' int8-activation kernel runs on AMX tiles here (the CPU has AMX,
+    the OS granted the tiles, the build has them)."""
+    kernels = native.load()
+    return kernels is not None and kernels.amx_tiles() == "on"
+
+
 def shipped_quantization(model_dir: Path, quantization: str | None, device: str) -> list[str]:
     """The formats the checkpoint at `model_dir` keeps quantized ([]: none). ConfigError where
     --quantization asks for another (re-quantizing quantized weights loses twice) or the
@@ -78,6 +85,8 @@ def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
         kernel = "dequantized per call through torch (the C++ kernels are not built)"
     elif int8_activations:
         path = "AVX512-VNNI" if int8_dot_product() else "its generic path (no VNNI; slow)"
+        if amx_kquants():
+            path = f"AMX-INT8 tiles for Q4_K/Q5_K/Q6_K, {path} for the rest"
         kernel = f"the group-quant kernel with int8 activations per block, {path}"
     elif kernels.group_quant_kernel():
         kernel = "the group-quant kernel, AVX-512, dequantizing in registers (batch-invariant)"

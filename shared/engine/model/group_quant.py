@@ -11,7 +11,11 @@ the same bits, slowly). Without the kernels the matrix is dequantized per call. 
 `kernel="int8"` (`with_int8_activations`, --group-quant-activations int8) the kernel quantizes
 each row of x to int8 per block and sums integer products instead (AVX512-VNNI,
 csrc/cpu/linear_group_quant_int8.cpp): faster decoding, not the exact weights' sums, still
-batch-invariant.
+batch-invariant. Where the CPU has AMX and the OS grants the tiles, the k-quants (Q4_K, Q5_K,
+Q6_K) take `kernel="int8-amx"` instead: their codes and factors permuted into panels of 16
+columns (`repack_kquant_amx`, the same bytes), multiplied on AMX-INT8 tiles
+(csrc/cpu/linear_kquant_amx.cpp) for every row count; such a matrix no longer reads as the
+stored layout (`codes_of_rows`, `take_rows` refuse it).
 
 A matrix whose rows came from tensors of different formats (a fused qkv whose v is Q6_K and
 q, k Q5_0) is a `GroupQuantParts`: its parts' outputs side by side. A matrix stored with its
@@ -48,7 +52,7 @@ class GroupQuantLinear:
     super_min: torch.Tensor | None = None  # [N, K / (group * per_super)] float32; None: 0
     sub_min: torch.Tensor | None = None  # [N, K / group] int8; None: 1
     in_perm: torch.Tensor | None = None  # [K] int64: stored column i is column in_perm[i]
-    kernel: str = "auto"  # linear_group_quant's: auto | generic | int8 | int8-generic
+    kernel: str = "auto"  # linear_group_quant's: auto | generic | int8 | int8-generic | int8-amx
 
     @classmethod
     def from_tensors(cls, params: dict[str, int | str], arrays: dict[str, torch.Tensor]):
@@ -116,8 +120,13 @@ class GroupQuantLinear:
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (getattr(self, name) for name in ARRAY_NAMES) if t is not None]
 
+    def _stored_layout(self) -> None:
+        if self.kernel == "int8-amx":
+            raise ValueError(f"this {self.format} matrix is in AMX panels, not the stored layout")
+
     def take_rows(self, rows: torch.Tensor) -> GroupQuantLinear:
         """The matrix of rows `rows` [R] int64 (a permutation or a selection)."""
+        self._stored_layout()
         picked = {
             name: getattr(self, name)[rows].contiguous()
             for name in ARRAY_NAMES
@@ -131,10 +140,12 @@ class GroupQuantLinear:
         present = [(getattr(self, n) is None) == (getattr(other, n) is None) for n in ARRAY_NAMES]
         a, b = self.in_perm, other.in_perm
         perm = a is b or (a is not None and b is not None and torch.equal(a, b))
-        return all(same) and all(present) and perm
+        stored = "int8-amx" not in (self.kernel, other.kernel)
+        return all(same) and all(present) and perm and stored
 
     def codes_of_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[R, K] int32: q - zero of the rows `rows` (None: all), in the stored column order."""
+        self._stored_layout()
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         if self.bits == 8:
             q = pick(self.codes).to(torch.int32)
@@ -189,10 +200,34 @@ class GroupQuantLinear:
         scales = self.sub_scale is None or self.per_super == 1 or kquant
         return self.in_features % 64 == 0 and blocks and scales
 
-    def with_int8_activations(self, vnni: bool) -> GroupQuantLinear:
+    @property
+    def amx_fits(self) -> bool:
+        """Whether the AMX k-quant kernel takes this layout (linear_kquant_amx.cpp: Q4_K, Q5_K,
+        Q6_K; whole panels of 16 output columns)."""
+        span = self.group * self.per_super
+        shape = (self.group == 32 and 4 <= self.bits <= 6) or (
+            self.group == 16 and self.bits in (4, 6)
+        )
+        kquant = span == 256 and self.sub_scale is not None and self.in_perm is None
+        mins = self.super_min is None or self.group == 32
+        return self.int8_fits and shape and kquant and mins and self.out_features % 16 == 0
+
+    def with_int8_activations(self, vnni: bool, amx: bool = False) -> GroupQuantLinear:
         """The same matrix through the int8-activation kernel where it fits (vnni: the
-        AVX512-VNNI path, else its generic model: the same bits, slowly)."""
-        return replace(self, kernel="int8" if vnni else "int8-generic") if self.int8_fits else self
+        AVX512-VNNI path, else its generic model: the same bits, slowly; amx: the k-quants
+        repacked for the AMX tiles, where they fit)."""
+        if not self.int8_fits:
+            return self
+        if not (amx and self.amx_fits):
+            return replace(self, kernel="int8" if vnni else "int8-generic")
+        empty = torch.empty(0)
+        names = ("low", "high", "super_scale", "sub_scale", "super_min", "sub_min")
+        parts = [getattr(self, name) for name in names]
+        packed = native.load().repack_kquant_amx(
+            *[empty if p is None else p for p in parts], self.bits, self.group, self.zero
+        )
+        panels = {name: t for name, t, p in zip(names, packed, parts, strict=True) if p is not None}
+        return replace(self, kernel="int8-amx", **panels)
 
     def kernel_args(self) -> tuple:
         """linear_group_quant's arguments after x (an absent part: an empty tensor)."""
@@ -240,9 +275,9 @@ class GroupQuantParts:
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() if _quant(p) else p.float() for p in self.parts])
 
-    def with_int8_activations(self, vnni: bool) -> GroupQuantParts:
+    def with_int8_activations(self, vnni: bool, amx: bool = False) -> GroupQuantParts:
         return GroupQuantParts(
-            tuple(p.with_int8_activations(vnni) if _quant(p) else p for p in self.parts)
+            tuple(p.with_int8_activations(vnni, amx) if _quant(p) else p for p in self.parts)
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

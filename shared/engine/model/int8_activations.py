@@ -13,13 +13,13 @@ from shared.engine.model.linear_weights import LinearWeight
 from shared.engine.model.weights import ModelWeights
 
 
-def with_int8_activations(weights: ModelWeights, vnni: bool) -> ModelWeights:
+def with_int8_activations(weights: ModelWeights, vnni: bool, amx: bool = False) -> ModelWeights:
     """`weights` with every layer matrix and the head kept quantized on the int8 kernel (vnni:
-    its AVX512-VNNI path, else the generic model of it)."""
+    its AVX512-VNNI path, else the generic model of it; amx: the k-quants on AMX tiles)."""
 
     def switch(w: LinearWeight | None) -> LinearWeight | None:
         if isinstance(w, GroupQuantLinear | GroupQuantParts):
-            return w.with_int8_activations(vnni)
+            return w.with_int8_activations(vnni, amx)
         return w
 
     layers = [layer.map_linears(switch) for layer in weights.layers]

@@ -1,0 +1,138 @@
+// The k-quants' panel repacks (group_quant.h): a matrix from the stored layout
+// (linear_group_quant.cpp) into panels of 16 columns, for linear_kquant16.cpp
+// (repack_kquant16, whose top comment lays its panels out) and for linear_kquant_amx.cpp
+// (repack_kquant_amx, laid out there). Both put the factors in [panel][group or super-block][16
+// columns]. The one rule: a permutation, every code and factor kept as it is (the same bytes:
+// resident weights do not grow).
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "group_quant.h"
+#include "group_quant_int8.h"
+
+using group_quant::kPanel;
+using group_quant::kSuper;
+using group_quant::Layout;
+
+namespace {
+
+// The stored layout of low/high as a Layout (codes only), checked.
+Layout stored(const torch::Tensor& low, const torch::Tensor& high, int64_t bits, int64_t group,
+              int64_t zero) {
+  const int64_t N = low.size(0), K = low.size(1) * 2;
+  TORCH_CHECK(K % kSuper == 0 && (group == 16 || group == 32), "super-blocks of 256");
+  TORCH_CHECK(low.is_contiguous() && low.scalar_type() == torch::kByte, "low: uint8");
+  Layout L{};
+  L.K = K, L.bits = bits, L.group = group, L.zero = zero, L.planes = bits - 4;
+  TORCH_CHECK(bits == 4 || (high.is_contiguous() && high.scalar_type() == torch::kByte &&
+                            high.numel() == N * K / 8 * L.planes),
+              "high: ", L.planes, " bit planes");
+  L.low = low.data_ptr<uint8_t>();
+  L.high = bits > 4 ? high.data_ptr<uint8_t>() : nullptr;
+  return L;
+}
+
+// The outputs: low, high, then the factors laid out per panel, filled for row n by `factors`.
+std::vector<torch::Tensor> outputs(const torch::Tensor& low, const torch::Tensor& high,
+                                   const std::vector<torch::Tensor>& factors) {
+  std::vector<torch::Tensor> out{torch::empty_like(low), torch::empty_like(high)};
+  for (const torch::Tensor& t : factors) out.push_back(torch::empty_like(t));
+  return out;
+}
+
+// row n's factors (super_scale, sub_scale, super_min, sub_min; absent ones empty) into
+// [panel][group or super-block][w], w the panel's width
+void permute_factors(const std::vector<torch::Tensor>& from, std::vector<torch::Tensor>& out,
+                     int64_t n, int64_t N, int64_t groups, int64_t supers) {
+  const int64_t p = n / kPanel, c = n % kPanel, w = std::min(kPanel, N - p * kPanel);
+  for (int64_t t = 0; t < 4; ++t) {
+    if (from[t].numel() == 0) continue;
+    const int64_t per_row = t % 2 ? groups : supers, size = from[t].element_size();
+    const auto* src = static_cast<const uint8_t*>(from[t].data_ptr()) + n * per_row * size;
+    auto* dst = static_cast<uint8_t*>(out[2 + t].data_ptr()) + p * kPanel * per_row * size;
+    for (int64_t g = 0; g < per_row; ++g) std::memcpy(dst + (g * w + c) * size, src + g * size, size);
+  }
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high,
+                                           torch::Tensor super_scale, torch::Tensor sub_scale,
+                                           torch::Tensor super_min, torch::Tensor sub_min,
+                                           int64_t bits, int64_t group, int64_t zero) {
+  TORCH_CHECK(bits == 4 || bits == 6, "the interleaved layout: 4 or 6 bit k-quants");
+  const Layout L = stored(low, high, bits, group, zero);
+  const int64_t N = low.size(0), K = L.K;
+  const std::vector<torch::Tensor> factors{super_scale, sub_scale, super_min, sub_min};
+  std::vector<torch::Tensor> out = outputs(low, high, factors);
+  uint8_t* ol = out[0].data_ptr<uint8_t>();
+  uint8_t* oh = bits == 6 ? out[1].data_ptr<uint8_t>() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t p = n / kPanel, c = n % kPanel, w = std::min(kPanel, N - p * kPanel);
+      for (int64_t b = 0; b < K / 32; ++b) {
+        uint8_t* lo = ol + p * kPanel * (K / 2) + b * 16 * w + 2 * c;
+        for (int64_t i = 0; i < 16; ++i) {  // chunk q = i / 2, weight e = i % 2
+          const int64_t k = b * 32 + 4 * (i / 2) + i % 2;
+          lo[(i / 2) * 2 * w + i % 2] = static_cast<uint8_t>(L.code(n, k) % 16 |
+                                                             L.code(n, k + 2) % 16 << 4);
+        }
+        for (int64_t i = 0; oh && i < 8; ++i) {  // high chunk h = i / 2, weight e = i % 2
+          const int64_t k = b * 32 + 4 * (i / 2) + i % 2;
+          uint32_t v = 0;
+          for (int f = 0; f < 4; ++f) v |= (L.code(n, k + f % 2 * 2 + f / 2 * 16) >> 4) << 2 * f;
+          oh[p * kPanel * (K / 4) + b * 8 * w + (i / 2) * 2 * w + 2 * c + i % 2] =
+              static_cast<uint8_t>(v);
+        }
+      }
+      permute_factors(factors, out, n, N, K / group, K / kSuper);
+    }
+  });
+  return out;
+}
+
+std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor high,
+                                             torch::Tensor super_scale, torch::Tensor sub_scale,
+                                             torch::Tensor super_min, torch::Tensor sub_min,
+                                             int64_t bits, int64_t group, int64_t zero) {
+  TORCH_CHECK(group_quant::amx_shape(bits, group), "the AMX panels: 4-6 bit codes in groups of 32, "
+              "or 4 or 6 in groups of 16");
+  const Layout L = stored(low, high, bits, group, zero);
+  const int64_t N = low.size(0), K = L.K, fw = bits - 4, rows = group / 4;
+  TORCH_CHECK(N % kPanel == 0, "the AMX panels: output features a multiple of 16");
+  const std::vector<torch::Tensor> factors{super_scale, sub_scale, super_min, sub_min};
+  std::vector<torch::Tensor> out = outputs(low, high, factors);
+  uint8_t* ol = out[0].data_ptr<uint8_t>();
+  uint8_t* oh = fw ? out[1].data_ptr<uint8_t>() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t p = n / kPanel, c = n % kPanel;
+      for (int64_t g = 0; g < K / group; ++g) {
+        uint8_t* lo = ol + p * 8 * K + g * 8 * group;  // 16 columns x group codes / 2
+        for (int64_t r = 0; r < rows / 2; ++r) {  // chunk r: rows r (low) and r + rows / 2
+          for (int64_t e = 0; e < 4; ++e) {
+            const int64_t k = g * group + 4 * r + e;
+            lo[r * 64 + c * 4 + e] =
+                static_cast<uint8_t>(L.code(n, k) % 16 | L.code(n, k + group / 2) % 16 << 4);
+          }
+        }
+        const int64_t chunks = group * fw / 32, fields = fw ? 8 / fw : 0;
+        uint8_t* hi = oh ? oh + p * 2 * fw * K + g * 2 * fw * group : nullptr;
+        for (int64_t h = 0; hi && h < chunks; ++h) {  // field f: row h + f * chunks
+          for (int64_t e = 0; e < 4; ++e) {
+            uint32_t v = 0;
+            for (int64_t f = 0; f < fields; ++f) {
+              v |= (L.code(n, g * group + 4 * (h + f * chunks) + e) >> 4) << (f * fw);
+            }
+            hi[h * 64 + c * 4 + e] = static_cast<uint8_t>(v);
+          }
+        }
+      }
+      permute_factors(factors, out, n, N, K / group, K / kSuper);
+    }
+  });
+  return out;
+}

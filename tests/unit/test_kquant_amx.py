@@ -1,0 +1,64 @@
+"""The k-quants on AMX-INT8 tiles (csrc/cpu/linear_kquant_amx.cpp, kernel "int8-amx" over
+repack_kquant_amx's panels): the int8 path's result within float rounding for Q4_K, Q5_K and
+Q6_K, bitwise the same for a row whatever rows and threads share its call (the engine takes
+this path for every row count where the tiles run), and a repacked matrix refused where the
+stored layout is read. Runs where the CPU has AMX and the OS grants the tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from loadtest.engine_bench.group_quant import gguf_matrix
+from shared.engine import native
+
+kernels = native.load()
+pytestmark = pytest.mark.skipif(
+    kernels is None or kernels.amx_tiles() != "on", reason="no AMX tiles here"
+)
+N = 3 * 16
+
+
+def rows(m: int, k: int, seed: int) -> torch.Tensor:
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+    x[:, 7] = 0.0  # a zero and an outlier per row: blocks of very different ranges
+    x[:, 100] *= 30
+    return x
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("k", [256, 1536])
+def test_the_int8_sums_and_the_same_bits_for_every_row_count(qtype, k):
+    w = gguf_matrix(qtype, N, k, np.random.default_rng(k))
+    amx = w.with_int8_activations(vnni=True, amx=True)
+    assert amx.kernel == "int8-amx"
+    assert [t.numel() for t in amx.tensors()] == [t.numel() for t in w.tensors()]  # no byte more
+    x = rows(150, k, seed=k)  # past one chunk of 128 rows
+    y = amx(x)
+    exact = kernels.linear_group_quant(x, *w.kernel_args(), "int8-generic")
+    assert torch.allclose(y, exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    for m in [*range(1, 18), 33, 129]:
+        assert torch.equal(amx(x[:m]), y[:m]), m
+    assert torch.equal(amx(x[140:141]), y[140:141])  # a row alone, from a later chunk
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(amx(x), y)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_repacked_matrix_is_no_stored_layout():
+    w = gguf_matrix(T.Q4_K, N, 256, np.random.default_rng(0))
+    amx = w.with_int8_activations(vnni=True, amx=True)
+    with pytest.raises(ValueError, match="AMX panels"):
+        amx.take_rows(torch.arange(16))
+    with pytest.raises(ValueError, match="AMX panels"):
+        amx.dequantize()
+    assert not amx.stacks_with(w)
+    narrow = gguf_matrix(T.Q4_K, N + 5, 256, np.random.default_rng(0))  # not whole panels
+    assert narrow.with_int8_activations(vnni=True, amx=True).kernel == "int8"
+    with pytest.raises(RuntimeError, match="16-column panels"):
+        kernels.linear_group_quant(rows(1, 256, 0), *narrow.kernel_args(), "int8-amx")
