@@ -34,7 +34,9 @@ from shared.models.wna16 import IntGroups
 SHAPES = {"qkv": (1152, 896), "o_proj": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}
 HEAD = (151936, 896)
 LAYERS = 24
-_F16_AT = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,), T.Q5_0: (0,)}  # fp16 factors' offsets
+_F16_AT = {  # fp16 factors' offsets in a block
+    T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,), T.Q5_0: (0,)
+}  # fmt: skip
 
 
 def gguf_matrix(qtype: T, n: int, k: int, rng: np.random.Generator) -> GroupQuantLinear:

@@ -8,6 +8,12 @@ more file), to compare perplexity with `splitserve bench quant --llama-windows`.
 is cached with a digest of what was built: a binary is reused; a build that ran out of time
 resumes on the next run (the unpacked source and the objects compiled so far are kept); a
 failed step is reported again without retrying until that directory is removed.
+
+One patch is applied to the source: GCC 12's `_tile_loadconfig` tells the compiler it reads
+8 bytes of the 64-byte tile configuration, so the stores that fill the rest are dropped and
+ggml's AMX matmul faults on an AMX CPU (the same bug hit our own kernels, csrc/cpu/
+amx_tiles.cpp); a compiler barrier before the call keeps them, and the peer runs its AMX
+kernels as a newer compiler builds them.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ CMAKE_FLAGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
 )  # fmt: skip
 TARGETS = ("llama-server", "llama-perplexity")
+TILE_CONFIG = "_tile_loadconfig(&tc);"  # ggml-cpu/amx/mmq.cpp's one call
+TILE_CONFIG_KEPT = 'asm volatile("" : : "r"(&tc) : "memory"); ' + TILE_CONFIG
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +54,12 @@ class LlamaServerBuild:
 
 
 def build_digest() -> str:
-    recipe = [LLAMA_CPP_PYTHON, *CMAKE_FLAGS, *TARGETS]
+    recipe = [LLAMA_CPP_PYTHON, *CMAKE_FLAGS, *TARGETS, TILE_CONFIG_KEPT]
     return hashlib.sha256("\n".join(recipe).encode()).hexdigest()
+
+
+def source_digest() -> str:
+    return hashlib.sha256(LLAMA_CPP_PYTHON.encode()).hexdigest()
 
 
 def ensure_llama_server(root: Path, timeout_s: float) -> LlamaServerBuild:
@@ -85,7 +97,7 @@ class BuildTimedOut(BuildFailed):
 def _build(root: Path, digest: str, deadline: float) -> None:
     """Unpack the sdist once per digest, then configure and compile (incrementally)."""
     log = root / "build.log"
-    if _reads(root / ".source") != digest:
+    if _reads(root / ".source") != source_digest():
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         download = [
@@ -96,13 +108,24 @@ def _build(root: Path, digest: str, deadline: float) -> None:
         (archive,) = (root / "sdist").glob("*.tar.gz")
         with tarfile.open(archive) as tar:
             tar.extractall(root / "src", filter="data")
-        (root / ".source").write_text(digest)
+        (root / ".source").write_text(source_digest())
     (source,) = (root / "src").glob("*/vendor/llama.cpp")
+    keep_tile_config(source / "ggml/src/ggml-cpu/amx/mmq.cpp")
     configure = ["cmake", "-S", str(source), "-B", str(root / "build"), *CMAKE_FLAGS]
     _run("configure", configure, log, deadline)
     jobs = str(len(os.sched_getaffinity(0)))
     build = ["cmake", "--build", str(root / "build"), "--target", *TARGETS, "-j", jobs]
     _run("compile", build, log, deadline)
+
+
+def keep_tile_config(mmq: Path) -> None:
+    """The barrier before ggml's ldtilecfg (see the top), once; a tree without the call as
+    written is left as it is."""
+    if not mmq.exists():
+        return
+    text = mmq.read_text()
+    if TILE_CONFIG in text and TILE_CONFIG_KEPT not in text:
+        mmq.write_text(text.replace(TILE_CONFIG, TILE_CONFIG_KEPT))
 
 
 def _run(what: str, command: list[str], log: Path, deadline: float) -> None:
