@@ -16,21 +16,27 @@ The work is the model's (`ModelWork`): 2 ops per multiply-add of the layers' mat
 attention for every token computed, of the LM head for every token sampled; a decode step
 of one sequence reads every weight its token passes and its context's KV once, in the
 server's dtype (bf16: 2 bytes each, as vLLM runs; ours is fp32 where `--dtype auto` picks
-it). Part of a small model's weights stays in the last-level cache from one step to the next,
-so a decode figure can exceed the bandwidth: these say how near a server is to the machine,
-not an exact budget.
+it), or for a checkpoint kept quantized the bytes its files hold for those matrices
+(`kept_step_bytes`: every tensor but the embedding table's, read a row at a time, unless it is
+the head too), which both servers read as the file has them. Part of a small model's weights
+stays in the last-level cache from one step to the next, so a decode figure can exceed the
+bandwidth: these say how near a server is to the machine, not an exact budget.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from shared.engine.model.checkpoint import checkpoint_files
 from shared.engine.model_config import ModelConfig
 
 BF16_BYTES = 2  # a weight or KV value in bf16, vLLM's dtype here
@@ -45,9 +51,12 @@ class ModelWork:
     attention_macs_per_context: int  # QK and PV, every layer, per context token attended
     kv_bytes_per_token: int  # K and V of one token, every layer
     bytes_per_value: int = BF16_BYTES  # of a weight or a KV value: 2 for bf16, 4 for fp32
+    weight_bytes: int = 0  # a decode step's weights as stored (kept quantized); 0: by dtype
 
     @classmethod
-    def of(cls, config: ModelConfig, bytes_per_value: int = BF16_BYTES) -> ModelWork:
+    def of(
+        cls, config: ModelConfig, bytes_per_value: int = BF16_BYTES, weight_bytes: int = 0
+    ) -> ModelWork:
         hidden, q, kv = (
             config.hidden_size,
             config.num_heads * config.head_dim,
@@ -66,6 +75,7 @@ class ModelWork:
             attention_macs_per_context=2 * config.num_layers * q,
             kv_bytes_per_token=2 * config.num_layers * kv * bytes_per_value,
             bytes_per_value=bytes_per_value,
+            weight_bytes=weight_bytes,
         )
 
     def ops_per_output_token(self, prompt_len: float, output_len: float) -> float:
@@ -80,8 +90,24 @@ class ModelWork:
 
     def decode_step_bytes(self, context: float) -> float:
         """What one sequence's decode step reads: its token's weights and its KV."""
-        weights = (self.layer_macs + self.head_macs) * self.bytes_per_value
+        weights = self.weight_bytes or (self.layer_macs + self.head_macs) * self.bytes_per_value
         return weights + context * self.kv_bytes_per_token
+
+
+def kept_step_bytes(model_dir: Path) -> int:
+    """The bytes a decode step reads of a checkpoint's files: every tensor's, from the
+    safetensors headers, but the embedding table's where the head is a tensor of its own."""
+    sizes: dict[str, int] = {}
+    for path in checkpoint_files(model_dir):
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                sizes[name] = entry["data_offsets"][1] - entry["data_offsets"][0]
+    own_head = any(name.startswith("lm_head.") for name in sizes)
+    embedding = "model.embed_tokens."
+    return sum(n for name, n in sizes.items() if not (own_head and name.startswith(embedding)))
 
 
 @dataclass(frozen=True, slots=True)

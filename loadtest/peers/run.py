@@ -27,6 +27,7 @@ from loadtest.engine_bench.machine_share import (
     ModelWork,
     ServerFigures,
     format_shares,
+    kept_step_bytes,
     shares,
 )
 from loadtest.peers.config import PeersConfig, Server
@@ -43,6 +44,7 @@ from loadtest.peers.figures import (
 )
 from loadtest.peers.offline import OfflineResult
 from loadtest.peers.prepare import prepare_peers
+from shared.engine.model.checkpoint import quantized_formats
 from shared.engine.model_config import ModelConfig, cpu_runs_bf16
 
 if TYPE_CHECKING:
@@ -169,9 +171,10 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
     machine_shares = {}
     if machine:
         model = ModelConfig.from_dir(model_dir)
+        kept = kept_step_bytes(model_dir) if quantized_formats(model_dir) else 0
         for server in by_server:
             figures = _server_figures(server, runs, by_server[server], marks, cfg, offline)
-            work = ModelWork.of(model, _bytes_per_value(server, cfg.up_args))
+            work = ModelWork.of(model, _bytes_per_value(server, cfg.up_args), kept)
             machine_shares[server] = shares(figures, work, machine)
         print(format_shares(machine_shares, machine, cfg.concurrencies))
     for name, reason in peers.skipped.items():

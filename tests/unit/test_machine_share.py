@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from loadtest.engine_bench.machine_share import (
     MachinePeaks,
@@ -16,6 +17,7 @@ from loadtest.engine_bench.machine_share import (
     ServerFigures,
     all_cores_peak,
     format_shares,
+    kept_step_bytes,
     kernel_numerics,
     read_bandwidth,
     shares,
@@ -114,7 +116,7 @@ def test_the_machine_is_measured_and_torch_threads_are_restored():
     threads = torch.get_num_threads()
     machine = MachinePeaks.measure(cores=1, buffer_bytes=64 << 20)
     assert machine is not None and machine.core_peak_gops > 1 and machine.read_gb_s > 0.1
-    assert machine.numerics in ("bf16", "fp32") and machine.peak_gops > 1
+    assert machine.numerics in ("amx_bf16", "bf16", "fp32") and machine.peak_gops > 1
     assert torch.get_num_threads() == threads
     assert read_bandwidth(1, 16 << 20, passes=1) > 0.1
 
@@ -153,3 +155,24 @@ def test_bf16_weights_are_held_to_the_instruction_that_runs_them(amx, dot_produc
     assert kernel_numerics(Kernels(), "bf16") == expected
     assert kernel_numerics(Kernels(), "int8") == ("amx_int8" if amx == "on" else "int8")
     assert kernel_numerics(Kernels(), "fp32") == "fp32"
+
+
+def test_a_kept_checkpoint_step_reads_its_files_bytes_but_the_embedding(tmp_path):
+    """The decode step's weights as a kept-quantized file holds them: every tensor's bytes
+    but the embedding table's, read a row at a time, where the head is a tensor of its own;
+    the work's step bytes take them in place of the dtype's."""
+    tensors = {
+        "model.embed_tokens.weight.low": torch.zeros(100, 4, dtype=torch.uint8),
+        "model.layers.0.mlp.down_proj.weight.low": torch.zeros(8, 8, dtype=torch.uint8),
+        "model.layers.0.mlp.down_proj.weight.super_scale": torch.zeros(8, 1),
+    }
+    save_file(tensors, tmp_path / "model.safetensors")
+    tied = 400 + 64 + 32  # the embedding is the head: read whole
+    assert kept_step_bytes(tmp_path) == tied
+    save_file(
+        {**tensors, "lm_head.weight.low": torch.zeros(100, 4, dtype=torch.uint8)},
+        tmp_path / "model.safetensors",
+    )
+    assert kept_step_bytes(tmp_path) == 64 + 32 + 400
+    work = ModelWork.of(TINY, weight_bytes=496)
+    assert work.decode_step_bytes(context=0) == 496
