@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from loadtest.peers import llama_build, peer_venv
-from loadtest.peers.llama_build import build_digest, ensure_llama_server
+from loadtest.peers.llama_build import (
+    TILE_CONFIG,
+    TILE_CONFIG_KEPT,
+    build_digest,
+    ensure_llama_server,
+    keep_tile_config,
+    source_digest,
+)
 from loadtest.peers.peer_venv import (
     REMOVED_AFTER_INSTALL,
     VLLM_REQUIREMENTS,
@@ -131,7 +138,7 @@ def test_a_failed_download_is_recorded_and_skips_llama(tmp_path, monkeypatch):
 def test_a_build_out_of_time_is_not_recorded_and_resumes(tmp_path, monkeypatch):
     root = tmp_path / "llama.cpp"
     (root / "src/llama_cpp_python-0.3.36/vendor/llama.cpp").mkdir(parents=True)
-    (root / ".source").write_text(build_digest())  # unpacked by the earlier run
+    (root / ".source").write_text(source_digest())  # unpacked by the earlier run
     recorder = Recorder(time_out_on="--build")
     monkeypatch.setattr(llama_build, "run_to_log", recorder)
     build = ensure_llama_server(root, 60.0)
@@ -143,6 +150,21 @@ def test_a_build_out_of_time_is_not_recorded_and_resumes(tmp_path, monkeypatch):
     assert (root / ".stamp").read_text() == build_digest()
     assert recorder.commands[-1][3:6] == ["--target", "llama-server", "llama-perplexity"]
     assert build.perplexity == root / "build/bin/llama-perplexity"
+
+
+def test_ggml_keeps_its_tile_configuration_once(tmp_path):
+    """The barrier goes before ggml's one ldtilecfg call (GCC 12 drops the configuration's
+    stores without it), once however often the build runs; another tree is left alone."""
+    mmq = tmp_path / "mmq.cpp"
+    mmq.write_text(f"void init() {{\n    {TILE_CONFIG}\n}}\n")
+    keep_tile_config(mmq)
+    keep_tile_config(mmq)
+    assert mmq.read_text() == f"void init() {{\n    {TILE_CONFIG_KEPT}\n}}\n"
+    other = tmp_path / "other.cpp"
+    other.write_text("_tile_loadconfig(&config);\n")
+    keep_tile_config(other)
+    assert other.read_text() == "_tile_loadconfig(&config);\n"
+    keep_tile_config(tmp_path / "absent.cpp")  # a tree without the file: nothing to do
 
 
 def test_no_compiler_no_build(tmp_path, monkeypatch):
