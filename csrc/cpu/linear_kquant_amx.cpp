@@ -36,8 +36,8 @@ namespace group_quant {
 namespace {
 
 constexpr int64_t kTileRows = 16;
-constexpr int64_t kChunkRows = 128;
-constexpr int64_t kVnniRows = 4;  // calls of up to this many rows take vnni_rows  // rows of xq that stay in L2 while the panels pass
+constexpr int64_t kChunkRows = 128;  // rows of xq that stay in L2 while the panels pass
+constexpr int64_t kVnniRows = 4;  // calls of up to this many rows take vnni_rows
 
 template <int BITS, int G>
 struct Panels {
@@ -172,11 +172,64 @@ struct Panels {
     finish(P, xb, sums, m0, mr, acc);
   }
 
+  // Two row tiles (rows m0 .. m0 + 15, and m0 + 16 on, mr of those kept) at once: the same
+  // sums, each k step's B tiles loaded once for both, four accumulators in flight
+  void wide_tiles(int64_t P, int64_t xb, const int8_t* lo, const int8_t* hi, int64_t m0,
+                  int64_t mr, float* acc) const {
+    alignas(64) int32_t c[4][kTileRows][16];
+    const int8_t* a = xq + m0 * L.K + xb * kSuper;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int step = 0; step < kSuper / 64; ++step) {
+      _tile_loadd(2, a + step * 64, L.K);
+      _tile_loadd(4, lo + step * 16 * 64, 64);
+      _tile_dpbssd(0, 2, 4);
+      _tile_loadd(3, a + kTileRows * L.K + step * 64, L.K);
+      _tile_dpbssd(6, 3, 4);
+      _tile_loadd(5, hi + step * 16 * 64, 64);
+      _tile_dpbssd(1, 2, 5);
+      _tile_dpbssd(7, 3, 5);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(6, c[2], 64);
+    _tile_stored(7, c[3], 64);
+    for (int half = 0; half < 2; ++half) {
+      alignas(64) int32_t sums[kTileRows][16];
+      const int64_t rows = half ? mr - kTileRows : kTileRows;
+      for (int64_t r = 0; r < rows; ++r) {
+        const __m512i h = _mm512_slli_epi32(_mm512_load_si512(c[2 * half + 1][r]), 7);
+        _mm512_store_si512(sums[r], _mm512_add_epi32(h, _mm512_load_si512(c[2 * half][r])));
+      }
+      finish(P, xb, sums, m0 + half * kTileRows, rows, acc + half * kTileRows * 16);
+    }
+  }
+
+  // sums[r] += sc[g] * c[0][r] + sc[g + 1] * c[1][r] for the first mr rows (sc: the panel's
+  // group scales of the super-block)
+  static void scale_pair(const int32_t (&c)[2][kTileRows][16], const int8_t* sc, int g,
+                         int64_t mr, int32_t (&sums)[kTileRows][16]) {
+    const auto at = [sc](int i) {
+      return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + i * 16)));
+    };
+    const __m512i s0 = at(g), s1 = at(g + 1);
+    for (int64_t r = 0; r < mr; ++r) {
+      const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_load_si512(c[0][r]), s0),
+                                         _mm512_mullo_epi32(_mm512_load_si512(c[1][r]), s1));
+      _mm512_store_si512(sums[r], _mm512_add_epi32(_mm512_load_si512(sums[r]), t));
+    }
+  }
+
+  const int8_t* scales(int64_t P, int64_t xb) const {
+    return L.sub_scale + (P * L.groups + xb * kGroups) * 16;
+  }
+
   // rows m0 .. m0 + mr - 1 (mr <= 16) of panel P's super-block xb into acc [rows][16]
   void tile(int64_t P, int64_t xb, const int8_t* b, int64_t m0, int64_t mr, float* acc) const {
     alignas(64) int32_t c[2][kTileRows][16];
     alignas(64) int32_t sums[kTileRows][16] = {};
-    const int8_t* sc = L.sub_scale + (P * L.groups + xb * kGroups) * 16;
     const int8_t* a = xq + m0 * L.K + xb * kSuper;
     for (int g = 0; g < kGroups; g += 2) {
       _tile_zero(0);
@@ -189,15 +242,42 @@ struct Panels {
       _tile_dpbssd(1, 3, 5);
       _tile_stored(0, c[0], 64);
       _tile_stored(1, c[1], 64);
-      const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + g * 16)));
-      const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + (g + 1) * 16)));
-      for (int64_t r = 0; r < mr; ++r) {
-        const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_load_si512(c[0][r]), s0),
-                                           _mm512_mullo_epi32(_mm512_load_si512(c[1][r]), s1));
-        _mm512_store_si512(sums[r], _mm512_add_epi32(_mm512_load_si512(sums[r]), t));
-      }
+      scale_pair(c, scales(P, xb), g, mr, sums);
     }
     finish(P, xb, sums, m0, mr, acc);
+  }
+
+  // `tile` for panels P and P + 1 at once (b: their codes): each group's A tile loaded once
+  // for both, four accumulators in flight
+  void tiles2(int64_t P, int64_t xb, const int8_t* const (&b)[2], int64_t m0, int64_t mr,
+              float* const (&acc)[2]) const {
+    alignas(64) int32_t c[2][2][kTileRows][16];
+    alignas(64) int32_t sums[2][kTileRows][16] = {};
+    const int8_t* a = xq + m0 * L.K + xb * kSuper;
+    for (int g = 0; g < kGroups; g += 2) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(6);
+      _tile_zero(7);
+      _tile_loadd(2, a + g * G, L.K);
+      _tile_loadd(3, a + (g + 1) * G, L.K);
+      _tile_loadd(4, b[0] + g * kBRows * 64, 64);
+      _tile_dpbssd(0, 2, 4);
+      _tile_loadd(5, b[0] + (g + 1) * kBRows * 64, 64);
+      _tile_dpbssd(1, 3, 5);
+      _tile_loadd(4, b[1] + g * kBRows * 64, 64);
+      _tile_dpbssd(6, 2, 4);
+      _tile_loadd(5, b[1] + (g + 1) * kBRows * 64, 64);
+      _tile_dpbssd(7, 3, 5);
+      _tile_stored(0, c[0][0], 64);
+      _tile_stored(1, c[0][1], 64);
+      _tile_stored(6, c[1][0], 64);
+      _tile_stored(7, c[1][1], 64);
+      scale_pair(c[0], scales(P, xb), g, mr, sums[0]);
+      scale_pair(c[1], scales(P + 1, xb), g, mr, sums[1]);
+    }
+    finish(P, xb, sums[0], m0, mr, acc[0]);
+    finish(P + 1, xb, sums[1], m0, mr, acc[1]);
   }
 
   // acc of rows m0 .. m0 + mr - 1 += their super-block sums I times d * super_scale (and the
@@ -237,13 +317,14 @@ struct Panels {
     return sum;
   }
 
-  // `tile`: tmm0-1 C, tmm2-3 A (`rows` each: fewer than 16 where the call has fewer rows, so
-  // a decode step multiplies and stores no padding), tmm4-5 B; `wide_tile`: every tile 16 x 64
+  // `tile`: tmm0-1 and 6-7 C, tmm2-3 A (`rows` each: fewer than 16 where the call has fewer
+  // rows, so a decode step multiplies and stores no padding), tmm4-5 B; `wide_tile`: every
+  // tile 16 x 64
   static void configure(int64_t rows, bool wide) {
     if (wide) return amx::configure();
     const auto t = static_cast<uint8_t>(rows);
     constexpr uint8_t kB = kBRows, kT = kTileRows;
-    amx::configure({t, t, t, t, kB, kB, kT, kT}, {64, 64, G, G, 64, 64, 64, 64});
+    amx::configure({t, t, t, t, kB, kB, t, t}, {64, 64, G, G, 64, 64, 64, 64});
   }
 };
 
@@ -257,47 +338,87 @@ void vnni_rows(const Panels<BITS, G>& k, int64_t M, int64_t P, int64_t xb, float
   }
 }
 
+// One thread's share of a chunk of rows: whole panels into y, by the path the call's row
+// count picks (every path the same sums, so the same bits).
+template <int BITS, int G>
+struct PanelRun {
+  const Panels<BITS, G>& k;
+  float* y;
+  int64_t M, N, c0, rows;
+  bool few, wide;
+  std::vector<int8_t> b[2], lo, hi;
+  std::vector<float> acc[2];
+
+  PanelRun(const Panels<BITS, G>& k, float* y, int64_t M, int64_t N, int64_t c0, int64_t rows)
+      : k(k), y(y), M(M), N(N), c0(c0), rows(rows), few(M <= kVnniRows), wide(M > kTileRows) {
+    for (int i = 0; i < 2; ++i) b[i].resize(kSuper * kPanel), acc[i].resize(rows * kPanel);
+    if (wide) lo.resize(kSuper * kPanel), hi.resize(kSuper * kPanel);
+    if (!few) k.configure(std::min(M, kTileRows), wide);
+  }
+  ~PanelRun() {
+    if (!few) _tile_release();
+  }
+
+  // panels P (and P + 1 where `two`: a call of 5-16 rows) into y
+  void panels(int64_t P, bool two) {
+    for (int i = 0; i < 1 + two; ++i) std::fill(acc[i].begin(), acc[i].end(), 0.f);
+    for (int64_t xb = 0; xb < k.L.K / kSuper; ++xb) {
+      if (few) {
+        vnni_rows(k, M, P, xb, acc[0].data());
+      } else if (two) {
+        k.unpack(P, xb, b[0].data());
+        k.unpack(P + 1, xb, b[1].data());
+        k.tiles2(P, xb, {b[0].data(), b[1].data()}, c0, rows, {acc[0].data(), acc[1].data()});
+      } else {
+        k.unpack(P, xb, b[0].data());
+        if (wide) k.products(P, xb, b[0].data(), lo.data(), hi.data());
+        row_tiles(P, xb);
+      }
+    }
+    for (int i = 0; i < 1 + two; ++i) {
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(y_row(r) + (P + i) * kPanel, acc[i].data() + r * kPanel,
+                    kPanel * sizeof(float));
+      }
+    }
+  }
+
+  void row_tiles(int64_t P, int64_t xb) {
+    for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) {
+      const int64_t mr = std::min(kTileRows, rows - m0);
+      float* out = acc[0].data() + m0 * kPanel;
+      if (!wide) {
+        k.tile(P, xb, b[0].data(), c0 + m0, mr, out);
+      } else if (rows - m0 > kTileRows) {  // two row tiles at once
+        k.wide_tiles(P, xb, lo.data(), hi.data(), c0 + m0, std::min(2 * kTileRows, rows - m0), out);
+        m0 += kTileRows;
+      } else {
+        k.wide_tile(P, xb, lo.data(), hi.data(), c0 + m0, mr, out);
+      }
+    }
+  }
+
+  float* y_row(int64_t r) const { return y + (c0 + r) * N; }
+};
+
 template <int BITS, int G>
 void run_panels(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N) {
   const Panels<BITS, G> k{L, R.xq.data(), R.d.data(), R.group_sum.data()};
   const int64_t panels = N / kPanel, threads = at::get_num_threads();
-  const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
+  const int64_t chunk = std::max<int64_t>(2, panels / (8 * threads));
   const int64_t tasks = std::min(threads, (panels + chunk - 1) / chunk);
-  const bool wide = M > kTileRows;  // the scales' products pay back over more than one tile
-  const bool few = M <= kVnniRows;  // the tiles' latency costs more than their arithmetic saves
   for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {  // rows whose xq stay in L2
-    const int64_t rows = std::min(kChunkRows, M - c0);
     std::atomic<int64_t> next{0};
     at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
-      if (!few) k.configure(std::min(M, kTileRows), wide);
-      std::vector<int8_t> b(kSuper * kPanel), lo(wide ? kSuper * kPanel : 0), hi(lo.size());
-      std::vector<float> acc(rows * kPanel);
+      PanelRun<BITS, G> run(k, y, M, N, c0, std::min(kChunkRows, M - c0));
       for (int64_t begin = next.fetch_add(chunk); begin < panels; begin = next.fetch_add(chunk)) {
-        for (int64_t P = begin; P < std::min(begin + chunk, panels); ++P) {
-          std::fill(acc.begin(), acc.end(), 0.f);
-          for (int64_t xb = 0; xb < L.K / kSuper; ++xb) {
-            if (few) {
-              vnni_rows(k, M, P, xb, acc.data());
-              continue;
-            }
-            k.unpack(P, xb, b.data());
-            if (wide) k.products(P, xb, b.data(), lo.data(), hi.data());
-            for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) {
-              const int64_t mr = std::min(kTileRows, rows - m0);
-              float* out = acc.data() + m0 * kPanel;
-              if (wide) {
-                k.wide_tile(P, xb, lo.data(), hi.data(), c0 + m0, mr, out);
-              } else {
-                k.tile(P, xb, b.data(), c0 + m0, mr, out);
-              }
-            }
-          }
-          for (int64_t r = 0; r < rows; ++r) {
-            std::memcpy(y + (c0 + r) * N + P * kPanel, acc.data() + r * kPanel, kPanel * sizeof(float));
-          }
+        const int64_t end = std::min(begin + chunk, panels);
+        for (int64_t P = begin; P < end;) {
+          const bool two = !run.few && !run.wide && P + 1 < end;
+          run.panels(P, two);
+          P += 1 + two;
         }
       }
-      if (!few) _tile_release();
     });
   }
 }
