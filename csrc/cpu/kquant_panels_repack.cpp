@@ -53,7 +53,9 @@ void permute_factors(const std::vector<torch::Tensor>& from, std::vector<torch::
     const int64_t per_row = t % 2 ? groups : supers, size = from[t].element_size();
     const auto* src = static_cast<const uint8_t*>(from[t].data_ptr()) + n * per_row * size;
     auto* dst = static_cast<uint8_t*>(out[2 + t].data_ptr()) + p * kPanel * per_row * size;
-    for (int64_t g = 0; g < per_row; ++g) std::memcpy(dst + (g * w + c) * size, src + g * size, size);
+    for (int64_t g = 0; g < per_row; ++g) {
+      std::memcpy(dst + (g * w + c) * size, src + g * size, size);
+    }
   }
 }
 

@@ -245,7 +245,8 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   const bool int8 = kernel == "int8" || kernel == "int8-generic" || amx;
   TORCH_CHECK(int8 || kernel == "auto" || kernel == "generic",
               "kernel: auto, generic, int8, int8-generic or int8-amx");
-  TORCH_CHECK(!amx || (group_quant::kquant(L) && group_quant::amx_shape(bits, group) && N % 16 == 0),
+  const bool panels = group_quant::kquant(L) && group_quant::amx_shape(bits, group) && N % 16 == 0;
+  TORCH_CHECK(!amx || panels,
               "int8-amx takes Q4_K, Q5_K and Q6_K layouts of whole 16-column panels");
   TORCH_CHECK(!int8 || group_quant::int8_fits(L),
               "int8 activations need K in whole 64s and super-blocks of 64s or single groups "
@@ -256,7 +257,9 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   if (M == 0 || N == 0) return y;
   if (int8) {
     using group_quant::Int8Path;
-    const Int8Path path = amx ? Int8Path::kAmx : kernel == "int8" ? Int8Path::kVnni : Int8Path::kGeneric;
+    const Int8Path path = amx                ? Int8Path::kAmx
+                          : kernel == "int8" ? Int8Path::kVnni
+                                             : Int8Path::kGeneric;
     group_quant::run_int8(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N, path);
     return y;
   }

@@ -1,33 +1,29 @@
 // The k-quants' int8-activation linear on AMX-INT8 tiles (Q4_K, Q5_K, Q6_K), over the panels
-// of repack_kquant_amx (kquant_panels_repack.cpp): panel P holds columns 16 P .. 16 P + 15; per
-// group g of G codes (32, or 16 for Q6_K), low: G / 8 chunks of 64 bytes, chunk r's byte
-// 4 c + e holding column c's code 4 r + e of the group (low nibble) and 4 (r + G / 8) + e
-// (high nibble): nibble-split, the chunks are the rows of a tdpbssd B tile (G / 4 rows of 16
-// columns' quads). A 5-6 bit code's bits above the nibble: G * (bits - 4) / 32 chunks, chunk
-// h's byte 4 c + e holding in fields of bits - 4 from the bottom those of rows h, h + chunks,
-// ... Factors: [panel][group or super-block][16].
+// of repack_kquant_amx (kquant_amx_panels.h lays them out).
 //
 // Arithmetic, per row m, column n and super-block of 256 (the rows' int8 codes xq and scale d
 // as the other int8 paths quantize them, linear_group_quant_int8.cpp):
-//   C_g = sum over group g of (u - Z) * xq          (tdpbssd, exact int32)
-//   I   = sum over g in order of sub_scale[n, g] * C_g          (exact: |I| < 2^29)
+//   C_g = sum over group g of (u - Z) * xq                      (exact int32)
+//   I   = sum over g of sub_scale[n, g] * C_g                   (exact: |I| < 2^29)
 //   mn  = sum over g of sub_min[n, g] * (xq sum of group g)     (exact; with mins only)
 //   acc = fma(float(I), d * super_scale, acc); acc = fma(float(mn), d * super_min, acc)
-// y[m, n] = acc after the last super-block. Not the VNNI path's bits (that one keeps 16 lanes
-// of partial sums): the one rule is that every row count takes this path in a process where
-// the tiles run, one row included, and a row's result is the same sequence of operations on
-// its own data whatever rows share its tile (rows past M are zeros, their sums dropped), so it
-// is batch-invariant.
+// y[m, n] = acc after the last super-block. I is made three ways, by the call's row count:
+// up to 4 rows by AVX512-VNNI on the panels (the tiles' latency costs more than their
+// arithmetic saves), up to 16 on tiles a group at a time (C_g stored, times its scale), more
+// from planes of scale-times-code products split in two int8 halves (p = 128 hi + lo, made
+// once per panel for all the rows: one tile store per super-block, two row tiles at once).
+// Not the VNNI path's bits (that one keeps 16 lanes of partial sums). The one rule: every way
+// gives the same exact I and the same float steps after it, and a row's result depends on its
+// own data alone (rows past M are zeros, their sums dropped): every row count, one row
+// included, gives a row the same bits, so the kernel is batch-invariant.
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <vector>
 
-#include "amx_tiles.h"
-#include "group_quant_int8.h"
+#include "kquant_amx_panels.h"
 
 namespace group_quant {
 
@@ -35,227 +31,62 @@ namespace group_quant {
 
 namespace {
 
-constexpr int64_t kTileRows = 16;
-constexpr int64_t kChunkRows = 128;
-constexpr int64_t kVnniRows = 4;  // calls of up to this many rows take vnni_rows  // rows of xq that stay in L2 while the panels pass
+using amx_panels::kChunkRows;
+using amx_panels::kTileRows;
+using amx_panels::kVnniRows;
+using amx_panels::Panels;
 
 template <int BITS, int G>
-struct Panels {
-  static constexpr int kGroups = kSuper / G;  // groups of a super-block
-  static constexpr int kBRows = G / 4;  // rows of a B tile: the group's quads
-  static constexpr int kFw = BITS - 4;  // bits above the nibble
-  static constexpr int kHighChunks = G * kFw / 32;
+struct PanelRun {
+  const Panels<BITS, G>& k;
+  float* y;
+  int64_t M, N, c0, rows;
+  bool few, wide;
+  std::vector<int8_t> b, lo, hi;
+  std::vector<float> acc;
 
-  const Layout& L;
-  const int8_t* xq;  // [M padded to 16, K]
-  const float* d;  // [M, K / 256]
-  const int16_t* group_sum;  // [M, groups]
+  PanelRun(const Panels<BITS, G>& k, float* y, int64_t M, int64_t N, int64_t c0, int64_t rows)
+      : k(k), y(y), M(M), N(N), c0(c0), rows(rows), few(M <= kVnniRows), wide(M > kTileRows) {
+    b.resize(kSuper * kPanel), acc.resize(rows * kPanel);
+    if (wide) lo.resize(kSuper * kPanel), hi.resize(kSuper * kPanel);
+    if (!few) k.configure(std::min(M, kTileRows), wide);
+  }
+  ~PanelRun() {
+    if (!few) _tile_release();
+  }
 
-  // group g of panel P's super-block xb: its codes u (unsigned) as kBRows B rows
-  [[gnu::always_inline]] void unpack_group(int64_t P, int64_t xb, int g, __m512i (&rows)[kBRows]) const {
-    const uint8_t* low = L.low + P * 8 * L.K + xb * kSuper * 8 + g * 8 * G;
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
-    for (int r = 0; r < kBRows / 2; ++r) {
-      const __m512i v = _mm512_loadu_si512(low + r * 64);
-      rows[r] = _mm512_and_si512(v, nibble);
-      rows[r + kBRows / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  // panel P into y
+  void panel(int64_t P) {
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t xb = 0; xb < k.L.K / kSuper; ++xb) {
+      if (few) {
+        vnni_rows(k, M, P, xb, acc.data());
+        continue;
+      }
+      k.unpack(P, xb, b.data());
+      if (wide) k.products(P, xb, b.data(), lo.data(), hi.data());
+      row_tiles(P, xb);
     }
-    if constexpr (kFw > 0) {
-      const uint8_t* high = L.high + P * 2 * kFw * L.K + xb * kSuper * 2 * kFw + g * 2 * kFw * G;
-      const __m512i field = _mm512_set1_epi8(static_cast<char>(((1 << kFw) - 1) << 4));
-      for (int h = 0; h < kHighChunks; ++h) {
-        const __m512i w = _mm512_loadu_si512(high + h * 64);
-        for (int f = 0; f < 8 / kFw; ++f) {  // field f to bits 4.. of row h + f * chunks
-          const int s = f * kFw - 4;
-          const __m512i t = s >= 0 ? _mm512_srli_epi16(w, s) : _mm512_slli_epi16(w, -s);
-          __m512i& row = rows[h + f * kHighChunks];
-          row = _mm512_or_si512(row, _mm512_and_si512(t, field));
-        }
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(y + (c0 + r) * N + P * kPanel, acc.data() + r * kPanel, kPanel * sizeof(float));
+    }
+  }
+
+  void row_tiles(int64_t P, int64_t xb) {
+    for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) {
+      const int64_t mr = std::min(kTileRows, rows - m0);
+      float* out = acc.data() + m0 * kPanel;
+      if (!wide) {
+        k.tile(P, xb, b.data(), c0 + m0, mr, out);
+      } else if (rows - m0 > kTileRows) {  // two row tiles at once
+        k.wide_tiles(P, xb, lo.data(), hi.data(), c0 + m0, std::min(2 * kTileRows, rows - m0), out);
+        m0 += kTileRows;
+      } else {
+        k.wide_tile(P, xb, lo.data(), hi.data(), c0 + m0, mr, out);
       }
     }
-  }
-
-  // panel P's super-block xb as signed codes u - Z: [kGroups][kBRows][64]
-  void unpack(int64_t P, int64_t xb, int8_t* b) const {
-    const __m512i zero = _mm512_set1_epi8(static_cast<char>(L.zero));
-    for (int g = 0; g < kGroups; ++g) {
-      __m512i rows[kBRows];
-      unpack_group(P, xb, g, rows);
-      for (int r = 0; r < kBRows; ++r) {
-        _mm512_storeu_si512(b + (g * kBRows + r) * 64, _mm512_sub_epi8(rows[r], zero));
-      }
-    }
-  }
-
-  // A few rows (MR from m0) of panel P's super-block xb by AVX512-VNNI, the columns in lanes:
-  // per B row (a quad of k for 16 columns) one vpdpbusd with the row's xq quad broadcast, then
-  // - Z * the group's xq sum: the same integers C_g and I as the tiles'
-  template <int MR>
-  void vnni_rows(int64_t P, int64_t xb, int64_t m0, float* acc) const {
-    const int8_t* sc = L.sub_scale + (P * L.groups + xb * kGroups) * 16;
-    __m512i sums[MR];
-    for (int r = 0; r < MR; ++r) sums[r] = _mm512_setzero_si512();
-    for (int g = 0; g < kGroups; ++g) {
-      __m512i rows[kBRows];
-      unpack_group(P, xb, g, rows);
-      const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + g * 16)));
-      for (int r = 0; r < MR; ++r) {
-        const int8_t* x = xq + (m0 + r) * L.K + xb * kSuper + g * G;
-        __m512i c = _mm512_set1_epi32(-static_cast<int32_t>(L.zero) *
-                                      group_sum[(m0 + r) * L.groups + xb * kGroups + g]);
-        for (int q = 0; q < kBRows; ++q) {
-          int32_t quad;
-          std::memcpy(&quad, x + 4 * q, sizeof(quad));
-          c = _mm512_dpbusd_epi32(c, rows[q], _mm512_set1_epi32(quad));
-        }
-        sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(c, s));
-      }
-    }
-    alignas(64) int32_t out[kTileRows][16];
-    for (int r = 0; r < MR; ++r) _mm512_store_si512(out[r], sums[r]);
-    finish(P, xb, out, m0, MR, acc);
-  }
-
-  // Many rows: the unpacked codes b times their group scales, p = (u - Z) * sc, split as
-  // p = 128 * hi + lo (lo in 0 .. 127, hi signed), two int8 planes [64 quads][64] each
-  void products(int64_t P, int64_t xb, const int8_t* b, int8_t* lo, int8_t* hi) const {
-    const int8_t* sc = L.sub_scale + (P * L.groups + xb * kGroups) * 16;
-    alignas(64) static constexpr struct Quads {  // byte 4 c + e: column c's scale
-      int8_t i[64];
-      constexpr Quads() : i{} {
-        for (int j = 0; j < 64; ++j) i[j] = static_cast<int8_t>(j / 4);
-      }
-    } kQuads;
-    const __m512i quads = _mm512_load_si512(kQuads.i), low7 = _mm512_set1_epi16(0x7F);
-    const __m512i low8 = _mm512_set1_epi16(0xFF);
-    for (int g = 0; g < kGroups; ++g) {
-      const __m512i s = _mm512_permutexvar_epi8(
-          quads, _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + g * 16))));
-      const __m512i s_even = _mm512_srai_epi16(_mm512_slli_epi16(s, 8), 8);
-      const __m512i s_odd = _mm512_srai_epi16(s, 8);
-      for (int r = g * kBRows; r < (g + 1) * kBRows; ++r) {
-        const __m512i v = _mm512_loadu_si512(b + r * 64);
-        const __m512i even = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8), s_even);
-        const __m512i odd = _mm512_mullo_epi16(_mm512_srai_epi16(v, 8), s_odd);
-        const __m512i l = _mm512_or_si512(_mm512_and_si512(even, low7),
-                                          _mm512_slli_epi16(_mm512_and_si512(odd, low7), 8));
-        const __m512i h = _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi16(even, 7), low8),
-                                          _mm512_slli_epi16(_mm512_srai_epi16(odd, 7), 8));
-        _mm512_storeu_si512(lo + r * 64, l);
-        _mm512_storeu_si512(hi + r * 64, h);
-      }
-    }
-  }
-
-  // 16 rows from m0 (mr of them kept) of panel P's super-block xb from the product planes:
-  // I = 128 * (xq . hi) + (xq . lo), over 4 k steps of 64 (the same integer as `tile`'s)
-  void wide_tile(int64_t P, int64_t xb, const int8_t* lo, const int8_t* hi, int64_t m0,
-                 int64_t mr, float* acc) const {
-    alignas(64) int32_t c[2][kTileRows][16];
-    const int8_t* a = xq + m0 * L.K + xb * kSuper;
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int step = 0; step < kSuper / 64; ++step) {
-      _tile_loadd(2, a + step * 64, L.K);
-      _tile_loadd(4, lo + step * 16 * 64, 64);
-      _tile_dpbssd(0, 2, 4);
-      _tile_loadd(5, hi + step * 16 * 64, 64);
-      _tile_dpbssd(1, 2, 5);
-    }
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    alignas(64) int32_t sums[kTileRows][16];
-    for (int64_t r = 0; r < mr; ++r) {
-      const __m512i h = _mm512_slli_epi32(_mm512_load_si512(c[1][r]), 7);
-      _mm512_store_si512(sums[r], _mm512_add_epi32(h, _mm512_load_si512(c[0][r])));
-    }
-    finish(P, xb, sums, m0, mr, acc);
-  }
-
-  // rows m0 .. m0 + mr - 1 (mr <= 16) of panel P's super-block xb into acc [rows][16]
-  void tile(int64_t P, int64_t xb, const int8_t* b, int64_t m0, int64_t mr, float* acc) const {
-    alignas(64) int32_t c[2][kTileRows][16];
-    alignas(64) int32_t sums[kTileRows][16] = {};
-    const int8_t* sc = L.sub_scale + (P * L.groups + xb * kGroups) * 16;
-    const int8_t* a = xq + m0 * L.K + xb * kSuper;
-    for (int g = 0; g < kGroups; g += 2) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_loadd(2, a + g * G, L.K);
-      _tile_loadd(4, b + g * kBRows * 64, 64);
-      _tile_dpbssd(0, 2, 4);
-      _tile_loadd(3, a + (g + 1) * G, L.K);
-      _tile_loadd(5, b + (g + 1) * kBRows * 64, 64);
-      _tile_dpbssd(1, 3, 5);
-      _tile_stored(0, c[0], 64);
-      _tile_stored(1, c[1], 64);
-      const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + g * 16)));
-      const __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + (g + 1) * 16)));
-      for (int64_t r = 0; r < mr; ++r) {
-        const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_load_si512(c[0][r]), s0),
-                                           _mm512_mullo_epi32(_mm512_load_si512(c[1][r]), s1));
-        _mm512_store_si512(sums[r], _mm512_add_epi32(_mm512_load_si512(sums[r]), t));
-      }
-    }
-    finish(P, xb, sums, m0, mr, acc);
-  }
-
-  // acc of rows m0 .. m0 + mr - 1 += their super-block sums I times d * super_scale (and the
-  // mins' term)
-  void finish(int64_t P, int64_t xb, const int32_t (&sums)[kTileRows][16], int64_t m0,
-              int64_t mr, float* acc) const {
-    const int64_t supers = L.K / kSuper, f = P * L.supers + xb;
-    const __m512 scale = _mm512_loadu_ps(L.super_scale + f * 16);
-    for (int64_t r = 0; r < mr; ++r) {
-      const int64_t m = m0 + r;
-      const __m512 dv = _mm512_set1_ps(d[m * supers + xb]);
-      float* out = acc + r * 16;
-      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[r])),
-                                 _mm512_mul_ps(dv, scale), _mm512_loadu_ps(out));
-      if (L.super_min) y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins(P, xb, m)),
-                                           _mm512_mul_ps(dv, _mm512_loadu_ps(L.super_min + f * 16)), y);
-      _mm512_storeu_ps(out, y);
-    }
-  }
-
-  // per column of panel P: the sum over super-block xb's groups of sub_min * row m's xq sums
-  __m512i mins(int64_t P, int64_t xb, int64_t m) const {
-    const int8_t* sm = L.sub_min ? L.sub_min + (P * L.groups + xb * kGroups) * 16 : nullptr;
-    const int16_t* gs = group_sum + m * L.groups + xb * kGroups;
-    __m512i sum = _mm512_setzero_si512();
-    for (int g = 0; g < kGroups; g += 2) {  // int16 pairs (group g, g + 1) per column
-      __m512i pair = _mm512_set1_epi32(0x00010001);
-      if (sm) {
-        const __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + g * 16)));
-        const __m512i hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + (g + 1) * 16)));
-        pair = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
-      }
-      int32_t both;
-      std::memcpy(&both, gs + g, sizeof(both));
-      sum = _mm512_dpwssd_epi32(sum, pair, _mm512_set1_epi32(both));
-    }
-    return sum;
-  }
-
-  // `tile`: tmm0-1 C, tmm2-3 A (`rows` each: fewer than 16 where the call has fewer rows, so
-  // a decode step multiplies and stores no padding), tmm4-5 B; `wide_tile`: every tile 16 x 64
-  static void configure(int64_t rows, bool wide) {
-    if (wide) return amx::configure();
-    const auto t = static_cast<uint8_t>(rows);
-    constexpr uint8_t kB = kBRows, kT = kTileRows;
-    amx::configure({t, t, t, t, kB, kB, kT, kT}, {64, 64, G, G, 64, 64, 64, 64});
   }
 };
-
-template <int BITS, int G>
-void vnni_rows(const Panels<BITS, G>& k, int64_t M, int64_t P, int64_t xb, float* acc) {
-  switch (M) {
-    case 1: return k.template vnni_rows<1>(P, xb, 0, acc);
-    case 2: return k.template vnni_rows<2>(P, xb, 0, acc);
-    case 3: return k.template vnni_rows<3>(P, xb, 0, acc);
-    default: return k.template vnni_rows<4>(P, xb, 0, acc);
-  }
-}
 
 template <int BITS, int G>
 void run_panels(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N) {
@@ -263,41 +94,13 @@ void run_panels(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N) 
   const int64_t panels = N / kPanel, threads = at::get_num_threads();
   const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
   const int64_t tasks = std::min(threads, (panels + chunk - 1) / chunk);
-  const bool wide = M > kTileRows;  // the scales' products pay back over more than one tile
-  const bool few = M <= kVnniRows;  // the tiles' latency costs more than their arithmetic saves
   for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {  // rows whose xq stay in L2
-    const int64_t rows = std::min(kChunkRows, M - c0);
     std::atomic<int64_t> next{0};
     at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
-      if (!few) k.configure(std::min(M, kTileRows), wide);
-      std::vector<int8_t> b(kSuper * kPanel), lo(wide ? kSuper * kPanel : 0), hi(lo.size());
-      std::vector<float> acc(rows * kPanel);
+      PanelRun<BITS, G> run(k, y, M, N, c0, std::min(kChunkRows, M - c0));
       for (int64_t begin = next.fetch_add(chunk); begin < panels; begin = next.fetch_add(chunk)) {
-        for (int64_t P = begin; P < std::min(begin + chunk, panels); ++P) {
-          std::fill(acc.begin(), acc.end(), 0.f);
-          for (int64_t xb = 0; xb < L.K / kSuper; ++xb) {
-            if (few) {
-              vnni_rows(k, M, P, xb, acc.data());
-              continue;
-            }
-            k.unpack(P, xb, b.data());
-            if (wide) k.products(P, xb, b.data(), lo.data(), hi.data());
-            for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) {
-              const int64_t mr = std::min(kTileRows, rows - m0);
-              float* out = acc.data() + m0 * kPanel;
-              if (wide) {
-                k.wide_tile(P, xb, lo.data(), hi.data(), c0 + m0, mr, out);
-              } else {
-                k.tile(P, xb, b.data(), c0 + m0, mr, out);
-              }
-            }
-          }
-          for (int64_t r = 0; r < rows; ++r) {
-            std::memcpy(y + (c0 + r) * N + P * kPanel, acc.data() + r * kPanel, kPanel * sizeof(float));
-          }
-        }
+        for (int64_t P = begin; P < std::min(begin + chunk, panels); ++P) run.panel(P);
       }
-      if (!few) _tile_release();
     });
   }
 }
@@ -307,7 +110,9 @@ void run_panels(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N) 
 void run_amx(const Layout& L, Rows& R, float* y, int64_t M, int64_t N) {
   TORCH_CHECK(amx::granted(), "the AMX k-quant kernel needs AMX tiles (", amx::status(), " here)");
   R.xq.resize((M + kTileRows - 1) / kTileRows * kTileRows * L.K, 0);  // whole A tiles
-  if (L.group == 16) return L.bits == 6 ? run_panels<6, 16>(L, R, y, M, N) : run_panels<4, 16>(L, R, y, M, N);
+  if (L.group == 16) {
+    return L.bits == 6 ? run_panels<6, 16>(L, R, y, M, N) : run_panels<4, 16>(L, R, y, M, N);
+  }
   switch (L.bits) {
     case 4: return run_panels<4, 32>(L, R, y, M, N);
     case 5: return run_panels<5, 32>(L, R, y, M, N);
