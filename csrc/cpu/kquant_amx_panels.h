@@ -7,7 +7,7 @@
 // h's byte 4 c + e holding in fields of bits - 4 from the bottom those of rows h, h + chunks,
 // ... Factors: [panel][group or super-block][16].
 //
-// The one rule: `tile`, `wide_tile(s)` and `vnni_rows` each make, per row and column, the same
+// The one rule: `tile`, `wide_tiles` and `vnni_rows` each make, per row and column, the same
 // exact integer I of a super-block (linear_kquant_amx.cpp) and hand it to `finish`, the one
 // float step; so they give the same bits, and a call may take any of them.
 #pragma once
@@ -146,33 +146,9 @@ struct Panels {
     }
   }
 
-  // 16 rows from m0 (mr of them kept) of panel P's super-block xb from the product planes:
-  // I = 128 * (xq . hi) + (xq . lo), over 4 k steps of 64 (the same integer as `tile`'s)
-  void wide_tile(int64_t P, int64_t xb, const int8_t* lo, const int8_t* hi, int64_t m0,
-                 int64_t mr, float* acc) const {
-    alignas(64) int32_t c[2][kTileRows][16];
-    const int8_t* a = xq + m0 * L.K + xb * kSuper;
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int step = 0; step < kSuper / 64; ++step) {
-      _tile_loadd(2, a + step * 64, L.K);
-      _tile_loadd(4, lo + step * 16 * 64, 64);
-      _tile_dpbssd(0, 2, 4);
-      _tile_loadd(5, hi + step * 16 * 64, 64);
-      _tile_dpbssd(1, 2, 5);
-    }
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    alignas(64) int32_t sums[kTileRows][16];
-    for (int64_t r = 0; r < mr; ++r) {
-      const __m512i h = _mm512_slli_epi32(_mm512_load_si512(c[1][r]), 7);
-      _mm512_store_si512(sums[r], _mm512_add_epi32(h, _mm512_load_si512(c[0][r])));
-    }
-    finish(P, xb, sums, m0, mr, acc);
-  }
-
-  // Two row tiles (rows m0 .. m0 + 15, and m0 + 16 on, mr of those kept) at once: the same
-  // sums, each k step's B tiles loaded once for both, four accumulators in flight
+  // Rows m0 .. m0 + 31 (mr of them kept) of panel P's super-block xb from the product planes,
+  // I = 128 * (xq . hi) + (xq . lo) over 4 k steps of 64 (the same integer as `tile`'s): two
+  // row tiles at once, each k step's B tiles loaded once for both, four accumulators in flight
   void wide_tiles(int64_t P, int64_t xb, const int8_t* lo, const int8_t* hi, int64_t m0,
                   int64_t mr, float* acc) const {
     alignas(64) int32_t c[4][kTileRows][16];
@@ -197,7 +173,7 @@ struct Panels {
     _tile_stored(7, c[3], 64);
     for (int half = 0; half < 2; ++half) {
       alignas(64) int32_t sums[kTileRows][16];
-      const int64_t rows = half ? mr - kTileRows : kTileRows;
+      const int64_t rows = std::clamp<int64_t>(mr - half * kTileRows, 0, kTileRows);
       for (int64_t r = 0; r < rows; ++r) {
         const __m512i h = _mm512_slli_epi32(_mm512_load_si512(c[2 * half + 1][r]), 7);
         _mm512_store_si512(sums[r], _mm512_add_epi32(h, _mm512_load_si512(c[2 * half][r])));
@@ -284,7 +260,7 @@ struct Panels {
   }
 
   // `tile`: tmm0-1 C, tmm2-3 A (`rows` each: fewer than 16 where the call has fewer rows, so
-  // a decode step multiplies and stores no padding), tmm4-5 B; `wide_tile(s)`: every tile
+  // a decode step multiplies and stores no padding), tmm4-5 B; `wide_tiles`: every tile
   // 16 x 64
   static void configure(int64_t rows, bool wide) {
     if (wide) return amx::configure();

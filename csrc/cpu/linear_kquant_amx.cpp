@@ -73,16 +73,14 @@ struct PanelRun {
   }
 
   void row_tiles(int64_t P, int64_t xb) {
-    for (int64_t m0 = 0; m0 < rows; m0 += kTileRows) {
-      const int64_t mr = std::min(kTileRows, rows - m0);
+    const int64_t step = wide ? 2 * kTileRows : kTileRows;  // wide: two row tiles a call
+    for (int64_t m0 = 0; m0 < rows; m0 += step) {
+      const int64_t mr = std::min(step, rows - m0);
       float* out = acc.data() + m0 * kPanel;
-      if (!wide) {
-        k.tile(P, xb, b.data(), c0 + m0, mr, out);
-      } else if (rows - m0 > kTileRows) {  // two row tiles at once
-        k.wide_tiles(P, xb, lo.data(), hi.data(), c0 + m0, std::min(2 * kTileRows, rows - m0), out);
-        m0 += kTileRows;
+      if (wide) {
+        k.wide_tiles(P, xb, lo.data(), hi.data(), c0 + m0, mr, out);
       } else {
-        k.wide_tile(P, xb, lo.data(), hi.data(), c0 + m0, mr, out);
+        k.tile(P, xb, b.data(), c0 + m0, mr, out);
       }
     }
   }
@@ -109,7 +107,8 @@ void run_panels(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N) 
 
 void run_amx(const Layout& L, Rows& R, float* y, int64_t M, int64_t N) {
   TORCH_CHECK(amx::granted(), "the AMX k-quant kernel needs AMX tiles (", amx::status(), " here)");
-  R.xq.resize((M + kTileRows - 1) / kTileRows * kTileRows * L.K, 0);  // whole A tiles
+  constexpr int64_t kPad = 2 * kTileRows;  // whole A tiles, two at a time
+  R.xq.resize((M + kPad - 1) / kPad * kPad * L.K, 0);
   if (L.group == 16) {
     return L.bits == 6 ? run_panels<6, 16>(L, R, y, M, N) : run_panels<4, 16>(L, R, y, M, N);
   }

@@ -15,6 +15,7 @@ from shared.engine import native
 from shared.engine.model.group_quant import GroupQuantLinear
 from shared.models.gguf_quant import BLOCKS, unpack
 from tests.unit.test_gguf_quant import K, N, gguf_bytes
+from tests.unit.torch_threads import torch_threads
 
 kernels = native.load()
 pytestmark = pytest.mark.skipif(
@@ -44,12 +45,8 @@ def test_a_row_gets_the_same_bits_whatever_shares_its_call(qtype):
         assert torch.equal(w(x[i : i + 1])[0], together[i])
     assert torch.equal(w(x[2:5]), together[2:5])  # in registers
     assert torch.equal(w(x[4:11]), together[4:11])  # through the scratch panel
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         assert torch.equal(w(x), together)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)

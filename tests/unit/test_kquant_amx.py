@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as T
 
 from loadtest.engine_bench.group_quant import gguf_matrix
 from shared.engine import native
+from tests.unit.torch_threads import torch_threads
 
 kernels = native.load()
 pytestmark = pytest.mark.skipif(
@@ -42,12 +43,8 @@ def test_the_int8_sums_and_the_same_bits_for_every_row_count(qtype, k):
     for m in [*range(1, 18), 33, 129]:
         assert torch.equal(amx(x[:m]), y[:m]), m
     assert torch.equal(amx(x[140:141]), y[140:141])  # a row alone, from a later chunk
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         assert torch.equal(amx(x), y)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_a_repacked_matrix_is_no_stored_layout():

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.engine import native
+from tests.unit.torch_threads import torch_threads
 
 kernels = native.load()
 pytestmark = pytest.mark.skipif(kernels is None, reason="C++ kernels not built")
@@ -130,12 +131,8 @@ def test_int8_tiles_keep_rows_bitwise_across_batches_and_threads(kernel):
     for m in (1, 2, 15, 16, 17, 33, 69):
         assert torch.equal(kernels.linear_int8(x[:m], packed, scales, colsums, 130, None, kernel),
                            full[:m])  # fmt: skip
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         assert torch.equal(kernels.linear_int8(x, packed, scales, colsums, 130, None, kernel), full)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_tiles_by_name_are_refused_where_they_do_not_run():

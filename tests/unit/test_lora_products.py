@@ -13,6 +13,7 @@ import torch
 from shared.engine import native
 from shared.engine.lora.checkpoint import LowRankPair
 from shared.engine.lora.stacked import StackedPair, lay_out
+from tests.unit.torch_threads import torch_threads
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason="C++ kernels not built")
 
@@ -92,14 +93,10 @@ def test_a_rows_bits_never_depend_on_the_rest_of_its_batch():
     order = torch.randperm(len(slots), generator=gen).tolist()
     shuffled = run(stack, x[order], base[order], [slots[i] for i in order])
     assert torch.equal(shuffled, together[order])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         for t in range(len(slots)):
             alone = run(stack, x[t : t + 1], base[t : t + 1], [slots[t]])
             assert torch.equal(alone[0], together[t]), t
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_bf16_activations_and_outputs():
@@ -154,15 +151,11 @@ def test_a_call_split_over_threads_keeps_every_rows_bits():
     slots = [t % 5 - 1 for t in range(150)]  # every slot and the base, interleaved
     x = torch.randn(len(slots), k, generator=gen)
     base = torch.randn(len(slots), edges[-1], generator=gen)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with torch_threads(2):
         split = run(stack, x, base, slots)
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = run(stack, x, base, slots)
         alone = {t: run(stack, x[t : t + 1], base[t : t + 1], [slots[t]]) for t in range(0, 150, 7)}
-    finally:
-        torch.set_num_threads(threads)
     assert torch.equal(split, one)
     for t, row in alone.items():
         assert torch.equal(row[0], split[t]), t
