@@ -131,7 +131,8 @@ class EngineConfig:
     group_quant_activations: str = flag(
         "float",
         choices=("float", "int8"),
-        help="activations for weights kept quantized: float (exact sums) or int8 (VNNI dots)",
+        help="activations for weights kept quantized: float (exact sums) or int8 (VNNI dots; "
+        "AMX tiles for the k-quants where the CPU has them)",
     )
     # None | ngram (prompt lookup) | draft (a draft model); greedy-identical, lossless
     speculative: str | None = flag(
