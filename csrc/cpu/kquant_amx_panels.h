@@ -44,7 +44,7 @@ struct Panels {
   static constexpr int kHighChunks = G * kFw / 32;
 
   const Layout& L;
-  const int8_t* xq;  // [M padded to 16, K]
+  const int8_t* xq;  // [M padded to 32, K]
   const float* d;  // [M, K / 256]
   const int16_t* group_sum;  // [M, groups]
 
@@ -90,7 +90,7 @@ struct Panels {
   // - Z * the group's xq sum: the same integers C_g and I as the tiles'
   template <int MR>
   void vnni_rows(int64_t P, int64_t xb, int64_t m0, float* acc) const {
-    const int8_t* sc = L.sub_scale + (P * L.groups + xb * kGroups) * 16;
+    const int8_t* sc = groups_of(L.sub_scale, P, xb);
     __m512i sums[MR];
     for (int r = 0; r < MR; ++r) sums[r] = _mm512_setzero_si512();
     for (int g = 0; g < kGroups; ++g) {
@@ -117,7 +117,7 @@ struct Panels {
   // Many rows: the unpacked codes b times their group scales, p = (u - Z) * sc, split as
   // p = 128 * hi + lo (lo in 0 .. 127, hi signed), two int8 planes [64 quads][64] each
   void products(int64_t P, int64_t xb, const int8_t* b, int8_t* lo, int8_t* hi) const {
-    const int8_t* sc = L.sub_scale + (P * L.groups + xb * kGroups) * 16;
+    const int8_t* sc = groups_of(L.sub_scale, P, xb);
     alignas(64) static constexpr struct Quads {  // byte 4 c + e: column c's scale
       int8_t i[64];
       constexpr Quads() : i{} {
@@ -194,8 +194,9 @@ struct Panels {
     }
   }
 
-  const int8_t* scales(int64_t P, int64_t xb) const {
-    return L.sub_scale + (P * L.groups + xb * kGroups) * 16;
+  // a per-group factor (sub_scale, sub_min) of panel P's super-block xb: [kGroups][16]
+  const int8_t* groups_of(const int8_t* factor, int64_t P, int64_t xb) const {
+    return factor + (P * L.groups + xb * kGroups) * 16;
   }
 
   // rows m0 .. m0 + mr - 1 (mr <= 16) of panel P's super-block xb into acc [rows][16]
@@ -214,7 +215,7 @@ struct Panels {
       _tile_dpbssd(1, 3, 5);
       _tile_stored(0, c[0], 64);
       _tile_stored(1, c[1], 64);
-      scale_pair(c, scales(P, xb), g, mr, sums);
+      scale_pair(c, groups_of(L.sub_scale, P, xb), g, mr, sums);
     }
     finish(P, xb, sums, m0, mr, acc);
   }
@@ -223,38 +224,46 @@ struct Panels {
   // mins' term)
   void finish(int64_t P, int64_t xb, const int32_t (&sums)[kTileRows][16], int64_t m0,
               int64_t mr, float* acc) const {
-    const int64_t supers = L.K / kSuper, f = P * L.supers + xb;
+    const int64_t f = P * L.supers + xb;
     const __m512 scale = _mm512_loadu_ps(L.super_scale + f * 16);
+    __m512i pairs[kGroups / 2];
+    if (L.super_min) min_pairs(P, xb, pairs);
     for (int64_t r = 0; r < mr; ++r) {
       const int64_t m = m0 + r;
-      const __m512 dv = _mm512_set1_ps(d[m * supers + xb]);
+      const __m512 dv = _mm512_set1_ps(d[m * L.supers + xb]);
       float* out = acc + r * 16;
       __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[r])),
                                  _mm512_mul_ps(dv, scale), _mm512_loadu_ps(out));
       if (L.super_min) {
         const __m512 min = _mm512_mul_ps(dv, _mm512_loadu_ps(L.super_min + f * 16));
-        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins(P, xb, m)), min, y);
+        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins(pairs, xb, m)), min, y);
       }
       _mm512_storeu_ps(out, y);
     }
   }
 
-  // per column of panel P: the sum over super-block xb's groups of sub_min * row m's xq sums
-  __m512i mins(int64_t P, int64_t xb, int64_t m) const {
-    const int8_t* sm = L.sub_min ? L.sub_min + (P * L.groups + xb * kGroups) * 16 : nullptr;
+  // per column of panel P, the int16 pairs (sub_min of group g, of group g + 1) of
+  // super-block xb (no sub_min: 1)
+  void min_pairs(int64_t P, int64_t xb, __m512i (&pairs)[kGroups / 2]) const {
+    for (int g = 0; g < kGroups; g += 2) {
+      if (!L.sub_min) {
+        pairs[g / 2] = _mm512_set1_epi32(0x00010001);
+        continue;
+      }
+      const int8_t* sm = groups_of(L.sub_min, P, xb);
+      const __m512i low16 = _mm512_and_si512(lanes16(sm + g * 16), _mm512_set1_epi32(0xFFFF));
+      pairs[g / 2] = _mm512_or_si512(low16, _mm512_slli_epi32(lanes16(sm + (g + 1) * 16), 16));
+    }
+  }
+
+  // per column: the sum over super-block xb's groups of sub_min * row m's xq sums
+  __m512i mins(const __m512i (&pairs)[kGroups / 2], int64_t xb, int64_t m) const {
     const int16_t* gs = group_sum + m * L.groups + xb * kGroups;
     __m512i sum = _mm512_setzero_si512();
-    for (int g = 0; g < kGroups; g += 2) {  // int16 pairs (group g, g + 1) per column
-      __m512i pair = _mm512_set1_epi32(0x00010001);
-      if (sm) {
-        const __m512i lo = lanes16(sm + g * 16);
-        const __m512i hi = lanes16(sm + (g + 1) * 16);
-        const __m512i low16 = _mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF));
-        pair = _mm512_or_si512(low16, _mm512_slli_epi32(hi, 16));
-      }
+    for (int g = 0; g < kGroups; g += 2) {
       int32_t both;
       std::memcpy(&both, gs + g, sizeof(both));
-      sum = _mm512_dpwssd_epi32(sum, pair, _mm512_set1_epi32(both));
+      sum = _mm512_dpwssd_epi32(sum, pairs[g / 2], _mm512_set1_epi32(both));
     }
     return sum;
   }
@@ -280,8 +289,6 @@ void vnni_rows(const Panels<BITS, G>& k, int64_t M, int64_t P, int64_t xb, float
   }
 }
 
-// One thread's share of a chunk of rows: whole panels into y, by the path the call's row
-// count picks (every path the same sums, so the same bits).
 }  // namespace group_quant::amx_panels
 
 #endif

@@ -36,6 +36,8 @@ using amx_panels::kTileRows;
 using amx_panels::kVnniRows;
 using amx_panels::Panels;
 
+// One thread's share of a chunk of rows: whole panels into y, by the path the call's row
+// count picks (every path the same sums, so the same bits).
 template <int BITS, int G>
 struct PanelRun {
   const Panels<BITS, G>& k;

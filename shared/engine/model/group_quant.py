@@ -209,8 +209,7 @@ class GroupQuantLinear:
             self.group == 16 and self.bits in (4, 6)
         )
         kquant = span == 256 and self.sub_scale is not None and self.in_perm is None
-        mins = self.super_min is None or self.group == 32
-        return self.int8_fits and shape and kquant and mins and self.out_features % 16 == 0
+        return self.int8_fits and shape and kquant and self.out_features % 16 == 0
 
     def with_int8_activations(self, vnni: bool, amx: bool = False) -> GroupQuantLinear:
         """The same matrix through the int8-activation kernel where it fits (vnni: the
@@ -221,7 +220,7 @@ class GroupQuantLinear:
         if not (amx and self.amx_fits):
             return replace(self, kernel="int8" if vnni else "int8-generic")
         empty = torch.empty(0)
-        names = ("low", "high", "super_scale", "sub_scale", "super_min", "sub_min")
+        names = ARRAY_NAMES[1:]  # the 4-6 bit parts, in repack_kquant_amx's order
         parts = [getattr(self, name) for name in names]
         packed = native.load().repack_kquant_amx(
             *[empty if p is None else p for p in parts], self.bits, self.group, self.zero
