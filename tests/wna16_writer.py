@@ -1,4 +1,5 @@
-"""Our own writer of AWQ, GPTQ and compressed-tensors checkpoints, for the tests.
+"""Our own writer of AWQ, GPTQ and compressed-tensors (pack- and int-quantized) checkpoints,
+for the tests.
 
 A float matrix is quantized per group of columns (round to nearest on a min-max grid, GPTQ's
 act order as a random column order of the groups), and its codes, zero points and scales
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from shared.models.wna16 import QuantFormat
+from shared.models.wna16_config import QuantFormat
 
 AWQ_PACK = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds column AWQ_PACK[i] of 8
 
@@ -95,6 +96,17 @@ def gptq_parts(m: Quantized, bits: int, v1: bool = True) -> dict[str, torch.Tens
     }
 
 
+def int8_parts(m: Quantized, symmetric: bool, act_order: bool) -> dict:
+    """compressed-tensors int-quantized: the codes as signed int8, scales and zero points as
+    they are (its IntQuantizationCompressor's layout)."""
+    parts = {"weight": (m.codes - 128).to(torch.int8), "weight_scale": m.scales.contiguous()}
+    if not symmetric:
+        parts["weight_zero_point"] = (m.zeros - 128).to(torch.int8)
+    if act_order:
+        parts["weight_g_idx"] = m.g_idx.to(torch.int32)
+    return parts
+
+
 def compressed_parts(m: Quantized, bits: int, symmetric: bool, act_order: bool) -> dict:
     n, k = m.codes.shape
     parts = {
@@ -137,10 +149,13 @@ class Scheme:
             "group_size": self.group or None,
             "actorder": "group" if self.act_order else None,
         }
-        group = {"targets": ["Linear"], "weights": weights, "input_activations": None}
+        activations = None
+        if self.format == QuantFormat.INT8:  # W8A8: int8 per token, dynamic
+            activations = {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}
+        group = {"targets": ["Linear"], "weights": weights, "input_activations": activations}
         return {
             "quant_method": "compressed-tensors",
-            "format": "pack-quantized",
+            "format": "int-quantized" if activations else "pack-quantized",
             "config_groups": {"group_0": group},
             "ignore": ["lm_head"],
         }
@@ -150,6 +165,8 @@ class Scheme:
             return awq_parts(m)
         if self.format == QuantFormat.GPTQ:
             return gptq_parts(m, self.bits)
+        if self.format == QuantFormat.INT8:
+            return int8_parts(m, self.symmetric, self.act_order)
         return compressed_parts(m, self.bits, self.symmetric, self.act_order)
 
 

@@ -1,4 +1,5 @@
-"""AWQ, GPTQ and compressed-tensors pack-quantized weights -> integer codes and group scales.
+"""AWQ, GPTQ and compressed-tensors (pack-quantized; int-quantized W8A8) weights -> integer
+codes and group scales.
 
 The three formats store one idea, w[n, k] = (q[n, k] - z[n, g]) * s[n, g] with g column k's
 group, packed into int32 words three ways (read from the formats' own code: AutoAWQ's GEMM
@@ -12,11 +13,15 @@ pack_to_int32):
                 (pf = 32 / bits)              (format v1: z = stored + 1)
     c-t pack    weight_packed [N, K/pf]       weight_zero_point           weight_scale
                 along K                       [N/pf, K/G] along N         [N, K/G]
+    c-t int     weight [N, K] int8 (signed)   weight_zero_point           weight_scale
+                                              [N, K/G] int8               [N, K/G]; [1]: tensor
 
 Within a word, code j sits at bits * j. GPTQ's `g_idx` [K] (compressed-tensors'
 `weight_g_idx`) names each column's group, which under act order is not k / G. A symmetric
 checkpoint has z = 2^(bits - 1) (GPTQ's stored zeros are then ignored, as vLLM does;
 compressed-tensors stores its codes signed, i.e. minus that midpoint, which is the same).
+An int-quantized (W8A8) checkpoint's activation scheme (int8 per token, or a static
+input_scale) is not read: activations are as --group-quant-activations says.
 
 The one subtle rule: codes stay unsigned integers and zero points one integer per group, so
 (q - z) * s is exact in fp32 (a 9-bit integer times an fp16 or bf16 scale); whatever
@@ -25,124 +30,14 @@ computes the weights later (model/wna16_linear.py) gets exactly the format's val
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import IntEnum
-from pathlib import Path
 
 import torch
 
-from shared.errors import ConfigError
+from shared.models.wna16_config import PARTS, QuantFormat, Wna16Config
 
-
-class QuantFormat(IntEnum):
-    AWQ = 1
-    GPTQ = 2
-    COMPRESSED = 3  # compressed-tensors, pack-quantized
-
-
-_NAMES = {QuantFormat.AWQ: "AWQ", QuantFormat.GPTQ: "GPTQ", QuantFormat.COMPRESSED: "c-t"}
-# the parts of one quantized matrix NAME (stored as NAME.part), the first one marking it
-PARTS = {
-    QuantFormat.AWQ: ("qweight", "qzeros", "scales"),
-    QuantFormat.GPTQ: ("qweight", "qzeros", "scales", "g_idx"),
-    QuantFormat.COMPRESSED: (
-        "weight_packed",
-        "weight_scale",
-        "weight_zero_point",
-        "weight_shape",
-        "weight_g_idx",
-    ),
-}
 AWQ_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # column r of 8 is in nibble AWQ_ORDER[r]
-
-
-@dataclass(slots=True, frozen=True)
-class Wna16Config:
-    """A checkpoint's quantization_config, as far as unpacking needs it."""
-
-    format: QuantFormat
-    bits: int  # 4 or 8
-    group: int  # columns per scale; 0: a whole row (per channel)
-    symmetric: bool  # no zero points: z = 2^(bits - 1)
-    zero_offset: int = 0  # added to a stored zero point (GPTQ format v1: 1)
-
-    def __post_init__(self) -> None:
-        if self.bits not in (4, 8) or (self.format == QuantFormat.AWQ and self.bits != 4):
-            raise ConfigError(f"{self.label}: {self.bits}-bit weights are not supported")
-        if self.group < 0 or self.group % 32:
-            raise ConfigError(f"{self.label}: group size {self.group} is not a multiple of 32")
-
-    @property
-    def label(self) -> str:
-        """The start-up log's name, e.g. "AWQ 4-bit g128" or "GPTQ 8-bit per-channel sym"."""
-        group = f"g{self.group}" if self.group else "per-channel"
-        sym = " sym" if self.symmetric else ""
-        return f"{_NAMES[self.format]} {self.bits}-bit {group}{sym}"
-
-    @property
-    def marker(self) -> str:
-        """The part whose presence says a matrix is stored quantized."""
-        return PARTS[self.format][0]
-
-
-def read_config(model_dir: Path) -> Wna16Config | None:
-    """config.json's quantization_config (None: a float checkpoint); ConfigError naming what
-    is not supported."""
-    path = model_dir / "config.json"
-    raw = json.loads(path.read_text()) if path.exists() else {}
-    q = raw.get("quantization_config")
-    return None if q is None else parse_config(q)
-
-
-def parse_config(q: Mapping) -> Wna16Config:
-    method = str(q.get("quant_method", "")).lower()
-    if method == "awq":
-        if str(q.get("version", "gemm")).lower() != "gemm":
-            raise ConfigError(f"AWQ version {q.get('version')!r}: only the GEMM layout is read")
-        bits, group = q.get("bits", q.get("w_bit", 4)), q.get("group_size", q.get("q_group_size"))
-        return Wna16Config(QuantFormat.AWQ, int(bits), _group(group), not q.get("zero_point", True))
-    if method == "gptq":
-        version = str(q.get("checkpoint_format", "gptq")).lower()
-        if version not in ("gptq", "gptq_v2"):
-            raise ConfigError(f"GPTQ checkpoint_format {version!r}: gptq or gptq_v2 only")
-        offset = 1 if version == "gptq" else 0
-        sym = bool(q.get("sym", True))
-        return Wna16Config(
-            QuantFormat.GPTQ, int(q.get("bits", 0)), _group(q.get("group_size")), sym, offset
-        )
-    if method == "compressed-tensors":
-        return _compressed_tensors(q)
-    raise ConfigError(
-        f"quantization_config quant_method {method!r} is not supported "
-        "(awq, gptq, compressed-tensors pack-quantized)"
-    )
-
-
-def _group(size: object) -> int:
-    return 0 if size is None or int(size) <= 0 else int(size)  # type: ignore[call-overload]
-
-
-def _compressed_tensors(q: Mapping) -> Wna16Config:
-    groups = q.get("config_groups") or {}
-    if len(groups) != 1:
-        raise ConfigError(f"compressed-tensors: {len(groups)} config groups (one is read)")
-    scheme = next(iter(groups.values()))
-    fmt = scheme.get("format") or q.get("format")
-    weights = scheme.get("weights") or {}
-    if fmt != "pack-quantized" or scheme.get("input_activations") or weights.get("type") != "int":
-        raise ConfigError(
-            f"compressed-tensors format {fmt!r} with {weights.get('type')} weights and "
-            f"activations {scheme.get('input_activations')}: only pack-quantized int weights "
-            "with float activations (W4A16, W8A16) are read"
-        )
-    strategy = weights.get("strategy")
-    if strategy not in ("group", "channel"):
-        raise ConfigError(f"compressed-tensors weight strategy {strategy!r}: group or channel")
-    group = _group(weights.get("group_size")) if strategy == "group" else 0
-    sym = bool(weights.get("symmetric", True))
-    return Wna16Config(QuantFormat.COMPRESSED, int(weights.get("num_bits", 0)), group, sym)
 
 
 @dataclass(slots=True)
@@ -162,10 +57,13 @@ def unpack(config: Wna16Config, parts: Mapping[str, torch.Tensor]) -> IntGroups:
         QuantFormat.AWQ: ("qweight", "scales"),
         QuantFormat.GPTQ: ("qweight", "scales"),
         QuantFormat.COMPRESSED: ("weight_packed", "weight_scale"),
+        QuantFormat.INT8: ("weight", "weight_scale"),
     }[config.format]
     if not config.symmetric:
         required += (
-            ("weight_zero_point",) if config.format == QuantFormat.COMPRESSED else ("qzeros",)
+            ("qzeros",)
+            if config.format in (QuantFormat.AWQ, QuantFormat.GPTQ)
+            else ("weight_zero_point",)
         )
     missing = [p for p in required if p not in parts]
     if missing:
@@ -232,7 +130,38 @@ def _compressed(config: Wna16Config, parts: Mapping[str, torch.Tensor]) -> IntGr
     return IntGroups(codes.contiguous(), _floats(scales).contiguous(), zeros, group_of)
 
 
-_UNPACK = {QuantFormat.AWQ: _awq, QuantFormat.GPTQ: _gptq, QuantFormat.COMPRESSED: _compressed}
+def _int8(config: Wna16Config, parts: Mapping[str, torch.Tensor]) -> IntGroups:
+    weight, scales = parts["weight"], parts["weight_scale"]
+    if weight.dtype != torch.int8 or weight.dim() != 2:
+        raise ValueError(f"weight is {tuple(weight.shape)} {weight.dtype}, expected 2-D int8")
+    n, k = weight.shape
+    groups = _groups(config, k)
+    if config.per_tensor:
+        if scales.numel() != 1:
+            raise ValueError(f"weight_scale is {tuple(scales.shape)}, expected one per tensor")
+        scales = scales.reshape(1, 1).expand(n, 1)
+    _shape(scales, "weight_scale", (n, groups))
+    codes = (weight.to(torch.int16) + 128).to(torch.uint8)  # unsigned, as the other formats'
+    if config.symmetric:
+        zeros = torch.full((n, groups), 128, dtype=torch.int32)
+    else:
+        zero_point = parts["weight_zero_point"]
+        if zero_point.dtype not in (torch.int8, torch.int32) or zero_point.numel() != n * groups:
+            raise ValueError(
+                f"weight_zero_point is {tuple(zero_point.shape)} {zero_point.dtype}, expected "
+                f"{n * groups} int8"
+            )
+        zeros = zero_point.to(torch.int32).reshape(n, groups) + 128
+    group_of = _group_index(parts.get("weight_g_idx"), "weight_g_idx", k, groups)
+    return IntGroups(codes, _floats(scales).contiguous(), zeros, group_of)
+
+
+_UNPACK = {
+    QuantFormat.AWQ: _awq,
+    QuantFormat.GPTQ: _gptq,
+    QuantFormat.COMPRESSED: _compressed,
+    QuantFormat.INT8: _int8,
+}
 
 
 def _words(words: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ from shared.engine import native
 from shared.engine.model.group_quant import GroupQuantLinear
 from shared.engine.model.wna16_linear import wna16_linear
 from shared.models.gguf_quant import BLOCKS
-from shared.models.wna16 import QuantFormat, parse_config
+from shared.models.wna16_config import QuantFormat, parse_config
 from tests.unit.test_gguf_quant import K, N
 from tests.unit.test_group_quant_kernel import weight
 from tests.wna16_writer import Scheme, quantize
@@ -55,6 +55,34 @@ def int8(w: GroupQuantLinear, x: torch.Tensor, vnni: bool = VNNI) -> torch.Tenso
     if w.in_perm is not None:
         x = x.index_select(1, w.in_perm)
     return kernels.linear_group_quant(x, *w.kernel_args(), "int8" if vnni else "int8-generic")
+
+
+def test_each_row_is_quantized_per_block_to_round_half_even_of_x_over_d():
+    # through the identity as 8-bit codes of scale 1: y[m, k] = xq[m, k] * d[m, k's block]
+    eye = GroupQuantLinear(
+        format="Q8_0",
+        out_features=K,
+        in_features=K,
+        bits=8,
+        group=32,
+        per_super=1,
+        zero=0,
+        super_scale=torch.ones(K, K // 32),
+        codes=torch.eye(K, dtype=torch.int8),
+    )
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(5)) * 4
+    x[0, :32] = torch.arange(-15.5, 16.5)  # amax 15.5: d = 15.5 / 127, every code exact
+    x[1, :32] = 0.0  # d = 0
+    x[1, 32:64] = torch.tensor([127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5] + [0.0] * 25)  # d = 1: ties
+    for vnni in {VNNI, False}:
+        y = int8(eye, x, vnni)
+        blocks = x.view(3, -1, 32)
+        d = (blocks.abs().amax(-1, keepdim=True) / 127).expand(-1, -1, 32).reshape(3, K)
+        inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+        xq = torch.round(x * inverse)  # round half to even, as nearbyint
+        assert xq.abs().max() <= 127
+        assert torch.equal(y, xq * d), vnni
+    assert y[1, 32:39].tolist() == [127.0, 2.0, 4.0, -2.0, -0.0, 0.0, 2.0]
 
 
 @pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])

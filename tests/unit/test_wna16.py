@@ -14,7 +14,8 @@ import torch
 
 from shared.engine import native
 from shared.engine.model.wna16_linear import wna16_linear
-from shared.models.wna16 import QuantFormat, Wna16Config, parse_config, unpack
+from shared.models.wna16 import unpack
+from shared.models.wna16_config import QuantFormat, Wna16Config, parse_config
 from tests.wna16_writer import Scheme, pack, quantize
 
 pytest.importorskip("vllm", reason="vLLM is the reference (make install ENGINE=vllm)")
@@ -23,6 +24,7 @@ from vllm.scalar_type import scalar_types
 
 N, K = 48, 256
 AWQ, GPTQ, CT = QuantFormat.AWQ, QuantFormat.GPTQ, QuantFormat.COMPRESSED
+INT8 = QuantFormat.INT8
 
 
 def weights(seed: int = 0, n: int = N, k: int = K) -> torch.Tensor:
@@ -115,6 +117,59 @@ def test_compressed_tensors_unpack_as_its_own_dequantize(bits, symmetric, group)
     assert torch.equal(load(scheme, parts).dequantize(), reference)
 
 
+@pytest.mark.parametrize(
+    ("strategy", "symmetric"),
+    [("channel", True), ("tensor", True), ("group", False), ("channel", False)],
+)
+def test_int_quantized_unpacks_as_compressed_tensors_own_compressor(strategy, symmetric):
+    """W8A8 as compressed-tensors' IntQuantizationCompressor writes it; our unpacking against
+    its decompress (the reference dequantization)."""
+    ct = pytest.importorskip("compressed_tensors.compressors")
+    quantization = pytest.importorskip("compressed_tensors.quantization")
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = quantization.QuantizationArgs(
+        num_bits=8,
+        type="int",
+        strategy=strategy,
+        symmetric=symmetric,
+        group_size=64 if strategy == "group" else None,
+    )
+    tokens = quantization.QuantizationArgs(num_bits=8, type="int", strategy="token", dynamic=True)
+    scheme = quantization.QuantizationScheme(
+        targets=["Linear"], weights=args, input_activations=tokens
+    )
+    w = weights(9)
+    view = {"tensor": w.reshape(1, -1), "channel": w, "group": w.reshape(N, K // 64, 64)}[strategy]
+    scale, zero = calculate_qparams(view.amin(-1), view.amax(-1), args)
+    if strategy == "channel":
+        scale, zero = scale.reshape(N, 1), zero.reshape(N, 1)
+    scale = scale.bfloat16()  # as llm-compressor stores a bf16 model's (exact: see wna16_linear)
+    stored = ct.IntQuantizationCompressor.compress(
+        {"weight": w, "weight_scale": scale, "weight_zero_point": zero}, scheme
+    )
+    assert stored["weight"].dtype == torch.int8
+    assert ("weight_zero_point" in stored) == (not symmetric)
+    raw = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"group_0": scheme.model_dump() | {"format": "int-quantized"}},
+    }
+    config = parse_config(raw)
+    assert (config.format, config.bits, config.per_tensor) == (INT8, 8, strategy == "tensor")
+    # its decompress, in fp32 (it rounds to the scale's dtype, bf16, after the one product)
+    forward = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward")
+    zp = stored.get("weight_zero_point")
+    reference = forward.dequantize(
+        stored["weight"].float(),
+        stored["weight_scale"].float(),
+        None if zp is None else zp.float(),
+        dtype=torch.float32,
+    )
+    decompressed = ct.IntQuantizationCompressor.decompress(dict(stored), scheme)["weight"]
+    assert torch.equal(reference.bfloat16(), decompressed)
+    assert torch.equal(wna16_linear(config, stored).dequantize(), reference)
+
+
 def test_our_packer_matches_compressed_tensors_for_zero_points():
     ct = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
     zeros = torch.randint(0, 16, (N, 4), generator=torch.Generator().manual_seed(6))
@@ -130,6 +185,8 @@ def test_our_packer_matches_compressed_tensors_for_zero_points():
         Scheme(GPTQ, 8, 0, symmetric=True),
         Scheme(GPTQ, 8, 64, symmetric=False),
         Scheme(CT, 4, 128, symmetric=True, act_order=True),
+        Scheme(INT8, 8, 0, symmetric=True),
+        Scheme(INT8, 8, 64, symmetric=False, act_order=True),
     ],
     ids=lambda s: parse_config(s.config()).label.replace(" ", "-"),
 )
@@ -145,6 +202,18 @@ def test_the_kernel_multiplies_by_the_unpacked_weights_batch_invariantly(scheme)
     for i in (0, 4, 8):
         assert torch.equal(w(x[i : i + 1]), y[i : i + 1])
     assert torch.equal(w(x[2:7]), y[2:7])
+
+
+def _with_weights(scheme: Scheme, **change) -> dict:
+    raw = scheme.config()
+    raw["config_groups"]["group_0"]["weights"] |= change
+    return raw
+
+
+def _with_activations(scheme: Scheme, **change) -> dict:
+    raw = scheme.config()
+    raw["config_groups"]["group_0"]["input_activations"] |= change
+    return raw
 
 
 def _parts(scheme: Scheme) -> dict[str, torch.Tensor]:
@@ -188,6 +257,8 @@ def test_a_config_that_does_not_fit_the_tensors_is_refused_by_name(scheme, chang
         (Scheme(GPTQ, 4, 64, False), "qzeros", "missing qzeros"),
         (Scheme(CT, 4, 128, False), "weight_zero_point", "missing weight_zero_point"),
         (Scheme(CT, 4, 128, True), "weight_scale", "missing weight_scale"),
+        (Scheme(INT8, 8, 0, True), "weight_scale", "missing weight_scale"),
+        (Scheme(INT8, 8, 64, False), "weight_zero_point", "missing weight_zero_point"),
     ],
 )
 def test_a_missing_part_is_refused_by_name(scheme, drop, message):
@@ -208,6 +279,15 @@ def test_bad_shapes_and_dtypes_are_refused_by_name():
         unpack(config, parts | {"g_idx": parts["g_idx"] + 4})
     with pytest.raises(ValueError, match="unexpected parts"):
         unpack(config, parts | {"bias_q": parts["scales"]})
+    int8 = parse_config(Scheme(INT8, 8, 0, True).config())
+    stored = _parts(Scheme(INT8, 8, 0, True))
+    with pytest.raises(ValueError, match=r"weight is \(48, 256\) torch.int32, expected 2-D int8"):
+        unpack(int8, stored | {"weight": stored["weight"].int()})
+    with pytest.raises(ValueError, match=r"weight_scale is \(48, 2\), expected \(48, 1\)"):
+        unpack(int8, stored | {"weight_scale": stored["weight_scale"].repeat(1, 2)})
+    tensor = parse_config(_with_weights(Scheme(INT8, 8, 0, True), strategy="tensor"))
+    with pytest.raises(ValueError, match=r"weight_scale is \(48, 1\), expected one per tensor"):
+        unpack(tensor, stored)
     uneven = parts["g_idx"].clone()
     uneven[-3:] = 0
     with pytest.raises(ValueError, match="g_idx does not split the 256 columns into groups"):
@@ -222,6 +302,10 @@ def test_bad_shapes_and_dtypes_are_refused_by_name():
         ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit weights"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 48}, "group size 48"),
         ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "'marlin'"),
+        (_with_weights(Scheme(INT8, 8, 0, True), type="float"), "'int-quantized' with float"),
+        (_with_weights(Scheme(INT8, 8, 0, True), num_bits=4), "'int-quantized' with int"),
+        (_with_weights(Scheme(INT8, 8, 0, True), strategy="block"), "strategy 'block'"),
+        (_with_activations(Scheme(INT8, 8, 0, True), type="float"), "activations {'num_bits'"),
     ],
 )
 def test_unsupported_configs_are_refused_by_name(raw, message):
@@ -232,3 +316,4 @@ def test_unsupported_configs_are_refused_by_name(raw, message):
 def test_labels_name_format_bits_and_group():
     assert Wna16Config(AWQ, 4, 128, False).label == "AWQ 4-bit g128"
     assert Wna16Config(GPTQ, 8, 0, True, 1).label == "GPTQ 8-bit per-channel sym"
+    assert Wna16Config(INT8, 8, 0, True, per_tensor=True).label == "c-t int 8-bit per-tensor sym"

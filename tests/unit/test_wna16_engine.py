@@ -19,7 +19,7 @@ from shared.engine.model.checkpoint import Checkpoint, quantized_formats
 from shared.engine.model.group_quant import GroupQuantLinear
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import ConfigError
-from shared.models.wna16 import QuantFormat
+from shared.models.wna16_config import QuantFormat
 from tests.conftest import write_tiny_model
 from tests.engine_harness import (
     LogitsRecorder,
@@ -35,10 +35,12 @@ SCHEMES = {
     "gptq4-g32-act-order": Scheme(QuantFormat.GPTQ, 4, 32, symmetric=False, act_order=True),
     "gptq8-channel-sym": Scheme(QuantFormat.GPTQ, 8, 0, symmetric=True),
     "ct4-g128-sym-act-order": Scheme(QuantFormat.COMPRESSED, 4, 128, True, act_order=True),
+    "ct8-w8a8-channel-sym": Scheme(QuantFormat.INT8, 8, 0, symmetric=True),
 }
 # docs/quantized-checkpoints.md: the stored weights against the float model's, relative L2
 WEIGHT_BOUND = {"awq-g128": 0.12, "gptq4-g32-act-order": 0.1, "gptq8-channel-sym": 0.01}
 WEIGHT_BOUND["ct4-g128-sym-act-order"] = 0.15
+WEIGHT_BOUND["ct8-w8a8-channel-sym"] = 0.01
 # and the prompt's logits, where the tiny random model (which amplifies weight error ~20x)
 # keeps them comparable: 8-bit only
 
@@ -108,9 +110,8 @@ def test_a_checkpoint_missing_a_part_is_refused_at_load_by_name(root, tmp_path):
 
 
 @pytest.mark.skipif(native.load() is None, reason="the int8 kernel needs the C++ kernels")
-def test_int8_activations_keep_batch_invariance_and_stay_near_float_ones(root, caplog):
-    name = "gptq8-channel-sym"
-
+@pytest.mark.parametrize("name", ["gptq8-channel-sym", "ct8-w8a8-channel-sym"])
+def test_int8_activations_keep_batch_invariance_and_stay_near_float_ones(root, caplog, name):
     def rows(prompts: list[list[int]]) -> dict:
         config = EngineConfig(
             model_dir=root / name, num_kv_blocks=64, dtype="float32", group_quant_activations="int8"
@@ -125,6 +126,8 @@ def test_int8_activations_keep_batch_invariance_and_stay_near_float_ones(root, c
 
     with caplog.at_level(logging.INFO):
         alone = rows([PROMPT])
+    label = "c-t int 8-bit per-channel sym" if name.startswith("ct8") else "GPTQ 8-bit"
+    assert f"CPU matmuls: {label}" in caplog.text
     assert "kept quantized: the group-quant kernel with int8 activations per block" in caplog.text
     beside = rows([list(range(40, 51)), PROMPT, [7, 8, 9]])
     assert alone.keys() == beside.keys() and len(alone) == 3

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from shared.engine.model.group_quant import ARRAY_NAMES, GroupQuantLinear
 from shared.engine.model.wna16_linear import wna16_linear
 from shared.models.quant_metadata import QUANT_METADATA
-from shared.models.wna16 import PARTS, read_config
+from shared.models.wna16_config import PARTS, read_config
 
 INDEX = "model.safetensors.index.json"
 

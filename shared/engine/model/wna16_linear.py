@@ -9,7 +9,9 @@ G cut down to 32 times a power of 2 where it is not one, its scales repeated), a
     min   = s * (2^(bits-1) - z)  (super_min = ±s, sub_min = ±(2^(bits-1) - z) int8 per 32)
 
 so w = (q - 8) * s + s * (8 - z) = (q - z) * s, with every term exact in fp32 (the kernel's
-one rounding is of an exactly representable value: the format's own weights bit for bit).
+one rounding is of an exactly representable value: the format's own weights bit for bit)
+where s has at most 15 significant bits (fp16, bf16 scales, as the formats store them); an
+fp32 scale with zero points rounds its two terms apart (within an ulp of the format's).
 A symmetric matrix (every z at the midpoint) has no min at all. Act order (GPTQ's g_idx):
 the columns are stored sorted by group and `in_perm` gathers x's columns to match.
 """
@@ -21,7 +23,8 @@ from collections.abc import Mapping
 import torch
 
 from shared.engine.model.group_quant import GroupQuantLinear
-from shared.models.wna16 import IntGroups, Wna16Config, unpack
+from shared.models.wna16 import IntGroups, unpack
+from shared.models.wna16_config import Wna16Config
 
 
 def wna16_linear(config: Wna16Config, parts: Mapping[str, torch.Tensor]) -> GroupQuantLinear:
