@@ -29,10 +29,10 @@ struct Rows {
 };
 
 // Whether a layout with group scales takes the k-quant path (Q4_K, Q5_K, Q6_K): 4-6 bit codes
-// (u * xq pairs fit int16), super-blocks of 256, mins only with 32-groups.
+// (u * xq pairs fit int16), super-blocks of 256, mins with a factor per group.
 inline bool kquant(const Layout& L) {
   return L.sub_scale && L.bits < 8 && L.group * L.per_super == kSuper &&
-         (!L.super_min || L.group == 32);
+         (!L.super_min || L.sub_min);
 }
 
 // a 32-group's scale and min (per_super 1), and an x-block's sum of sub_min times its groups'

@@ -15,13 +15,13 @@
 //                  I[l] = sum over the x-block's pairs of v[l]                     (exact)
 //                  acc[l] = fma(float(I[l]), d * super_scale, acc[l])
 //                  tail = fma(d * super_min, float(sum over its groups of sub_min * xq sum), tail)
-//   k-quants (Q4_K, Q5_K, Q6_K; `kquant`): x-blocks of 256, G = 8 or 16 groups, sc the group
+//   k-quants (Q2_K to Q6_K; `kquant`): x-blocks of 256, G = 8 or 16 groups, sc the group
 //   scales, s the groups' xq sums:
 //                  I[l] = sum over the pairs of sc(l's group) * (sum of u * xq over its 4)
 //                  I[j] -= Z * (sc[2j] * s[2j] + sc[2j + 1] * s[2j + 1])   for j < G / 2
 //                  acc[l] = fma(float(I[l]), d * super_scale, acc[l])
 //                  mins: acc[l] = fma(float(mn[l]), d * super_min, acc[l]) for every lane,
-//                  mn[j] = sub_min[2j] * s[2j] + sub_min[2j + 1] * s[2j + 1] for j < 4, else 0
+//                  mn[j] = sub_min[2j] * s[2j] + sub_min[2j + 1] * s[2j + 1] for j < G / 2, else 0
 //   y[m, n] = hsum16(acc) + tail
 // Every step depends on row m alone, in one order: batch-invariant, and the AVX512-VNNI path
 // and the generic one (scalar code doing the same integer and float operations lane by lane)
@@ -177,10 +177,8 @@ float dot_kquant(const Layout& L, const Rows& R, int64_t m, int64_t n) {
     for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(static_cast<float>(sums[l]), f, acc[l]);
     if (!L.super_min) continue;
     int32_t mins[kLanes] = {};
-    const int8_t* sm = L.sub_min ? L.sub_min + n * L.groups + xb * per_x : nullptr;
-    for (int j = 0; j < 4; ++j) {
-      mins[j] = (sm ? sm[2 * j] : 1) * s[2 * j] + (sm ? sm[2 * j + 1] : 1) * s[2 * j + 1];
-    }
+    const int8_t* sm = L.sub_min + n * L.groups + xb * per_x;
+    for (int64_t j = 0; j < per_x / 2; ++j) mins[j] = sm[2 * j] * s[2 * j] + sm[2 * j + 1] * s[2 * j + 1];
     const float fm = d[xb] * L.super_min[sup];
     for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(static_cast<float>(mins[l]), fm, acc[l]);
   }

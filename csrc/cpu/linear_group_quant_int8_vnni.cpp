@@ -182,21 +182,15 @@ struct Tile {
           acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][j]), f, acc[r][j]);
         }
       }
-      if constexpr (G == 32) {
-        if (!L.super_min) continue;
-        for (int j = 0; j < NB; ++j) {
-          const int64_t sup = (n0 + j) * L.supers + xb;
-          const __m128i sm = L.sub_min ? _mm_cvtepi8_epi16(_mm_loadl_epi64(
-                                             reinterpret_cast<const __m128i*>(
-                                                 L.sub_min + (n0 + j) * L.groups + xb * per_x)))
-                                       : _mm_set1_epi16(1);
-          for (int r = 0; r < MR; ++r) {
-            const __m128i gs = _mm512_castsi512_si128(sums16<G>(group_sum(r) + xb * per_x));
-            const __m512 mins =
-                _mm512_cvtepi32_ps(_mm512_zextsi128_si512(_mm_madd_epi16(sm, gs)));
-            const __m512 f = _mm512_set1_ps(d(r)[xb] * L.super_min[sup]);
-            acc[r][j] = _mm512_fmadd_ps(mins, f, acc[r][j]);
-          }
+      if (!L.super_min) continue;
+      for (int j = 0; j < NB; ++j) {  // the zero's pattern: lane i, groups 2i and 2i + 1
+        const int64_t sup = (n0 + j) * L.supers + xb;
+        const __m512i sm = groups16<G>(L.sub_min + (n0 + j) * L.groups + xb * per_x);
+        for (int r = 0; r < MR; ++r) {
+          const __m512i gs = sums16<G>(group_sum(r) + xb * per_x);
+          const __m512 mins = _mm512_cvtepi32_ps(_mm512_madd_epi16(sm, gs));
+          const __m512 f = _mm512_set1_ps(d(r)[xb] * L.super_min[sup]);
+          acc[r][j] = _mm512_fmadd_ps(mins, f, acc[r][j]);
         }
       }
     }

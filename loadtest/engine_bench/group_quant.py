@@ -34,15 +34,16 @@ from shared.models.wna16 import IntGroups
 SHAPES = {"qkv": (1152, 896), "o_proj": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}
 HEAD = (151936, 896)
 LAYERS = 24
-_F16_AT = {  # fp16 factors' offsets in a block
-    T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,), T.Q5_0: (0,)
+F16_AT = {  # fp16 factors' offsets in a block (random bytes there could be NaN or inf)
+    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
 }  # fmt: skip
 
 
 def gguf_matrix(qtype: T, n: int, k: int, rng: np.random.Generator) -> GroupQuantLinear:
     block_bytes, per_block = BLOCKS[qtype]
     blocks = rng.integers(0, 256, (n, k // per_block, block_bytes), dtype=np.uint8)
-    for at in _F16_AT[qtype]:
+    for at in F16_AT[qtype]:
         f16 = (rng.standard_normal((n, k // per_block)) * 0.01).astype(np.float16)
         blocks[..., at : at + 2] = f16.view(np.uint8).reshape(n, k // per_block, 2)
     arrays = unpack(blocks.reshape(n, -1), qtype, (n, k), "bench")

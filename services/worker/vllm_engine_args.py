@@ -32,6 +32,7 @@ from shared.engine.model.checkpoint import gguf_kept_formats
 from shared.engine.resolve import resolve
 from shared.errors import ConfigError
 from shared.models.pull import default_home
+from shared.models.wna16_config import QuantFormat, read_config
 from shared.ports import free_port
 
 GIB = 1 << 30
@@ -53,6 +54,12 @@ def vllm_engine_config(config: WorkerConfig) -> EngineConfig:
         )
     if engine.torch_device.type != "cpu":
         return replace(engine, block_size=engine.block_size or GPU_BLOCK_SIZE)
+    if engine.dtype == "float32" and _w8a8(engine.model_dir):
+        raise ConfigError(
+            f"{engine.model_dir} is a W8A8 checkpoint (compressed-tensors int-quantized): "
+            "vLLM's CPU int8 kernels take bf16 or fp16 activations, not --dtype float32 "
+            "(leave --dtype auto, or serve it with the native engine)"
+        )
     sizes = CPUAttentionBackend.get_supported_kernel_block_sizes()
     if not engine.block_size:
         return replace(engine, block_size=min(_smallest(size) for size in sizes))
@@ -62,6 +69,16 @@ def vllm_engine_config(config: WorkerConfig) -> EngineConfig:
             "tokens (leave --block-size unset for its own)"
         )
     return engine
+
+
+def _w8a8(model_dir) -> bool:
+    """Whether the checkpoint is compressed-tensors int-quantized (other configs, ours to read
+    or not, are vLLM's to judge)."""
+    try:
+        config = read_config(model_dir)
+    except ConfigError:
+        return False
+    return config is not None and config.format == QuantFormat.INT8
 
 
 def _smallest(size: int | MultipleOf) -> int:

@@ -20,6 +20,11 @@ equal the reference bit for bit (up to the sign of a zero).
     Q4_K    4    32      8       0      d          sc         dmin      -m
     Q5_K    5    32      8       0      d          sc         dmin      -m
     Q6_K    6    16     16      32      d          sc         -         -
+    Q3_K    4    16     16       4      d          sc - 32    -         -
+    Q2_K    4    16     16       0      d          sc         dmin      -m
+
+Q3_K's 3-bit and Q2_K's 2-bit codes are kept as 4-bit ones (the kernels' narrowest layout):
+4.5 and 5.3 bits a weight against the file's 3.44 and 2.63, still a sixth of float32's.
 
 Codes are stored as csrc/cpu/linear_group_quant.cpp reads them: 8-bit codes as int8
 [N, K]; 4-6 bit codes as a low nibble array [N, K / 2] (per 32 weights, 16 bytes: byte j
@@ -47,6 +52,8 @@ BLOCKS = {
     T.Q4_K: (144, QK_K),
     T.Q5_K: (176, QK_K),
     T.Q6_K: (210, QK_K),
+    T.Q3_K: (110, QK_K),
+    T.Q2_K: (84, QK_K),
 }
 KEPT_TYPES = frozenset(BLOCKS)
 ARRAY_NAMES = ("codes", "low", "high", "super_scale", "sub_scale", "super_min", "sub_min")
@@ -188,6 +195,50 @@ def _q6_k(blocks: np.ndarray, n: int, k: int) -> QuantArrays:
     return _layout("Q6_K", n, k, 6, 16, 16, 32, q.reshape(n, k), d, scales, None, None)
 
 
+def _low_pairs(qs: np.ndarray) -> np.ndarray:
+    """[n, nb, 64] bytes of 2-bit codes -> [n, nb, 2, 4, 32]: weight 128 h + 32 j + t is bits
+    2j, 2j + 1 of byte 32 h + t (ggml's Q2_K / Q3_K order)."""
+    n, nb = qs.shape[:2]
+    halves = qs.reshape(n, nb, 2, 1, 32)
+    return (halves >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 0x03
+
+
+def _q3_k(blocks: np.ndarray, n: int, k: int) -> QuantArrays:
+    """Q3_K [hmask 32, qs 64, scales 12, d]: code u = 2 low bits | the hmask bit << 2, the
+    weight d * (sc - 32) * (u - 4); weight 128 h + 32 j + t's hmask bit is bit 4 h + j of
+    hmask[t]; the sixteen 6-bit scales packed as ggml's dequantize_row_q3_K unpacks them."""
+    nb = blocks.shape[1]
+    hmask, qs, packed = blocks[..., 0:32], blocks[..., 32:96], blocks[..., 96:108]
+    d = _f16(blocks[..., 108:110])
+    bit = np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+    high = ((hmask[:, :, None, :] >> bit) & 1).reshape(n, nb, 2, 4, 32)
+    q = _low_pairs(qs) | (high << 2)
+    low, top = packed[..., 0:8], packed[..., 8:12]
+    tops = [(top >> s) & 0x03 for s in (0, 2, 4, 6)]  # bits 4-5 of scales 0-3, 4-7, 8-11, 12-15
+    sc = np.concatenate(
+        [
+            (low[..., 0:4] & 0x0F) | (tops[0] << 4),
+            (low[..., 4:8] & 0x0F) | (tops[1] << 4),
+            (low[..., 0:4] >> 4) | (tops[2] << 4),
+            (low[..., 4:8] >> 4) | (tops[3] << 4),
+        ],
+        axis=-1,
+    )
+    sub_scale = (sc.astype(np.int16) - 32).astype(np.int8)
+    return _layout("Q3_K", n, k, 4, 16, 16, 4, q.reshape(n, k), d, sub_scale, None, None)
+
+
+def _q2_k(blocks: np.ndarray, n: int, k: int) -> QuantArrays:
+    """Q2_K [scales 16, qs 64, d, dmin]: per 16 weights a byte of scale (low nibble) and min
+    (high), the weight d * sc * q - dmin * m."""
+    scales = blocks[..., 0:16]
+    d, dmin = _f16(blocks[..., 80:82]), _f16(blocks[..., 82:84])
+    q = _low_pairs(blocks[..., 16:80])
+    sub_min = (-(scales >> 4).astype(np.int16)).astype(np.int8)
+    sub_scale = (scales & 0x0F).astype(np.int8)
+    return _layout("Q2_K", n, k, 4, 16, 16, 0, q.reshape(n, k), d, sub_scale, dmin, sub_min)
+
+
 def _layout(
     fmt: str,
     n: int,
@@ -238,4 +289,6 @@ _UNPACKERS = {
     T.Q4_K: lambda b, n, k: _k4(b, n, k, False),
     T.Q5_K: lambda b, n, k: _k4(b, n, k, True),
     T.Q6_K: _q6_k,
+    T.Q3_K: _q3_k,
+    T.Q2_K: _q2_k,
 }

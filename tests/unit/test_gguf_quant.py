@@ -11,22 +11,12 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
+from loadtest.engine_bench.group_quant import F16_AT
 from shared.engine.model.group_quant import GroupQuantLinear, stack_rows
 from shared.models.gguf_metadata import GGUFConvertError
 from shared.models.gguf_quant import BLOCKS, QuantArrays, unpack
 
 N, K = 24, 512
-# byte offsets of each block's fp16 factors (random bytes there could be NaN or inf)
-_F16_AT = {
-    T.Q4_0: (0,),
-    T.Q4_1: (0, 2),
-    T.Q5_0: (0,),
-    T.Q5_1: (0, 2),
-    T.Q8_0: (0,),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-}
 
 
 def gguf_bytes(qtype: T, seed: int = 0) -> np.ndarray:
@@ -36,7 +26,7 @@ def gguf_bytes(qtype: T, seed: int = 0) -> np.ndarray:
         return quantize(rng.standard_normal((N, K)).astype(np.float32) * 0.05, qtype)
     block_bytes, per_block = BLOCKS[qtype]
     blocks = rng.integers(0, 256, (N, K // per_block, block_bytes), dtype=np.uint8)
-    for at in _F16_AT[qtype]:
+    for at in F16_AT[qtype]:
         f16 = (rng.standard_normal((N, K // per_block)) * 0.01).astype(np.float16)
         blocks[..., at : at + 2] = f16.view(np.uint8).reshape(N, K // per_block, 2)
     return blocks.reshape(N, -1)

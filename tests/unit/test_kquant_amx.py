@@ -1,5 +1,5 @@
 """The k-quants on AMX-INT8 tiles (csrc/cpu/linear_kquant_amx.cpp, kernel "int8-amx" over
-repack_kquant_amx's panels): the int8 path's result within float rounding for Q4_K, Q5_K and
+repack_kquant_amx's panels): the int8 path's result within float rounding for Q2_K to
 Q6_K, bitwise the same for a row whatever rows and threads share its call (the engine takes
 this path for every row count where the tiles run), and a repacked matrix refused where the
 stored layout is read. Runs where the CPU has AMX and the OS grants the tiles."""
@@ -29,7 +29,7 @@ def rows(m: int, k: int, seed: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("k", [256, 1536])
 def test_the_int8_sums_and_the_same_bits_for_every_row_count(qtype, k):
     w = gguf_matrix(qtype, N, k, np.random.default_rng(k))

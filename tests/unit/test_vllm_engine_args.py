@@ -23,6 +23,8 @@ from services.worker.vllm_nixl_plugin import QUIET_NIXL_ENV
 from shared.engine.engine_config import EngineConfig
 from shared.errors import ConfigError
 from shared.models.quant_metadata import QUANT_METADATA
+from shared.models.wna16_config import QuantFormat
+from tests.wna16_writer import Scheme
 
 SET_BY_THE_WORKER = (
     QUIET_NIXL_ENV,
@@ -132,3 +134,21 @@ def test_a_directory_kept_in_our_gguf_layout_is_refused_by_name(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"keeps GGUF Q4_K in splitserve's own layout"):
         vllm_engine_config(config)
+
+
+def test_a_w8a8_checkpoint_in_float32_is_refused_by_name(tmp_path):
+    scheme = Scheme(QuantFormat.INT8, 8, 0, symmetric=True)
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": scheme.config()}))
+
+    def config(dtype: str) -> WorkerConfig:
+        engine = EngineConfig(model_dir=tmp_path, block_size=32, device="cpu", dtype=dtype)
+        return WorkerConfig(
+            worker_id="p", role="prefill", model_name="m", engine_kind="vllm", engine=engine
+        )
+
+    with pytest.raises(ConfigError, match=r"W8A8 checkpoint .* not --dtype float32"):
+        vllm_engine_config(config("float32"))
+    assert vllm_engine_config(config("bfloat16")).block_size == 32
+    fp8 = {"quant_method": "compressed-tensors", "format": "float-quantized"}
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": fp8}))
+    assert vllm_engine_config(config("float32")).block_size == 32  # vLLM's to judge

@@ -193,17 +193,19 @@ class GroupQuantLinear:
         """Whether the int8-activation kernel takes this layout (linear_group_quant_int8.cpp's
         int8_fits: whole pairs of 32-blocks, super-blocks of whole pairs or single groups;
         group scales within super-blocks only as the k-quants have them, 4-6 bits a code,
-        super-blocks of 256, mins only with 32-groups)."""
+        super-blocks of 256, mins with a factor per group)."""
         span = self.group * self.per_super
         blocks = self.group == 32 if self.per_super == 1 else span % 64 == 0
-        kquant = self.bits < 8 and span == 256 and (self.super_min is None or self.group == 32)
+        kquant = (
+            self.bits < 8 and span == 256 and (self.super_min is None or self.sub_min is not None)
+        )
         scales = self.sub_scale is None or self.per_super == 1 or kquant
         return self.in_features % 64 == 0 and blocks and scales
 
     @property
     def amx_fits(self) -> bool:
-        """Whether the AMX k-quant kernel takes this layout (linear_kquant_amx.cpp: Q4_K, Q5_K,
-        Q6_K; whole panels of 16 output columns)."""
+        """Whether the AMX k-quant kernel takes this layout (linear_kquant_amx.cpp: Q2_K-Q6_K;
+        whole panels of 16 output columns)."""
         span = self.group * self.per_super
         shape = (self.group == 32 and 4 <= self.bits <= 6) or (
             self.group == 16 and self.bits in (4, 6)
