@@ -81,7 +81,7 @@ def pack_weights(weights: ModelWeights, silu_mlp: bool = False) -> ModelWeights:
             o_proj=_pack(layer.o_proj),
             gate_up=_pack_gate_up(layer.gate_up, silu_mlp),
             down=layer.down if layer.down is None else _pack(layer.down),
-            experts=layer.experts and layer.experts.map(PackedLinear.pack),  # MoE layers
+            experts=layer.experts and layer.experts.map(_pack),  # MoE layers
         )
     weights.norm = weights.norm.float()
     head = _pack(weights.lm_head)  # [vocab, hidden]: one layout for any rows

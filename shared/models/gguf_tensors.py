@@ -120,6 +120,20 @@ def read_tensor(tensor: ReaderTensor, keep_quant: bool) -> Tensor:
     return dequantize_tensor(tensor)
 
 
+def read_experts(tensor: ReaderTensor, keep_quant: bool) -> list[Tensor]:
+    """A stacked [E, out, in] expert tensor as one matrix per expert: `QuantArrays` with
+    keep_quant where its type is kept (each expert's rows are whole blocks), else float32."""
+    experts, out, inner = (int(d) for d in reversed(tensor.shape))
+    if keep_quant and tensor.tensor_type in KEPT_TYPES:
+        raw = np.asarray(tensor.data).reshape(experts, -1)  # each expert's bytes, in order
+        return [
+            unpack(raw[e], tensor.tensor_type, (out, inner), f"{tensor.name}[{e}]")
+            for e in range(experts)
+        ]
+    stacked = dequantize_tensor(tensor)
+    return [np.ascontiguousarray(stacked[e]) for e in range(experts)]
+
+
 def unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
     """Undo llama.cpp's Q/K row permutation for one weight or bias.
 
@@ -138,8 +152,8 @@ def unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
 
 
 def read_state_dict(reader: GGUFReader, hp: HParams, keep_quant: bool = False) -> dict[str, Tensor]:
-    """Every tensor of the file as float32 (with keep_quant, its dense matrices of a kept type
-    as `QuantArrays`; MoE experts stay float), under its HF name, Q/K un-permuted for llama
+    """Every tensor of the file as float32 (with keep_quant, its matrices of a kept type as
+    `QuantArrays`, MoE experts one per expert), under its HF name, Q/K un-permuted for llama
     (the other architectures run the NEOX rope, HF's layout already)."""
     state: dict[str, Tensor] = {}
     for tensor in reader.tensors:
@@ -147,10 +161,9 @@ def read_state_dict(reader: GGUFReader, hp: HParams, keep_quant: bool = False) -
             continue
         match = _LAYER_NAME.fullmatch(tensor.name)
         if match is not None and match[2] in _EXPERT_PARTS:  # [E, out, in] -> one per expert
-            stacked = dequantize_tensor(tensor)
-            for e in range(stacked.shape[0]):
-                name = f"model.layers.{match[1]}.mlp.experts.{e}.{_EXPERT_PARTS[match[2]]}.weight"
-                state[name] = np.ascontiguousarray(stacked[e])
+            proj = _EXPERT_PARTS[match[2]]
+            for e, w in enumerate(read_experts(tensor, keep_quant)):
+                state[f"model.layers.{match[1]}.mlp.experts.{e}.{proj}.weight"] = w
             continue
         name = hf_tensor_name(tensor.name, hp.arch)
         w = read_tensor(tensor, keep_quant and not name.endswith("norm.weight"))

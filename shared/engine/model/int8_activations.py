@@ -14,7 +14,8 @@ from shared.engine.model.weights import ModelWeights
 
 
 def with_int8_activations(weights: ModelWeights, vnni: bool, amx: bool = False) -> ModelWeights:
-    """`weights` with every layer matrix and the head kept quantized on the int8 kernel (vnni:
+    """`weights` with every layer matrix (MoE experts too) and the head kept quantized on the
+    int8 kernel (vnni:
     its AVX512-VNNI path, else the generic model of it; amx: the k-quants on AMX tiles)."""
 
     def switch(w: LinearWeight | None) -> LinearWeight | None:
@@ -22,7 +23,10 @@ def with_int8_activations(weights: ModelWeights, vnni: bool, amx: bool = False) 
             return w.with_int8_activations(vnni, amx)
         return w
 
-    layers = [layer.map_linears(switch) for layer in weights.layers]
+    layers = [
+        replace(layer.map_linears(switch), experts=layer.experts and layer.experts.map(switch))
+        for layer in weights.layers
+    ]
     head = switch(weights.lm_head)
     column_major = head if weights.lm_head_column_major is weights.lm_head else None
     return replace(

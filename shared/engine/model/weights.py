@@ -202,9 +202,9 @@ def _experts(
     base = p + ("block_sparse_moe." if mixtral else "mlp.")
     names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     gate_up, down = [], []
-    for e in range(config.num_experts):
+    for e in range(config.num_experts):  # float or kept quantized (GGUF --keep-quant)
         ep = f"{base}experts.{e}."
-        gate, up = (ckpt.take(f"{ep}{n}.weight") for n in names[:2])
-        gate_up.append(layout(torch.cat([gate, up])))
-        down.append(layout(ckpt.take(f"{ep}{names[2]}.weight")))
-    return ExpertWeights(ckpt.take(base + "gate.weight"), gate_up, down)
+        gate, up = (ckpt.take_linear(f"{ep}{n}.weight") for n in names[:2])
+        gate_up.append(layout(stack_rows([gate, up])))
+        down.append(layout(ckpt.take_linear(f"{ep}{names[2]}.weight")))
+    return ExpertWeights(ckpt.take_linear(base + "gate.weight"), gate_up, down)
