@@ -28,7 +28,7 @@ struct Rows {
   void quantize(const float* xr, int64_t m, int32_t z, int64_t group);
 };
 
-// Whether a layout with group scales takes the k-quant path (Q4_K, Q5_K, Q6_K): 4-6 bit codes
+// Whether a layout with group scales takes the k-quant path (Q2_K to Q6_K): 4-6 bit codes
 // (u * xq pairs fit int16), super-blocks of 256, mins with a factor per group.
 inline bool kquant(const Layout& L) {
   return L.sub_scale && L.bits < 8 && L.group * L.per_super == kSuper &&

@@ -178,7 +178,9 @@ float dot_kquant(const Layout& L, const Rows& R, int64_t m, int64_t n) {
     if (!L.super_min) continue;
     int32_t mins[kLanes] = {};
     const int8_t* sm = L.sub_min + n * L.groups + xb * per_x;
-    for (int64_t j = 0; j < per_x / 2; ++j) mins[j] = sm[2 * j] * s[2 * j] + sm[2 * j + 1] * s[2 * j + 1];
+    for (int64_t j = 0; j < per_x / 2; ++j) {
+      mins[j] = sm[2 * j] * s[2 * j] + sm[2 * j + 1] * s[2 * j + 1];
+    }
     const float fm = d[xb] * L.super_min[sup];
     for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(static_cast<float>(mins[l]), fm, acc[l]);
   }

@@ -2,10 +2,11 @@
 
 `convert_gguf` writes, into an existing or new directory:
   config.json             hyper-parameters (gguf_metadata.hf_config)
-  model.safetensors       every tensor under its HF name (gguf_tensors): with keep_quant (the
-                          default) each dense matrix of a quantized type (gguf_quant.KEPT_TYPES)
-                          as its layout's arrays `NAME.PART`, their parameters in the file's
-                          metadata under QUANT_METADATA; every other tensor as float32
+  model.safetensors       every tensor under its HF name (gguf_tensors): with keep_quant
+                          each matrix of a quantized type (gguf_quant.KEPT_TYPES; a MoE stack
+                          per expert) as its layout's arrays `NAME.PART`, their parameters
+                          in the file's metadata under QUANT_METADATA; every other tensor as
+                          float32
   tokenizer.json          byte-level BPE built from the GGUF vocabulary (gguf_tokenizer)
   tokenizer_config.json   special tokens, add_bos_token, chat_template
   generation_config.json  bos/eos ids

@@ -24,7 +24,7 @@ equal the reference bit for bit (up to the sign of a zero).
     Q2_K    4    16     16       0      d          sc         dmin      -m
 
 Q3_K's 3-bit and Q2_K's 2-bit codes are kept as 4-bit ones (the kernels' narrowest layout):
-4.5 and 5.3 bits a weight against the file's 3.44 and 2.63, still a sixth of float32's.
+4.6 and 5.25 bits a weight against the file's 3.44 and 2.63, still a sixth of float32's.
 
 Codes are stored as csrc/cpu/linear_group_quant.cpp reads them: 8-bit codes as int8
 [N, K]; 4-6 bit codes as a low nibble array [N, K / 2] (per 32 weights, 16 bytes: byte j
