@@ -29,6 +29,7 @@ from tests.engine_harness import (
     run_to_completion,
 )
 from tests.hf_tiny_models import write_hf_model
+from tests.kquant_writer import quantize_k
 from tests.unit.test_gguf_convert import CONTROL, MERGES, TEMPLATE, vocabulary
 
 HEAD_DIM = 16
@@ -66,9 +67,15 @@ GGUF_PARTS = {  # HF layer part -> llama.cpp's
 
 
 def write_llama_cpp_gguf(
-    model_dir: Path, path: Path, arch: str, experts_as: GGMLQuantizationType | None = None
+    model_dir: Path,
+    path: Path,
+    arch: str,
+    experts_as: GGMLQuantizationType | None = None,
+    matrices_as: dict[str, GGMLQuantizationType] | None = None,
 ) -> None:
-    """experts_as: the MoE expert stacks quantized by gguf-py as that type (else F32)."""
+    """experts_as: the MoE expert stacks quantized by gguf-py as that type (else F32);
+    matrices_as: llama.cpp's layer part (e.g. "ffn_down") -> the k-quant its matrices are
+    stored as, by our writer (tests/kquant_writer.py)."""
     import json
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -138,6 +145,10 @@ def write_llama_cpp_gguf(
             else:
                 gguf_part = GGUF_PARTS[part]
             gguf = f"blk.{layer}.{gguf_part}.weight"
+            if gguf_part in (matrices_as or {}):
+                qtype = matrices_as[gguf_part]
+                writer.add_tensor(gguf, quantize_k(w, qtype), raw_dtype=qtype)
+                continue
         writer.add_tensor(gguf, np.ascontiguousarray(w))
     for (layer, proj), parts in experts.items():
         stacked = np.stack([w for _, w in sorted(parts, key=lambda p: p[0])])  # [E, out, in]
@@ -204,3 +215,41 @@ def test_moe_experts_kept_quantized_give_the_float_conversions_logits(tmp_path, 
         )  # the experts' gate_up (K 64) on the int8 kernel: near, not equal
         difference = float((int8[0] - reference[0]).norm() / reference[0].norm())
         assert 0 < difference < 0.1
+
+
+@pytest.mark.slow
+def test_a_k_quant_model_kept_gives_the_float_conversions_logits(tmp_path):
+    """A Qwen3 GGUF as Q4_K_M stores it (Q4_K matrices, Q6_K down), written by our k-quant
+    writer: kept, its logits are those of its float conversion up to the order of sums, its
+    stored weights within the formats' bounds of the original ones, and with int8
+    activations (the VNNI path, or the AMX tiles where they run) batch-invariant and near."""
+    q4, q6 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+    hf_dir = write_hf_model(
+        tmp_path / "hf", "qwen3", vocab_size=288, hidden_size=256, intermediate_size=256,
+        num_attention_heads=16, num_key_value_heads=4,
+    )  # fmt: skip
+    parts = {p: q4 for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")}
+    write_llama_cpp_gguf(hf_dir, tmp_path / "m.gguf", "qwen3", matrices_as=parts | {"ffn_down": q6})
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "kept", keep_quant=True)
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "float")
+    assert Checkpoint(tmp_path / "kept", torch.float32, torch.device("cpu")).quantized_formats == [
+        "Q4_K",
+        "Q6_K",
+    ]
+    stored, original = (
+        load_file(str(d / "model.safetensors")) for d in (tmp_path / "float", hf_dir)
+    )
+    for kind, bound in (("down_proj", 0.025), ("q_proj", 0.08)):  # Q6_K, Q4_K
+        names = [n for n in original if n.endswith(f"{kind}.weight")]
+        error = np.linalg.norm([np.linalg.norm(stored[n] - original[n]) for n in names])
+        assert error / np.linalg.norm([np.linalg.norm(original[n]) for n in names]) < bound
+    prompt = [(7 * i) % 280 + 3 for i in range(30)]
+    ours = greedy_logits(tmp_path / "kept", prompt, 3, dtype="float32")
+    reference = greedy_logits(tmp_path / "float", prompt, 3, dtype="float32")
+    torch.testing.assert_close(ours, reference, rtol=0, atol=5e-5)
+    if native.load() is not None and native.load().int8_dot_product_kernel():
+        int8 = greedy_logits(
+            tmp_path / "kept", prompt, 1, dtype="float32", group_quant_activations="int8"
+        )
+        difference = float((int8[0] - reference[0]).norm() / reference[0].norm())
+        assert 0 < difference < 0.1, difference

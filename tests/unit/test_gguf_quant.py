@@ -15,6 +15,7 @@ from loadtest.engine_bench.group_quant import F16_AT
 from shared.engine.model.group_quant import GroupQuantLinear, stack_rows
 from shared.models.gguf_metadata import GGUFConvertError
 from shared.models.gguf_quant import BLOCKS, QuantArrays, unpack
+from tests.kquant_writer import quantize_k
 
 N, K = 24, 512
 
@@ -82,3 +83,20 @@ def test_row_blocks_of_one_layout_stack_and_of_two_stay_parts():
     assert torch.equal(fused.dequantize(), want)
     x = torch.randn(3, K)
     torch.testing.assert_close(fused(x), x @ want.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("qtype", "bound"), [(T.Q4_K, 0.08), (T.Q6_K, 0.025)], ids=["Q4_K", "Q6_K"]
+)
+def test_our_k_quant_writer_is_read_back_by_gguf_py_and_by_us(qtype, bound):
+    """tests/kquant_writer.py (which the tiny k-quant model of test_gguf_families.py is made
+    with): gguf-py's dequantize of what it writes is near the weights (round to nearest on the
+    format's grid), and our unpacking of it is that dequantization bit for bit."""
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal((N, K)) * 0.05 + rng.standard_normal((N, 1)) * 0.02).astype(np.float32)
+    data = quantize_k(w, qtype)
+    assert data.shape == (N, K // 256 * BLOCKS[qtype][0])
+    reference = dequantize(data, qtype).astype(np.float32).reshape(N, K)
+    assert np.linalg.norm(reference - w) / np.linalg.norm(w) < bound
+    ours = to_linear(unpack(data, qtype, (N, K), "w")).dequantize()
+    assert torch.equal(ours, torch.from_numpy(reference))
