@@ -19,19 +19,10 @@ from shared.models.gguf_quant import KEPT_TYPES, QuantArrays, unpack
 
 Tensor = np.ndarray | QuantArrays  # a float array, or a matrix kept quantized
 
-SUPPORTED_TYPES = frozenset(
-    {
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q6_K,
-    }
+# float types, and every quantized one we keep (gguf-py dequantizes them all for a float pull)
+SUPPORTED_TYPES = (
+    frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
+    | KEPT_TYPES
 )
 
 _GLOBAL_NAMES = {

@@ -217,29 +217,39 @@ def test_moe_experts_kept_quantized_give_the_float_conversions_logits(tmp_path, 
         assert 0 < difference < 0.1
 
 
+Q = GGMLQuantizationType
+# llama.cpp's mixes, simplified: most matrices one k-quant, ffn_down a wider one; the bounds
+# of the stored weights against the original ones (relative L2, round to nearest)
+MIXES = {
+    "Q4_K_M": (Q.Q4_K, Q.Q6_K, 0.08, 0.025),
+    "Q3_K_M": (Q.Q3_K, Q.Q5_K, 0.2, 0.04),
+    "Q2_K": (Q.Q2_K, Q.Q3_K, 0.35, 0.2),
+}
+
+
 @pytest.mark.slow
-def test_a_k_quant_model_kept_gives_the_float_conversions_logits(tmp_path):
-    """A Qwen3 GGUF as Q4_K_M stores it (Q4_K matrices, Q6_K down), written by our k-quant
-    writer: kept, its logits are those of its float conversion up to the order of sums, its
-    stored weights within the formats' bounds of the original ones, and with int8
-    activations (the VNNI path, or the AMX tiles where they run) batch-invariant and near."""
-    q4, q6 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_a_k_quant_model_kept_gives_the_float_conversions_logits(tmp_path, mix):
+    """A Qwen3 GGUF in a k-quant mix, written by our k-quant writer (tests/kquant_writer.py):
+    kept, its logits are those of its float conversion up to the order of sums, its stored
+    weights within the formats' bounds of the original ones, and with int8 activations (the
+    VNNI path, or the AMX tiles where they run) near."""
+    body, wide, body_bound, wide_bound = MIXES[mix]
     hf_dir = write_hf_model(
         tmp_path / "hf", "qwen3", vocab_size=288, hidden_size=256, intermediate_size=256,
         num_attention_heads=16, num_key_value_heads=4,
     )  # fmt: skip
-    parts = {p: q4 for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")}
-    write_llama_cpp_gguf(hf_dir, tmp_path / "m.gguf", "qwen3", matrices_as=parts | {"ffn_down": q6})
+    parts = {p: body for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")}
+    mixed = parts | {"ffn_down": wide}
+    write_llama_cpp_gguf(hf_dir, tmp_path / "m.gguf", "qwen3", matrices_as=mixed)
     convert_gguf(tmp_path / "m.gguf", tmp_path / "kept", keep_quant=True)
     convert_gguf(tmp_path / "m.gguf", tmp_path / "float")
-    assert Checkpoint(tmp_path / "kept", torch.float32, torch.device("cpu")).quantized_formats == [
-        "Q4_K",
-        "Q6_K",
-    ]
+    kept = Checkpoint(tmp_path / "kept", torch.float32, torch.device("cpu"))
+    assert kept.quantized_formats == sorted([body.name, wide.name])
     stored, original = (
         load_file(str(d / "model.safetensors")) for d in (tmp_path / "float", hf_dir)
     )
-    for kind, bound in (("down_proj", 0.025), ("q_proj", 0.08)):  # Q6_K, Q4_K
+    for kind, bound in (("down_proj", wide_bound), ("q_proj", body_bound)):
         names = [n for n in original if n.endswith(f"{kind}.weight")]
         error = np.linalg.norm([np.linalg.norm(stored[n] - original[n]) for n in names])
         assert error / np.linalg.norm([np.linalg.norm(original[n]) for n in names]) < bound

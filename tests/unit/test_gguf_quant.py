@@ -86,7 +86,9 @@ def test_row_blocks_of_one_layout_stack_and_of_two_stay_parts():
 
 
 @pytest.mark.parametrize(
-    ("qtype", "bound"), [(T.Q4_K, 0.08), (T.Q6_K, 0.025)], ids=["Q4_K", "Q6_K"]
+    ("qtype", "bound"),
+    [(T.Q2_K, 0.35), (T.Q3_K, 0.2), (T.Q4_K, 0.08), (T.Q5_K, 0.04), (T.Q6_K, 0.025)],
+    ids=["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"],
 )
 def test_our_k_quant_writer_is_read_back_by_gguf_py_and_by_us(qtype, bound):
     """tests/kquant_writer.py (which the tiny k-quant model of test_gguf_families.py is made
