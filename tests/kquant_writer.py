@@ -12,6 +12,8 @@ tests/unit/test_gguf_quant.py checks that gguf-py's dequantize reads back what t
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
@@ -22,9 +24,7 @@ def quantize_k(w: np.ndarray, qtype: T) -> np.ndarray:
     """w [N, K] float (K a multiple of 256) -> [N, K / 256 * block bytes] uint8."""
     n, k = w.shape
     blocks = w.astype(np.float32).reshape(n, k // QK_K, QK_K)
-    packed = {T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}[qtype](
-        blocks
-    )
+    packed = _WRITERS[qtype](blocks)
     return packed.reshape(n, -1)
 
 
@@ -109,10 +109,6 @@ def _q4_k(blocks: np.ndarray, bits: int = 4) -> np.ndarray:
     return np.concatenate([_f16(d), _f16(dmin), scales, qh, qs], axis=-1)
 
 
-def _q5_k(blocks: np.ndarray) -> np.ndarray:
-    return _q4_k(blocks, bits=5)
-
-
 def _q6_k(blocks: np.ndarray) -> np.ndarray:
     """w = d * sc * (q - 32) per 16 weights, q in 0..63, sc int8."""
     n, nb = blocks.shape[:2]
@@ -130,3 +126,12 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate(
         [ql.reshape(n, nb, 128), qh.reshape(n, nb, 64), sc.view(np.uint8), _f16(d)], axis=-1
     )
+
+
+_WRITERS = {
+    T.Q2_K: _q2_k,
+    T.Q3_K: _q3_k,
+    T.Q4_K: _q4_k,
+    T.Q5_K: partial(_q4_k, bits=5),
+    T.Q6_K: _q6_k,
+}

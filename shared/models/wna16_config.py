@@ -112,7 +112,7 @@ def parse_config(q: Mapping) -> Wna16Config:
         return _compressed_tensors(q)
     raise ConfigError(
         f"quantization_config quant_method {method!r} is not supported "
-        "(awq, gptq, compressed-tensors pack-quantized)"
+        "(awq, gptq, compressed-tensors pack-quantized or int-quantized)"
     )
 
 

@@ -257,7 +257,8 @@ def test_a_k_quant_model_kept_gives_the_float_conversions_logits(tmp_path, mix):
     ours = greedy_logits(tmp_path / "kept", prompt, 3, dtype="float32")
     reference = greedy_logits(tmp_path / "float", prompt, 3, dtype="float32")
     torch.testing.assert_close(ours, reference, rtol=0, atol=5e-5)
-    if native.load() is not None and native.load().int8_dot_product_kernel():
+    kernels = native.load()
+    if kernels is not None and kernels.int8_dot_product_kernel():
         int8 = greedy_logits(
             tmp_path / "kept", prompt, 1, dtype="float32", group_quant_activations="int8"
         )

@@ -27,6 +27,7 @@ from tests.engine_harness import (
     greedy_logits,
     run_to_completion,
 )
+from tests.hf_tiny_models import write_hf_model
 from tests.wna16_writer import Scheme, write_quantized
 
 PROMPT = list(range(3, 30))
@@ -135,3 +136,22 @@ def test_int8_activations_keep_batch_invariance_and_stay_near_float_ones(root, c
     first = alone[min(alone)]
     exact = _logits(root / name, dtype="float32")[0]  # float activations, the same context
     assert float((first - exact).norm() / exact.norm()) < 0.1  # the tiny model amplifies ~20x
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["awq-g128", "gptq4-g32-act-order"])
+def test_moe_experts_stored_quantized_give_the_float_logits_of_their_weights(tmp_path, name):
+    """A Qwen3-MoE whose experts (one tensor set per expert, as HF stores them) are quantized
+    with the rest: read as the other matrices, the logits of the float model of exactly the
+    stored weights."""
+    hf_dir = write_hf_model(
+        tmp_path / "hf", "qwen3-moe", hidden_size=128, intermediate_size=128,
+        moe_intermediate_size=128, num_attention_heads=8, num_key_value_heads=4,
+    )  # fmt: skip
+    write_quantized(hf_dir, tmp_path / "q", SCHEMES[name], tmp_path / "weights")
+    ckpt = Checkpoint(tmp_path / "q", torch.float32, torch.device("cpu"))
+    expert = ckpt.take_linear("model.layers.0.mlp.experts.1.down_proj.weight")
+    assert isinstance(expert, GroupQuantLinear)
+    ours = _logits(tmp_path / "q", dtype="float32")
+    floats = _logits(tmp_path / "weights", dtype="float32")
+    torch.testing.assert_close(ours, floats, rtol=0, atol=5e-5)
