@@ -52,8 +52,9 @@ $(VLLM_STAMP): $(STAMP)
 
 install: $(NATIVE_STAMP) $(if $(filter vllm,$(ENGINE)),$(VLLM_STAMP))
 
+# Kept quantized as the GGUF ships; the float32 copy for vLLM workers (ENGINE=vllm).
 pull: install
-	$(VENV)/bin/splitserve pull $(MODEL)
+	$(VENV)/bin/splitserve pull $(MODEL) $(if $(filter vllm,$(ENGINE)),--no-keep-quant)
 
 # The whole mesh on this machine: embedded nats-server, scheduler, gateway on :8000,
 # one prefill and one decode worker. Ctrl-C stops everything in order.
@@ -85,7 +86,7 @@ bench: pull
 # Extra options: `make bench-peers PEERS_ARGS="--rounds 3 -- --dtype bfloat16"`.
 PEERS_VENV ?= .venv-peers
 PEERS_ARGS ?=
-bench-peers: pull
+bench-peers: install
 	$(VENV)/bin/splitserve bench peers --model $(MODEL) --peers-venv $(PEERS_VENV) $(PEERS_ARGS)
 
 clean:

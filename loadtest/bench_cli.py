@@ -147,11 +147,12 @@ def _bench_quant(args: argparse.Namespace) -> None:
     from loadtest.engine_bench.quant import FORMATS, QuantBenchConfig, run_quant_bench
     from shared.models.pull import pull_model
 
-    model_dir = args.model_dir or pull_model(args.model)
     formats = tuple(args.formats.split(",")) if args.formats else QuantBenchConfig.formats
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         sys.exit(f"bench quant: unknown formats {unknown}; known: {', '.join(FORMATS)}")
+    kept = all(f.startswith("gguf") for f in formats)  # the others start from float32
+    model_dir = args.model_dir or pull_model(args.model, keep_quant=kept)
     run_quant_bench(
         QuantBenchConfig(
             model_dir=model_dir,
@@ -181,7 +182,7 @@ def _bench_spec(args: argparse.Namespace) -> None:
     from loadtest.engine_bench.spec import SpecBenchConfig, run_spec_bench
     from shared.models.pull import pull_model
 
-    model_dir = args.model_dir or pull_model(args.model)
+    model_dir = args.model_dir or pull_model(args.model, keep_quant=False)
     run_spec_bench(
         SpecBenchConfig(
             model_dir=model_dir,
@@ -261,9 +262,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     step.add_argument(
         "--group-quant-activations",
-        choices=("float", "int8"),
-        default="float",
-        help="a kept-quantized checkpoint's kernel: float or int8 activations",
+        choices=("auto", "float", "int8"),
+        default="auto",
+        help="a kept-quantized checkpoint's kernel: float or int8 activations (auto: as the "
+        "engine's default)",
     )
     step.add_argument("--threads", type=int, default=1, help="torch threads (>1: wall time)")
     step.set_defaults(func=_bench_step)
@@ -311,7 +313,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     quant.add_argument(
         "--formats",
         help="comma-separated, of fp32,bf16,int8,int4,w8a8, gguf (a checkpoint pulled "
-        "with --keep-quant, as it ships) and gguf-int8 (int8 activations); default: all but gguf",
+        "as `pull` keeps it) and gguf-int8 (int8 activations); default: all but gguf",
     )
     quant.add_argument(
         "--llama-windows",

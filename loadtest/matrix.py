@@ -95,7 +95,7 @@ def format_matrix(rows: dict[str, Summary]) -> str:
 def run_matrix(cfg: MatrixConfig) -> dict[str, Summary]:
     from shared.models.pull import pull_model
 
-    model_dir = cfg.model_dir or pull_model(cfg.model)
+    model_dir = cfg.model_dir or pull_model(cfg.model, keep_quant=False)
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     load_before = os.getloadavg()[0]
     rows: dict[str, Summary] = {}

@@ -87,7 +87,19 @@ def _path_objectives(args: argparse.Namespace) -> tuple[str, ...]:
     return () if not args.planner or told else ("--path-slo", args.slo)
 
 
-def with_mesh_config(config: LauncherConfig, mesh_file: Path) -> LauncherConfig:
+def keep_quant(args: argparse.Namespace) -> bool | None:
+    """How `up` pulls a model: False (a float32 copy) where the workers cannot serve one kept
+    quantized (--engine vllm, a GPU, --quantization), else None (whichever is there, a new
+    pull kept as it ships)."""
+    import torch
+
+    gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    return False if args.engine_kind == "vllm" or args.quantization or gpu else None
+
+
+def with_mesh_config(
+    config: LauncherConfig, mesh_file: Path, args: argparse.Namespace
+) -> LauncherConfig:
     """`config` serving the mesh config `mesh_file`, its known models pulled; exits with
     the file's error (and its line) when it is bad."""
     from shared.models.pull import pull_model
@@ -103,7 +115,7 @@ def with_mesh_config(config: LauncherConfig, mesh_file: Path) -> LauncherConfig:
         sys.exit(f"up: {exc}")
     for model in mesh.mesh_models:
         if model.model_dir is None:
-            pull_model(model.model, config.home)
+            pull_model(model.model, config.home, keep_quant(args))
     return replace(config, mesh=mesh, model_dir=model_dir_of(mesh.mesh_models[0], config.home))
 
 
@@ -126,9 +138,9 @@ def main(args: argparse.Namespace) -> None:
             f"({problem}); choose another --port"
         )
     if config.mesh_file is not None:
-        config = with_mesh_config(config, config.mesh_file)
+        config = with_mesh_config(config, config.mesh_file, args)
     if config.model_dir is None:
-        config = replace(config, model_dir=pull_model(config.model))
+        config = replace(config, model_dir=pull_model(config.model, keep_quant=keep_quant(args)))
     try:  # an architecture the engine does not serve: refused before anything starts
         ModelConfig.from_dir(config.model_dir)
     except (UnsupportedArchitecture, FileNotFoundError) as e:

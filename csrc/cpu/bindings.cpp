@@ -25,8 +25,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("colsums"),
         py::arg("out_features"), py::arg("bias") = py::none(), py::arg("kernel") = "auto",
         py::call_guard<py::gil_scoped_release>());
-  m.def("group_quant_kernel", &group_quant_kernel,
-        "whether this build has the AVX-512 group-quantized linear");
+  m.def("group_quant_paths", &group_quant_paths,
+        "the paths of the group-quantized linear in this build: [fp32 activations, int8 ones]");
   m.def("linear_group_quant", &linear_group_quant,
         "batch-invariant x @ w.T over group-quantized weights, dequantized in registers",
         py::arg("x"), py::arg("codes"), py::arg("low"), py::arg("high"), py::arg("super_scale"),

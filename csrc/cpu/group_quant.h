@@ -2,11 +2,12 @@
 //
 // linear_group_quant: y [M, N] fp32 = x [M, K] (fp32 or bf16) @ w.T for a group-quantized w
 // (shared/models/gguf_quant.py's layout; an absent part is an empty tensor), dequantized in
-// registers; batch-invariant. kernel: "auto" (AVX-512 where built) or "generic" (any CPU, the
-// same bits); "int8" (activations quantized to int8 per block, integer dot products on
-// AVX512-VNNI where built: linear_group_quant_int8.cpp) or "int8-generic" (its scalar model,
-// the same bits), or "int8-amx" (AMX-INT8 tiles over repack_kquant_amx's panels: k-quants).
-// group_quant_kernel(): whether this build has the AVX-512 path.
+// registers; batch-invariant. kernel: "auto" (AVX-512, else AVX2, where built), "avx2" or
+// "generic" (any CPU), all the same bits; "int8" (activations quantized to int8 per block,
+// integer dot products on AVX512-VNNI, else AVX2, where built: linear_group_quant_int8.cpp),
+// "int8-avx2" or "int8-generic" (its scalar model), all the same bits, or "int8-amx" (AMX-INT8
+// tiles over repack_kquant_amx's panels: k-quants). group_quant_paths(): the paths "auto" and
+// "int8" take in this build: {avx512 | avx2 | generic, avx512_vnni | avx2 | generic}.
 #pragma once
 
 #include <torch/extension.h>
@@ -14,7 +15,7 @@
 #include <string>
 #include <vector>
 
-bool group_quant_kernel();
+std::vector<std::string> group_quant_paths();
 torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Tensor low,
                                  torch::Tensor high, torch::Tensor super_scale,
                                  torch::Tensor sub_scale, torch::Tensor super_min,

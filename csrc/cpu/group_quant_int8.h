@@ -56,8 +56,10 @@ inline int32_t min_sum(const Layout& L, int64_t n, int64_t xb, int64_t span,
   return sum;
 }
 
-// y [M, N] from the quantized rows, in register tiles (built with AVX512-VNNI only)
+// y [M, N] from the quantized rows, in register tiles (built with AVX512-VNNI only), and the
+// same on AVX2 (linear_group_quant_int8_avx2.cpp; built with AVX2 and FMA only)
 void run_vnni(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N);
+void run_int8_avx2(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N);
 
 // The k-quant shapes linear_kquant_amx.cpp takes: 4-6 bit codes in groups of 32, or 4 or 6
 // bits in groups of 16 (a B tile's high bits fill whole 64-byte chunks).

@@ -92,9 +92,9 @@ inline float hsum16(__m512 a) {
 
 // linear_group_quant_int8.cpp: whether a layout takes the int8-activation path (K in whole
 // pairs of 32-blocks, and super-blocks of whole pairs or single 32-groups), and that path:
-// y [M, N] from x [M, K] fp32 by one of its paths: the generic model, AVX512-VNNI (where
-// built, else the generic one), or AMX tiles over repack_kquant_amx's panels (k-quants)
-enum class Int8Path { kGeneric, kVnni, kAmx };
+// y [M, N] from x [M, K] fp32 by one of its paths: the generic model, AVX512-VNNI or AVX2
+// (where built, else the generic one), or AMX tiles over repack_kquant_amx's panels (k-quants)
+enum class Int8Path { kGeneric, kVnni, kAvx2, kAmx };
 bool int8_fits(const Layout& L);
 void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, Int8Path path);
 

@@ -25,14 +25,25 @@
 #include <vector>
 
 #include "group_quant.h"
+#include "group_quant_avx2.h"
 #include "group_quant_int8.h"
 
-bool group_quant_kernel() {
+std::vector<std::string> group_quant_paths() {
 #ifdef __AVX512F__
-  return true;
+  std::string fp32 = "avx512";
+#elif defined(GROUP_QUANT_AVX2)
+  std::string fp32 = "avx2";
 #else
-  return false;
+  std::string fp32 = "generic";
 #endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  std::string int8 = "avx512_vnni";
+#elif defined(GROUP_QUANT_AVX2)
+  std::string int8 = "avx2";
+#else
+  std::string int8 = "generic";
+#endif
+  return {fp32, int8};
 }
 
 namespace {
@@ -242,9 +253,13 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   L.super_min = optional_data<float>(super_min, torch::kFloat, N * supers, "super_min");
   L.sub_min = optional_data<int8_t>(sub_min, torch::kChar, N * groups, "sub_min");
   const bool amx = kernel == "int8-amx";
-  const bool int8 = kernel == "int8" || kernel == "int8-generic" || amx;
-  TORCH_CHECK(int8 || kernel == "auto" || kernel == "generic",
-              "kernel: auto, generic, int8, int8-generic or int8-amx");
+  const bool int8 = kernel == "int8" || kernel == "int8-avx2" || kernel == "int8-generic" || amx;
+  TORCH_CHECK(int8 || kernel == "auto" || kernel == "avx2" || kernel == "generic",
+              "kernel: auto, avx2, generic, int8, int8-avx2, int8-generic or int8-amx");
+  const bool avx2 = kernel == "avx2" || kernel == "int8-avx2";
+#ifndef GROUP_QUANT_AVX2
+  TORCH_CHECK(!avx2, "kernel ", kernel, ": this build has no AVX2");
+#endif
   const bool panels = group_quant::kquant(L) && group_quant::amx_shape(bits, group) && N % 16 == 0;
   TORCH_CHECK(!amx || panels,
               "int8-amx takes Q4_K, Q5_K and Q6_K layouts of whole 16-column panels");
@@ -257,18 +272,29 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   if (M == 0 || N == 0) return y;
   if (int8) {
     using group_quant::Int8Path;
+    const bool vnni = group_quant_paths()[1] == "avx512_vnni";
     const Int8Path path = amx                ? Int8Path::kAmx
-                          : kernel == "int8" ? Int8Path::kVnni
-                                             : Int8Path::kGeneric;
+                          : avx2             ? Int8Path::kAvx2
+                          : kernel != "int8" ? Int8Path::kGeneric
+                          : vnni             ? Int8Path::kVnni
+                                             : Int8Path::kAvx2;  // the generic one without AVX2
     group_quant::run_int8(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N, path);
     return y;
   }
+  const float* xs = x32.data_ptr<float>();
+  float* ys = y.data_ptr<float>();
 #ifdef __AVX512F__
   if (kernel == "auto") {
-    run_avx512(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N);
+    run_avx512(L, xs, ys, M, N);
     return y;
   }
 #endif
-  run_generic(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N);
+#ifdef GROUP_QUANT_AVX2
+  if (kernel != "generic") {
+    group_quant::run_avx2(L, xs, ys, M, N);
+    return y;
+  }
+#endif
+  run_generic(L, xs, ys, M, N);
   return y;
 }

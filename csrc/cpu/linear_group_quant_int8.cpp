@@ -38,13 +38,14 @@
 #include <cstring>
 #include <vector>
 
+#include "group_quant_avx2.h"
 #include "group_quant_int8.h"
 
 namespace group_quant {
 
 namespace {
 
-// The rows' quantization, vectorized where AVX-512 is built in: each step is the scalar one
+// The rows' quantization, vectorized where AVX-512 (else AVX2) is built in: each step is the scalar one
 // lane by lane (a max, one product, the current rounding mode's round half to even, exact
 // integer sums), so both give the same codes.
 
@@ -56,6 +57,15 @@ float abs_max(const float* x, int64_t n) {
     lanes = _mm512_max_ps(lanes, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
   }
   return _mm512_reduce_max_ps(lanes);
+#elif defined(GROUP_QUANT_AVX2)
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 lanes = _mm256_setzero_ps();
+  for (int64_t k = 0; k < n; k += 8) {
+    lanes = _mm256_max_ps(lanes, _mm256_and_ps(_mm256_loadu_ps(x + k), magnitude));
+  }
+  float m[8];
+  _mm256_storeu_ps(m, lanes);
+  return *std::max_element(m, m + 8);
 #else
   float lanes[kLanes] = {};
   for (int64_t k = 0; k < n; k += kLanes) {
@@ -73,6 +83,13 @@ void round_block(const float* x, int64_t n, float inverse, int8_t* out) {
     const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), v));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm512_cvtepi32_epi8(q));
   }
+#elif defined(GROUP_QUANT_AVX2)
+  const __m256 v = _mm256_set1_ps(inverse);
+  for (int64_t k = 0; k < n; k += 8) {  // |q| <= 127: the saturating packs are exact
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), v));
+    const __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + k), _mm_packs_epi16(q16, q16));
+  }
 #else
   for (int64_t k = 0; k < n; ++k) out[k] = static_cast<int8_t>(std::nearbyint(x[k] * inverse));
 #endif
@@ -86,6 +103,12 @@ void quad_sums(const int8_t* xq, int64_t K, int32_t* sums) {
   for (; k + 64 <= K; k += 64) {
     const __m512i pairs = _mm512_maddubs_epi16(ones8, _mm512_loadu_si512(xq + k));
     _mm512_storeu_si512(sums + k / 4, _mm512_madd_epi16(pairs, ones16));
+  }
+#elif defined(GROUP_QUANT_AVX2)
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (; k + 32 <= K; k += 32) {
+    const __m256i pairs = _mm256_maddubs_epi16(ones8, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + k / 4), _mm256_madd_epi16(pairs, ones16));
   }
 #endif
   for (; k < K; k += 4) sums[k / 4] = xq[k] + xq[k + 1] + xq[k + 2] + xq[k + 3];
@@ -244,6 +267,9 @@ void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, I
   if (path == Int8Path::kAmx) return run_amx(L, R, y, M, N);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (path == Int8Path::kVnni) return run_vnni(L, R, y, M, N);
+#endif
+#ifdef GROUP_QUANT_AVX2
+  if (path == Int8Path::kAvx2) return run_int8_avx2(L, R, y, M, N);
 #endif
   at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {

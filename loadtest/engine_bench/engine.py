@@ -107,7 +107,7 @@ def run_engine_bench(cfg: BenchConfig) -> None:
     if model_dir is None:
         from shared.models.pull import pull_model
 
-        model_dir = pull_model(cfg.model)
+        model_dir = pull_model(cfg.model, keep_quant=False)
     config = EngineConfig(
         model_dir=model_dir,
         device="cpu",  # against transformers on the same CPU (GPUs: `splitserve bench gpu`)

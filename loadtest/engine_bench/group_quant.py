@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -103,20 +104,24 @@ def main() -> None:
     parser.add_argument("--formats", default="q4_k_m,awq,q8_0")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rows", type=int, default=1, help="rows per matmul (1: decode)")
+    parser.add_argument(
+        "--generic", action="store_true", help="also the kernels' generic paths (the same bits)"
+    )
     args = parser.parse_args()
     kernels = native.load()
     assert kernels is not None, "the C++ kernels are not built (python -m shared.engine.native)"
     torch.set_num_threads(1)
-    vnni = kernels.int8_dot_product_kernel()
+    fp32_path, int8_path = kernels.group_quant_paths()
+    vector = int8_path != "generic"
     print(
-        f"kernels built for {', '.join(kernels.cpu_features())}; int8 path: "
-        f"{'AVX512-VNNI' if vnni else 'generic (no VNNI)'}; rows {args.rows}"
+        f"kernels built for {', '.join(kernels.cpu_features())}; float activations: {fp32_path}, "
+        f"int8: {int8_path}; rows {args.rows}"
     )
     gen = torch.Generator().manual_seed(1)
     x = {k: torch.randn(args.rows, k, generator=gen) for k in (896, 4864)}
     for fmt in args.formats.split(","):
         layers, head = quantized_step(fmt)
-        int8 = [m.with_int8_activations(vnni) for m in layers]
+        int8 = [m.with_int8_activations(vector) for m in layers]
         bf16 = bf16_twin(layers)
         assert all(m.kernel.startswith("int8") for m in int8), "a matrix the int8 kernel skips"
 
@@ -125,11 +130,13 @@ def main() -> None:
         def run(ms: list, inputs: list = inputs) -> Callable[[], None]:
             return lambda: [m(xi) for m, xi in zip(ms, inputs, strict=True)]
 
-        step = median_ms(
-            {"float act": run(layers), "int8 act": run(int8), "bf16": run(bf16)}, args.rounds
-        )
+        variants = {"float act": run(layers), "int8 act": run(int8), "bf16": run(bf16)}
+        if args.generic:
+            variants["float act generic"] = run([replace(m, kernel="generic") for m in layers])
+            variants["int8 act generic"] = run([replace(m, kernel="int8-generic") for m in int8])
+        step = median_ms(variants, args.rounds)
         if isinstance(head, GroupQuantLinear):
-            head_int8, head_bf16 = head.with_int8_activations(vnni), bf16_twin([head])[0]
+            head_int8, head_bf16 = head.with_int8_activations(vector), bf16_twin([head])[0]
             heads = {"float act": head, "int8 act": head_int8, "bf16": head_bf16}
         else:
             heads = {"bf16": head}

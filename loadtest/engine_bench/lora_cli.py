@@ -36,7 +36,7 @@ def _main(args: argparse.Namespace) -> None:
     from shared.models.pull import pull_model
     from shared.models.registry import DEFAULT_MODEL
 
-    model_dir = args.model_dir or pull_model(args.model or DEFAULT_MODEL)
+    model_dir = args.model_dir or pull_model(args.model or DEFAULT_MODEL, keep_quant=False)
     run_lora_bench(
         LoraBenchConfig(
             model_dir, args.concurrency, args.adapters, args.rank, args.input_len,

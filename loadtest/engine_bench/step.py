@@ -46,7 +46,7 @@ class StepBenchConfig:
     context: int = 128  # tokens each decode sequence has before its new one
     trials: int = 7
     attention_backend: str = "auto"
-    group_quant_activations: str = "float"
+    group_quant_activations: str = "auto"
     threads: int = 1
 
 

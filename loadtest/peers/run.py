@@ -33,6 +33,7 @@ from loadtest.engine_bench.machine_share import (
 from loadtest.peers.config import PeersConfig, Server
 from loadtest.peers.figures import (
     OURS,
+    OURS_VLLM,
     Headline,
     RunFigures,
     Turn,
@@ -139,7 +140,9 @@ def run_peers_bench(cfg: PeersConfig) -> dict[str, object]:
     if model_dir is None:
         from shared.models.pull import pull_model
 
-        model_dir = pull_model(cfg.model)
+        # vLLM loads the float32 copy (and splitserve then serves that one too)
+        vllm = {"vllm", OURS_VLLM} & set(cfg.servers)
+        model_dir = pull_model(cfg.model, keep_quant=False if vllm else None)
     peers = prepare_peers(cfg, model_dir)
     servers = tuple(s for s in cfg.servers if s == OURS or s in peers.ready)
     load_before = os.getloadavg()[0]

@@ -41,7 +41,7 @@ def calibrate(path: Path, model: str = "") -> None:
     from shared.models.pull import pull_model
     from shared.models.registry import DEFAULT_MODEL
 
-    model_dir = pull_model(model or DEFAULT_MODEL)
+    model_dir = pull_model(model or DEFAULT_MODEL, keep_quant=False)
     longest = max(PROMPT_STARTS) + CHUNK
     blocks = max(blocks_needed((f"d{max(DECODE_ROWS)}",), max(CONTEXTS)), longest // BLOCK)
     config = resolve(EngineConfig(model_dir=model_dir, device="cpu", num_kv_blocks=blocks))

@@ -123,7 +123,7 @@ def run(cfg: SloBenchConfig, vllm_python: Path | None) -> None:
     from loadtest.slo.sweep import goodputs, run_sweep
     from shared.models.pull import pull_model
 
-    model_dir = cfg.model_dir or pull_model(cfg.model)
+    model_dir = cfg.model_dir or pull_model(cfg.model, keep_quant=False)
     vocab_size = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     costs = sorted({row.cost for row in cfg.configs})
     if len(costs) > 1:

@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> None:
             check_cpus(row.cpus)
     except ConfigError as exc:
         sys.exit(f"splitserve bench isolation: {exc}")
-    model_dir = args.model_dir or pull_model(args.model)
+    model_dir = args.model_dir or pull_model(args.model, keep_quant=False)
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     servers = LocalServers(model_dir, args.out / "logs", tuple(args.up_args), args.start_timeout)
     results = asyncio.run(run_isolation(cfg, servers, vocab))

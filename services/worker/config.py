@@ -154,7 +154,7 @@ def _check_vllm(config: WorkerConfig) -> None:
     engine = config.engine
     unsupported = {
         "--quantization": engine.quantization is not None,
-        "--group-quant-activations": engine.group_quant_activations != "float",
+        "--group-quant-activations": engine.group_quant_activations != "auto",
         "--speculative": engine.speculative is not None,
         "--num-kv-blocks": engine.num_kv_blocks is not None,
         "--batch-invariant": engine.batch_invariant is True,

@@ -49,8 +49,9 @@ def vllm_engine_config(config: WorkerConfig) -> EngineConfig:
     if kept:
         raise ConfigError(
             f"{engine.model_dir} keeps GGUF {', '.join(kept)} in splitserve's own layout "
-            "(splitserve pull --keep-quant), which vLLM cannot load: serve it with the native "
-            "engine, or pull a float copy (splitserve pull --no-keep-quant)"
+            "(as splitserve pull leaves it), which vLLM cannot load: serve it with the native "
+            "engine, or pull a float copy (splitserve pull --no-keep-quant; splitserve up "
+            "--engine vllm --model NAME pulls that one)"
         )
     if engine.torch_device.type != "cpu":
         return replace(engine, block_size=engine.block_size or GPU_BLOCK_SIZE)

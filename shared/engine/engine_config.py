@@ -127,12 +127,15 @@ class EngineConfig:
     )
     # A checkpoint kept quantized (GGUF, AWQ, GPTQ, compressed-tensors; model/group_quant.py):
     # float multiplies by its exact weights in fp32; int8 quantizes activations per block for
-    # integer dot products (AVX512-VNNI), as llama.cpp does: faster decoding, its accuracy
+    # integer dot products (AVX512-VNNI or AVX2), as llama.cpp does: faster decoding, its
+    # accuracy; auto: int8 for GGUF files (as llama.cpp runs them), float for the others (as
+    # vLLM's W4A16 kernels run them)
     group_quant_activations: str = flag(
-        "float",
-        choices=("float", "int8"),
-        help="activations for weights kept quantized: float (exact sums) or int8 (VNNI dots; "
-        "AMX tiles for the k-quants where the CPU has them)",
+        "auto",
+        choices=("auto", "float", "int8"),
+        help="activations for weights kept quantized: float (exact sums), int8 (integer dots; "
+        "AMX tiles for the k-quants where the CPU has them), or auto: int8 for GGUF files, "
+        "float for AWQ, GPTQ and compressed-tensors",
     )
     # None | ngram (prompt lookup) | draft (a draft model); greedy-identical, lossless
     speculative: str | None = flag(

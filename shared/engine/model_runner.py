@@ -28,9 +28,10 @@ from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
 from shared.engine.quantization import (
     amx_kquants,
     describe_shipped,
-    int8_dot_product,
+    group_quant_paths,
     quantize_weights,
     shipped_quantization,
+    takes_int8_activations,
 )
 from shared.engine.sampler import SampledToken, Sampler, SamplingRow
 from shared.engine.scheduler_output import ScheduledChunk
@@ -100,9 +101,11 @@ class ModelRunner:
         if weights is None:
             with clock.timing(StartupPhase.WEIGHTS_LOAD):
                 weights = load_weights(model_dir, model_config, config.torch_dtype, device)
-        int8_activations = bool(shipped) and config.group_quant_activations == "int8"
+        activations = config.group_quant_activations
+        int8_activations = takes_int8_activations(model_dir, shipped, activations)
         if int8_activations:
-            weights = with_int8_activations(weights, int8_dot_product(), amx_kquants())
+            vector = group_quant_paths()[1] != "generic"
+            weights = with_int8_activations(weights, vector, amx_kquants())
         vocab_size = rows_of(weights.lm_head)  # before quantization replaces the head
         with clock.timing(StartupPhase.WEIGHTS_PACK):
             if config.quantization:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from shared.engine import native
-from shared.engine.model.checkpoint import quantized_formats
+from shared.engine.model.checkpoint import gguf_kept_formats, quantized_formats
 from shared.engine.model.group_quant import GroupQuantLinear, GroupQuantParts
 from shared.engine.model.linear_weights import (
     Int4Linear,
@@ -78,20 +78,44 @@ def shipped_quantization(model_dir: Path, quantization: str | None, device: str)
     return formats
 
 
-def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
-    """The start-up log's words for a checkpoint's own quantization and its kernel."""
+def takes_int8_activations(model_dir: Path, shipped: list[str], choice: str) -> bool:
+    """Whether a checkpoint's kept matrices take int8 activations (--group-quant-activations;
+    auto: where it holds GGUF formats, as llama.cpp runs them)."""
+    if not shipped or choice == "float":
+        return False
+    return choice == "int8" or bool(gguf_kept_formats(model_dir))
+
+
+@cache
+def group_quant_paths() -> tuple[str, str]:
+    """The group-quant kernel's paths in this build, for fp32 and for int8 activations
+    ("avx512" | "avx2" | "generic", "avx512_vnni" | "avx2" | "generic"); generic without
+    the kernels."""
     kernels = native.load()
     if kernels is None:
+        return "generic", "generic"
+    fp32, int8 = kernels.group_quant_paths()
+    return fp32, int8
+
+
+_PATH_WORDS = {"avx512": "AVX-512", "avx512_vnni": "AVX512-VNNI", "avx2": "AVX2"}
+
+
+def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
+    """The start-up log's words for a checkpoint's own quantization and its kernel."""
+    fp32, int8 = group_quant_paths()
+    if native.load() is None:
         kernel = "dequantized per call through torch (the C++ kernels are not built)"
     elif int8_activations:
-        path = "AVX512-VNNI" if int8_dot_product() else "its generic path (no VNNI; slow)"
+        path = _PATH_WORDS.get(int8, "its generic path (no AVX2; slow)")
         if amx_kquants():
-            path = f"AMX-INT8 tiles for Q4_K/Q5_K/Q6_K, {path} for the rest"
+            path = f"AMX-INT8 tiles for Q2_K-Q6_K, {path} for the rest"
         kernel = f"the group-quant kernel with int8 activations per block, {path}"
-    elif kernels.group_quant_kernel():
-        kernel = "the group-quant kernel, AVX-512, dequantizing in registers (batch-invariant)"
+    elif fp32 != "generic":
+        kernel = f"the group-quant kernel, {_PATH_WORDS[fp32]}, dequantizing in registers"
+        kernel += " (batch-invariant)"
     else:
-        kernel = "the group-quant kernel's generic path (no AVX-512; batch-invariant, slow)"
+        kernel = "the group-quant kernel's generic path (no AVX2; batch-invariant, slow)"
     return f"{', '.join(formats)} kept quantized: {kernel}"
 
 

@@ -44,12 +44,13 @@ _STDERR_LINES = 8  # how much of pip's stderr a PullError quotes
 
 @dataclass(frozen=True, slots=True)
 class PullOptions:
-    # Off by default: the kept matrices take 2.4x less memory but decode slower than bf16 on
-    # CPUs without AVX512-BF16, and vLLM cannot load them (docs/quantized-checkpoints.md).
+    # On by default, as the file ships (as llama.cpp serves it): a third of the memory and, with
+    # int8 activations, faster single-stream decoding. vLLM workers, GPUs and --quantization
+    # need the float32 copy (`up` pulls that one for them; docs/quantized-checkpoints.md).
     keep_quant: bool = flag(
-        False,
+        True,
         help="keep a quantized GGUF's matrices quantized (served by the group-quant kernel; "
-        "native engine, CPU only); without it every tensor is converted to float32",
+        "native engine, CPU only); --no-keep-quant converts every tensor to float32",
     )
 
 
@@ -80,8 +81,9 @@ def is_complete(model_dir: Path, spec: ModelSpec, keep_quant: bool | None = None
 
 def pull_model(name: str, home: Path | None = None, keep_quant: bool | None = None) -> Path:
     """Fetch and convert model `name` into home/"models"/name; return that directory.
-    keep_quant: None takes a complete directory either way and converts a new one to float32
-    (PullOptions says why). `hf:ORG/NAME` comes from the Hugging Face Hub instead (pull_hf.py)."""
+    keep_quant: None takes a complete directory either way and converts a new one keeping its
+    quantization (PullOptions says why); True or False converts it again where it was pulled
+    the other way. `hf:ORG/NAME` comes from the Hugging Face Hub instead (pull_hf.py)."""
     if is_hub_name(name):
         try:
             return pull_from_hub(name)
@@ -101,7 +103,7 @@ def pull_model(name: str, home: Path | None = None, keep_quant: bool | None = No
         if is_complete(target, spec, keep_quant):  # another pull finished it meanwhile
             return target
         remove_partial_pulls(models_dir, name)
-        _pull_locked(spec, models_dir, target, keep_quant is True)
+        _pull_locked(spec, models_dir, target, keep_quant is not False)
     finally:
         os.close(lock)  # releases the lock
     return target

@@ -16,5 +16,7 @@ from shared.models.registry import DEFAULT_MODEL
 
 @pytest.fixture(scope="session")
 def real_model_dir() -> Path:
-    """The HF-layout directory of the default model (smollm2-135m-instruct)."""
-    return pull_model(DEFAULT_MODEL)
+    """The HF-layout directory of the default model (smollm2-135m-instruct), its float32
+    copy: the tests compare it with transformers and vLLM (test_kept_default_model.py serves
+    the file kept quantized, as a plain `pull` does)."""
+    return pull_model(DEFAULT_MODEL, keep_quant=False)

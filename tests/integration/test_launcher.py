@@ -226,6 +226,15 @@ def test_engine_flags_of_up_reach_every_worker_and_parse_there():
     assert engine_argv(parser.parse_args(["up"])) == ()
 
 
+def test_up_pulls_a_float_copy_only_where_the_workers_need_one():
+    """A known model is pulled kept quantized (or whichever copy is there) unless the
+    workers cannot serve it so: vLLM, a GPU, our own --quantization."""
+    parser = build_parser()
+    assert launch_cli.keep_quant(parser.parse_args(["up", "--device", "cpu"])) is None
+    for flags in (["--engine", "vllm"], ["--quantization", "int4"], ["--device", "cuda:0"]):
+        assert launch_cli.keep_quant(parser.parse_args(["up", *flags])) is False, flags
+
+
 def up_children(argv: list[str]) -> dict[str, argparse.Namespace]:
     """Each child of `splitserve up ARGV` (model dir /m), parsed by the real `splitserve`:
     a flag forwarded to a service that lacks it would fail here."""

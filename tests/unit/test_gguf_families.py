@@ -205,7 +205,8 @@ def test_moe_experts_kept_quantized_give_the_float_conversions_logits(tmp_path, 
         assert isinstance(w, GroupQuantLinear), name
         assert torch.equal(w.dequantize(), torch.from_numpy(floats[name])), name
     prompt = [(7 * i) % 280 + 3 for i in range(30)]
-    ours = greedy_logits(tmp_path / "kept", prompt, 3, dtype="float32")
+    exact = {"dtype": "float32", "group_quant_activations": "float"}  # auto: int8 for GGUF
+    ours = greedy_logits(tmp_path / "kept", prompt, 3, **exact)
     reference = greedy_logits(tmp_path / "float", prompt, 3, dtype="float32")
     torch.testing.assert_close(ours, reference, rtol=0, atol=5e-5)
     if native.load() is not None:
@@ -254,7 +255,8 @@ def test_a_k_quant_model_kept_gives_the_float_conversions_logits(tmp_path, mix):
         error = np.linalg.norm([np.linalg.norm(stored[n] - original[n]) for n in names])
         assert error / np.linalg.norm([np.linalg.norm(original[n]) for n in names]) < bound
     prompt = [(7 * i) % 280 + 3 for i in range(30)]
-    ours = greedy_logits(tmp_path / "kept", prompt, 3, dtype="float32")
+    exact = {"dtype": "float32", "group_quant_activations": "float"}  # auto: int8 for GGUF
+    ours = greedy_logits(tmp_path / "kept", prompt, 3, **exact)
     reference = greedy_logits(tmp_path / "float", prompt, 3, dtype="float32")
     torch.testing.assert_close(ours, reference, rtol=0, atol=5e-5)
     kernels = native.load()

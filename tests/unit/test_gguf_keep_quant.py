@@ -19,6 +19,7 @@ from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.checkpoint import Checkpoint, quantized_formats
 from shared.engine.model.group_quant import GroupQuantLinear
+from shared.engine.quantization import takes_int8_activations
 from shared.errors import ConfigError
 from shared.models.gguf_convert import convert_gguf
 from tests.engine_harness import (
@@ -78,7 +79,7 @@ def _logits(model_dir, **config) -> torch.Tensor:
 
 
 def test_the_engine_on_kept_weights_gives_the_float_conversions_logits(dirs):
-    kept = _logits(dirs / "kept", dtype="float32")
+    kept = _logits(dirs / "kept", dtype="float32", group_quant_activations="float")
     floats = _logits(dirs / "float", dtype="float32")
     assert kept.shape == floats.shape == (6, floats.shape[1])
     # the same weight values; only the order of the sums differs
@@ -99,3 +100,11 @@ def test_a_quantized_checkpoint_refuses_another_quantization(dirs):
 @pytest.mark.skipif(native.load() is None, reason="batch invariance needs the C++ kernels")
 def test_a_requests_logits_are_the_same_bits_beside_others(dirs):
     assert_same_bits_beside_others(dirs / "kept", PROMPT)
+
+
+def test_auto_activations_are_int8_for_gguf_files_as_llama_cpp_runs_them(dirs):
+    kept = quantized_formats(dirs / "kept")
+    assert takes_int8_activations(dirs / "kept", kept, "auto")
+    assert takes_int8_activations(dirs / "kept", kept, "int8")
+    assert not takes_int8_activations(dirs / "kept", kept, "float")
+    assert not takes_int8_activations(dirs / "float", [], "auto")  # nothing kept

@@ -1,6 +1,6 @@
 """The group-quantized linear with int8 activations (csrc/cpu/linear_group_quant_int8.cpp) on
-every kept GGUF format and the AWQ / GPTQ layouts: the AVX512-VNNI path's bits equal its
-generic model's, a row gets the same bits whatever shares its call, and the result is within
+every kept GGUF format and the AWQ / GPTQ layouts: the AVX512-VNNI and AVX2 paths' bits equal
+their generic model's, a row gets the same bits whatever shares its call, and the result is within
 the bound that quantizing x per block allows (docs/quantized-checkpoints.md)."""
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from tests.wna16_writer import Scheme, quantize
 
 kernels = native.load()
 pytestmark = pytest.mark.skipif(kernels is None, reason="the C++ kernels are not built")
-VNNI = kernels is not None and kernels.int8_dot_product_kernel()
+AVX2 = kernels is not None and "avx2" in kernels.cpu_features()
+VECTOR = kernels is not None and kernels.group_quant_paths()[1] != "generic"
+# the vector paths by name: "int8" (AVX512-VNNI, else AVX2) and AVX2's own
+VECTOR_PATHS = (["int8"] if VECTOR else []) + (["int8-avx2"] if AVX2 else [])
 SCHEMES = {
     "awq-g128": Scheme(QuantFormat.AWQ, 4, 128, symmetric=False),
     "gptq4-g32-act-order": Scheme(QuantFormat.GPTQ, 4, 32, symmetric=False, act_order=True),
@@ -51,10 +54,10 @@ def rows(m: int, seed: int = 1) -> torch.Tensor:
     return x
 
 
-def int8(w: GroupQuantLinear, x: torch.Tensor, vnni: bool = VNNI) -> torch.Tensor:
+def int8(w: GroupQuantLinear, x: torch.Tensor, kernel: str = "int8") -> torch.Tensor:
     if w.in_perm is not None:
         x = x.index_select(1, w.in_perm)
-    return kernels.linear_group_quant(x, *w.kernel_args(), "int8" if vnni else "int8-generic")
+    return kernels.linear_group_quant(x, *w.kernel_args(), kernel)
 
 
 def test_each_row_is_quantized_per_block_to_round_half_even_of_x_over_d():
@@ -74,31 +77,40 @@ def test_each_row_is_quantized_per_block_to_round_half_even_of_x_over_d():
     x[0, :32] = torch.arange(-15.5, 16.5)  # amax 15.5: d = 15.5 / 127, every code exact
     x[1, :32] = 0.0  # d = 0
     x[1, 32:64] = torch.tensor([127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5] + [0.0] * 25)  # d = 1: ties
-    for vnni in {VNNI, False}:
-        y = int8(eye, x, vnni)
+    for kernel in [*VECTOR_PATHS, "int8-generic"]:
+        y = int8(eye, x, kernel)
         blocks = x.view(3, -1, 32)
         d = (blocks.abs().amax(-1, keepdim=True) / 127).expand(-1, -1, 32).reshape(3, K)
         inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
         xq = torch.round(x * inverse)  # round half to even, as nearbyint
         assert xq.abs().max() <= 127
-        assert torch.equal(y, xq * d), vnni
+        assert torch.equal(y, xq * d), kernel
     assert y[1, 32:39].tolist() == [127.0, 2.0, 4.0, -2.0, -0.0, 0.0, 2.0]
 
 
 @pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])
-def test_the_vnni_path_gives_its_generic_models_bits(name, make):
-    if not VNNI:
-        pytest.skip("this build has no AVX512-VNNI")
+@pytest.mark.parametrize("kernel", VECTOR_PATHS)
+def test_the_vector_paths_give_their_generic_models_bits(name, make, kernel):
     w = make()
     assert w.int8_fits, name
-    for m in (1, 3, 9):  # in registers, and through the unpacked codes' panel
+    for m in (1, 2, 3, 5, 9):  # in registers, and through the unpacked codes' panel
         x = rows(m, seed=m)
-        assert torch.equal(int8(w, x, vnni=True), int8(w, x, vnni=False)), m
+        assert torch.equal(int8(w, x, kernel), int8(w, x, "int8-generic")), m
+    fewer = w.take_rows(torch.arange(N - 3))  # a last block of 1 column
+    x = rows(5, seed=6)
+    assert torch.equal(int8(fewer, x, kernel), int8(fewer, x, "int8-generic"))
+
+
+def test_the_int8_kernel_takes_the_builds_vector_path():
+    features = kernels.cpu_features()
+    vnni = "avx512_vnni" in features and "avx512f" in features
+    want = "avx512_vnni" if vnni else "avx2" if "avx2" in features else "generic"
+    assert kernels.group_quant_paths()[1] == want
 
 
 @pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])
 def test_a_row_gets_the_same_bits_whatever_shares_its_call(name, make):
-    w = make().with_int8_activations(VNNI)
+    w = make().with_int8_activations(VECTOR)
     x = rows(13)
     together = w(x)
     for i in (0, 6, 12):
@@ -109,7 +121,7 @@ def test_a_row_gets_the_same_bits_whatever_shares_its_call(name, make):
 
 @pytest.mark.parametrize(("name", "make"), WEIGHTS, ids=[n for n, _ in WEIGHTS])
 def test_each_row_gets_its_own_bits_at_every_tile_boundary(name, make):
-    w = make().with_int8_activations(VNNI)
+    w = make().with_int8_activations(VECTOR)
     x = rows(13, seed=5)
     alone = torch.cat([w(x[i : i + 1]) for i in range(13)])  # [13, N]
     for m in (1, 3, 4, 5, 6, 7, 8, 9, 13):  # tiles of 4 rows; more than 4: the codes' panel
@@ -123,7 +135,7 @@ def test_each_row_gets_its_own_bits_at_every_tile_boundary(name, make):
 def test_the_sums_are_within_the_activation_quantizations_bound(name, make):
     w = make()
     x = rows(5, seed=9)
-    y = w.with_int8_activations(VNNI)(x).double()
+    y = w.with_int8_activations(VECTOR)(x).double()
     dense = w.dequantize().double()  # [N, K], the matrix's own column order
     exact = x.double() @ dense.t()
     # xq = round(x / d) per x-block (in the stored column order): |x - d xq| <= d / 2
@@ -136,7 +148,7 @@ def test_the_sums_are_within_the_activation_quantizations_bound(name, make):
     bound = (step / 2) @ dense.abs().t() * 1.001 + 1e-5 * (x.abs().double() @ dense.abs().t())
     assert bool(((y - exact).abs() <= bound).all())
     plain = torch.randn(5, K, generator=torch.Generator().manual_seed(10))  # no outliers
-    y, exact = w.with_int8_activations(VNNI)(plain).double(), plain.double() @ dense.t()
+    y, exact = w.with_int8_activations(VECTOR)(plain).double(), plain.double() @ dense.t()
     assert float((y - exact).norm() / exact.norm()) < 0.02  # far inside the bound on the whole
 
 
@@ -154,7 +166,7 @@ def test_a_layout_the_int8_kernel_does_not_take_stays_on_the_float_kernel():
         {"low": w.low[:, : 16 * 3].contiguous(), "super_scale": w.super_scale[:, :3].contiguous()},
     )  # K = 96: not whole pairs of 32-blocks
     assert not odd.int8_fits
-    assert odd.with_int8_activations(VNNI).kernel == "auto"
+    assert odd.with_int8_activations(VECTOR).kernel == "auto"
     with pytest.raises(RuntimeError, match="int8 activations need K in whole 64s"):
         kernels.linear_group_quant(torch.randn(1, 96), *odd.kernel_args(), "int8")
 
@@ -178,6 +190,6 @@ def test_group_scales_in_super_blocks_take_the_int8_kernel_only_as_k_quants_have
         },
     )  # 8-bit codes times int8 activations: their pairs do not fit int16
     assert not wide.int8_fits
-    assert wide.with_int8_activations(VNNI).kernel == "auto"
+    assert wide.with_int8_activations(VECTOR).kernel == "auto"
     with pytest.raises(RuntimeError, match="int8 activations need"):
         kernels.linear_group_quant(torch.randn(1, K), *wide.kernel_args(), "int8")

@@ -1,7 +1,7 @@
 """The group-quantized linear (csrc/cpu/linear_group_quant.cpp) on every kept GGUF format:
 batch-invariant bit for bit (a row alone, in a few rows dequantized in registers, in many rows
 through the scratch panel, on one thread or two), the generic path's bits equal the AVX-512
-one's, bf16 rows are their fp32 widening, and the sums are within the documented bound
+and AVX2 ones', bf16 rows are their fp32 widening, and the sums are within the documented bound
 (docs/quantized-checkpoints.md: 1e-5 of sum |x * w|) of an fp64 product of the dequantized
 weights."""
 
@@ -23,6 +23,9 @@ pytestmark = pytest.mark.skipif(
     reason="the C++ kernels (with linear_group_quant) are not built",
 )
 FORMATS = sorted(BLOCKS, key=lambda t: t.name)
+# "auto" (AVX-512, else AVX2) and, where the build has AVX2, its AVX2 path by name
+AVX2 = kernels is not None and "avx2" in kernels.cpu_features()
+VECTOR_PATHS = ["auto", "avx2"] if AVX2 else ["auto"]
 
 
 def weight(qtype: T, seed: int = 0) -> GroupQuantLinear:
@@ -50,12 +53,24 @@ def test_a_row_gets_the_same_bits_whatever_shares_its_call(qtype):
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
-def test_the_generic_path_gives_the_vector_paths_bits(qtype):
+@pytest.mark.parametrize("path", VECTOR_PATHS)
+def test_the_generic_path_gives_the_vector_paths_bits(qtype, path):
     w = weight(qtype, seed=2)
-    for m in (1, 3, 9):
+    for m in (1, 2, 3, 5, 9):  # AVX2: tiles of 1 x 4 or 2 x 2, the panel past 2 rows
         x = rows(m, seed=m)
         generic = kernels.linear_group_quant(x, *w.kernel_args(), kernel="generic")
-        assert torch.equal(generic, w(x))
+        assert torch.equal(generic, kernels.linear_group_quant(x, *w.kernel_args(), kernel=path))
+    fewer = w.take_rows(torch.arange(N - 3))  # a last block of 1 column
+    x = rows(5, seed=4)
+    generic = kernels.linear_group_quant(x, *fewer.kernel_args(), kernel="generic")
+    assert torch.equal(generic, kernels.linear_group_quant(x, *fewer.kernel_args(), kernel=path))
+
+
+def test_auto_takes_the_builds_vector_path():
+    fp32, _ = kernels.group_quant_paths()
+    features = kernels.cpu_features()
+    want = "avx512" if "avx512f" in features else "avx2" if "avx2" in features else "generic"
+    assert fp32 == want
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)

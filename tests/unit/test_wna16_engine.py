@@ -17,6 +17,7 @@ from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.checkpoint import Checkpoint, quantized_formats
 from shared.engine.model.group_quant import GroupQuantLinear
+from shared.engine.quantization import takes_int8_activations
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import ConfigError
 from shared.models.wna16_config import QuantFormat
@@ -98,6 +99,13 @@ def test_another_quantization_is_refused_and_the_log_names_the_format(root, capl
     with caplog.at_level(logging.INFO):
         LLMEngine(EngineConfig(model_dir=root / "gptq8-channel-sym", num_kv_blocks=32))
     assert "CPU matmuls: GPTQ 8-bit per-channel sym kept quantized: " in caplog.text
+
+
+def test_auto_activations_are_float_for_awq_gptq_and_compressed_tensors(root):
+    for name in ("awq-g128", "gptq8-channel-sym", "ct8-w8a8-channel-sym"):
+        formats = quantized_formats(root / name)
+        assert formats and not takes_int8_activations(root / name, formats, "auto"), name
+        assert takes_int8_activations(root / name, formats, "int8"), name
 
 
 def test_a_checkpoint_missing_a_part_is_refused_at_load_by_name(root, tmp_path):

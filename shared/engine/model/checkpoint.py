@@ -34,7 +34,7 @@ def quantized_formats(model_dir: Path) -> list[str]:
 
 
 def gguf_kept_formats(model_dir: Path) -> list[str]:
-    """The GGUF formats `pull --keep-quant` kept in our layout, from the files' headers ([]:
+    """The GGUF formats `pull` kept in our layout, from the files' headers ([]:
     none, or no safetensors files at all)."""
     formats: set[str] = set()
     try:

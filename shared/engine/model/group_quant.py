@@ -6,10 +6,10 @@ times an int8 group factor, w = (q - zero) * scale + min. `GroupQuantLinear(x)` 
 kernel (csrc/cpu/linear_group_quant.cpp), which dequantizes 16 weights at a time in registers
 with that same arithmetic, so it multiplies by exactly `dequantize()`'s values; each output is
 one k-ordered chain of fma in 16 lanes and a fixed lane sum, whatever the number of rows,
-which makes it batch-invariant (on a CPU without AVX-512 the kernel's generic path gives
-the same bits, slowly). Without the kernels the matrix is dequantized per call. With
+which makes it batch-invariant (on a CPU without AVX-512 its AVX2 path, and without AVX2 its
+generic one, give the same bits). Without the kernels the matrix is dequantized per call. With
 `kernel="int8"` (`with_int8_activations`, --group-quant-activations int8) the kernel quantizes
-each row of x to int8 per block and sums integer products instead (AVX512-VNNI,
+each row of x to int8 per block and sums integer products instead (AVX512-VNNI or AVX2,
 csrc/cpu/linear_group_quant_int8.cpp): faster decoding, not the exact weights' sums, still
 batch-invariant. Where the CPU has AMX and the OS grants the tiles, the k-quants (Q4_K, Q5_K,
 Q6_K) take `kernel="int8-amx"` instead: their codes and factors permuted into panels of 16
@@ -52,7 +52,8 @@ class GroupQuantLinear:
     super_min: torch.Tensor | None = None  # [N, K / (group * per_super)] float32; None: 0
     sub_min: torch.Tensor | None = None  # [N, K / group] int8; None: 1
     in_perm: torch.Tensor | None = None  # [K] int64: stored column i is column in_perm[i]
-    kernel: str = "auto"  # linear_group_quant's: auto | generic | int8 | int8-generic | int8-amx
+    kernel: str = "auto"  # linear_group_quant's: auto | avx2 | generic | int8 | int8-avx2 |
+    # int8-generic | int8-amx
 
     @classmethod
     def from_tensors(cls, params: dict[str, int | str], arrays: dict[str, torch.Tensor]):
@@ -213,14 +214,14 @@ class GroupQuantLinear:
         kquant = span == 256 and self.sub_scale is not None and self.in_perm is None
         return self.int8_fits and shape and kquant and self.out_features % 16 == 0
 
-    def with_int8_activations(self, vnni: bool, amx: bool = False) -> GroupQuantLinear:
-        """The same matrix through the int8-activation kernel where it fits (vnni: the
-        AVX512-VNNI path, else its generic model: the same bits, slowly; amx: the k-quants
-        repacked for the AMX tiles, where they fit)."""
+    def with_int8_activations(self, vector: bool, amx: bool = False) -> GroupQuantLinear:
+        """The same matrix through the int8-activation kernel where it fits (vector: its
+        AVX512-VNNI or AVX2 path, the build's; else its generic model: the same bits, slowly;
+        amx: the k-quants repacked for the AMX tiles, where they fit)."""
         if not self.int8_fits:
             return self
         if not (amx and self.amx_fits):
-            return replace(self, kernel="int8" if vnni else "int8-generic")
+            return replace(self, kernel="int8" if vector else "int8-generic")
         empty = torch.empty(0)
         names = ARRAY_NAMES[1:]  # the 4-6 bit parts, in repack_kquant_amx's order
         parts = [getattr(self, name) for name in names]
@@ -276,9 +277,9 @@ class GroupQuantParts:
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() if _quant(p) else p.float() for p in self.parts])
 
-    def with_int8_activations(self, vnni: bool, amx: bool = False) -> GroupQuantParts:
+    def with_int8_activations(self, vector: bool, amx: bool = False) -> GroupQuantParts:
         return GroupQuantParts(
-            tuple(p.with_int8_activations(vnni, amx) if _quant(p) else p for p in self.parts)
+            tuple(p.with_int8_activations(vector, amx) if _quant(p) else p for p in self.parts)
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

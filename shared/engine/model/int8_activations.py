@@ -13,14 +13,14 @@ from shared.engine.model.linear_weights import LinearWeight
 from shared.engine.model.weights import ModelWeights
 
 
-def with_int8_activations(weights: ModelWeights, vnni: bool, amx: bool = False) -> ModelWeights:
+def with_int8_activations(weights: ModelWeights, vector: bool, amx: bool = False) -> ModelWeights:
     """`weights` with every layer matrix (MoE experts too) and the head kept quantized on the
-    int8 kernel (vnni: its AVX512-VNNI path, else the generic model of it; amx: the k-quants
-    on AMX tiles)."""
+    int8 kernel (vector: its AVX512-VNNI or AVX2 path, else the generic model of it; amx: the
+    k-quants on AMX tiles)."""
 
     def switch(w: LinearWeight | None) -> LinearWeight | None:
         if isinstance(w, GroupQuantLinear | GroupQuantParts):
-            return w.with_int8_activations(vnni, amx)
+            return w.with_int8_activations(vector, amx)
         return w
 
     layers = [
