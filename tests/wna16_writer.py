@@ -1,5 +1,5 @@
-"""Our own writer of AWQ, GPTQ and compressed-tensors (pack- and int-quantized) checkpoints,
-for the tests.
+"""Our own writer of AWQ, GPTQ and compressed-tensors (pack-, int- and float-quantized)
+checkpoints, for the tests.
 
 A float matrix is quantized per group of columns (round to nearest on a min-max grid, GPTQ's
 act order as a random column order of the groups), and its codes, zero points and scales
@@ -60,6 +60,15 @@ def quantize(
     codes = torch.empty(n, k, dtype=torch.int64)
     codes[:, order] = q.reshape(n, k).long()
     return Quantized(codes, scales, zeros.long(), g_idx)
+
+
+def fp8_quantize(w: torch.Tensor, per_tensor: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> FP8 E4M3 values and bf16 scales ([N, 1], or [1] per tensor), the largest
+    |w| mapped to 448 as compressed-tensors' FloatQuantizationCompressor does; the weights
+    are values * scales (exact in fp32: 4 significant bits times 8)."""
+    amax = w.abs().amax().reshape(1) if per_tensor else w.abs().amax(1, keepdim=True)
+    scale = (amax.clamp(min=1e-6) / 448).bfloat16()
+    return (w / scale.float()).clamp(-448, 448).to(torch.float8_e4m3fn), scale
 
 
 def pack(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -128,6 +137,7 @@ class Scheme:
     group: int  # 0: per channel
     symmetric: bool
     act_order: bool = False
+    strategy: str = "channel"  # FP8: channel or tensor
 
     def config(self) -> dict:
         if self.format == QuantFormat.AWQ:
@@ -140,6 +150,16 @@ class Scheme:
                 "desc_act": self.act_order,
                 "sym": self.symmetric,
                 "checkpoint_format": "gptq",
+            }
+        if self.format == QuantFormat.FP8:  # W8A8 FP8: activations FP8 per token, dynamic
+            weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": self.strategy}
+            tokens = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
+            group = {"targets": ["Linear"], "weights": weights, "input_activations": tokens}
+            return {
+                "quant_method": "compressed-tensors",
+                "format": "float-quantized",
+                "config_groups": {"group_0": group},
+                "ignore": ["lm_head"],
             }
         weights = {
             "num_bits": self.bits,
@@ -180,8 +200,13 @@ def write_quantized(src: Path, dst: Path, scheme: Scheme, dequantized: Path) -> 
         if not (name.startswith("model.layers.") and name.endswith("_proj.weight")):
             out[name] = floats[name] = w
             continue
-        m = quantize(w, scheme.bits, scheme.group, scheme.symmetric, scheme.act_order, seed=i)
         base = name.removesuffix("weight")
+        if scheme.format == QuantFormat.FP8:
+            values, scale = fp8_quantize(w, scheme.strategy == "tensor")
+            out |= {base + "weight": values, base + "weight_scale": scale}
+            floats[name] = values.float() * scale.float()
+            continue
+        m = quantize(w, scheme.bits, scheme.group, scheme.symmetric, scheme.act_order, seed=i)
         out |= {base + part: t for part, t in scheme.parts(m).items()}
         floats[name] = m.dequantize()
     config = json.loads((src / "config.json").read_text())

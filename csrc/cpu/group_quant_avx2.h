@@ -28,6 +28,20 @@ inline float hsum16(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
+// 8 FP8 E4M3 codes' values (the low 8 bytes), as fp8x16 makes them (group_quant_layout.h)
+[[gnu::always_inline]] inline __m256 fp8x8(__m128i bytes) {
+  const __m256i u = _mm256_cvtepu8_epi32(bytes);
+  const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7F));
+  const __m256 normal = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)),
+                                      _mm256_set1_ps(0x1p120f));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(mag, _mm256_set1_epi32(7))),
+                                   _mm256_set1_ps(0x1p-9f));
+  const __m256 subnormal = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
+  const __m256 value = _mm256_blendv_ps(normal, sub, subnormal);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(value), sign));
+}
+
 // 32 bits (bit i: byte i) as a byte mask, 0xFF where the bit is set
 [[gnu::always_inline]] inline __m256i bit_bytes(uint32_t bits) {
   const __m256i spread = _mm256_shuffle_epi8(  // byte i takes byte i / 8 (in-lane: both lanes hold all 4)

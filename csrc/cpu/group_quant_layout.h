@@ -13,8 +13,33 @@ namespace group_quant {
 
 constexpr int64_t kLanes = 16;
 
+// An FP8 E4M3 (fn) code's value, exactly: sign, 4 exponent bits (bias 7), 3 mantissa bits;
+// exponent 0: subnormal (m / 8 * 2^-6). NaN codes (0x7F, 0xFF) are refused at load.
+inline float fp8_e4m3(uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  const float v = e ? std::ldexp(1.f + m / 8.f, e - 7) : std::ldexp(m / 8.f, -6);
+  return b & 0x80 ? -v : v;
+}
+
+#ifdef __AVX512F__
+// 16 FP8 E4M3 codes' values: a normal code's bits moved into an fp32's (exponent and mantissa
+// shifted up by 20) times 2^120 (the bias 127 - 7), a subnormal one m * 2^-9; both exact
+inline __m512 fp8x16(__m128i bytes) {
+  const __m512i u = _mm512_cvtepu8_epi32(bytes);
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7F));
+  const __m512 normal = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)),
+                                      _mm512_set1_ps(0x1p120f));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(mag, _mm512_set1_epi32(7))),
+                                   _mm512_set1_ps(0x1p-9f));
+  const __mmask16 subnormal = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
+  const __m512 value = _mm512_mask_blend_ps(subnormal, normal, sub);
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(value), sign));
+}
+#endif
+
 struct Layout {
-  const int8_t* codes;
+  const int8_t* codes;  // 8-bit: int8 codes, or FP8 E4M3 ones (fp8)
   const uint8_t* low;
   const uint8_t* high;
   const float* super_scale;
@@ -22,6 +47,7 @@ struct Layout {
   const float* super_min;   // nullptr: 0
   const int8_t* sub_min;    // nullptr: 1
   int64_t K, bits, group, per_super, zero, planes, supers, groups;
+  bool fp8;  // codes are FP8 E4M3 values (w = value * scale), not integers
   int super_shift;  // log2(per_super): no division per group (per_super is a power of 2)
 
   // scale and offset (min - zero * scale) of row n's group g
@@ -57,18 +83,23 @@ struct Layout {
   void dequant16(int64_t n, int64_t c, float* w) const {
     float scale, min;
     factors(n, c * kLanes / group, scale, min);  // the generic path's, not the fast one
-    int32_t q[kLanes];
+    float q[kLanes];
     if (bits == 8) {
-      for (int l = 0; l < kLanes; ++l) q[l] = codes[n * K + c * kLanes + l];
+      const int8_t* from = codes + n * K + c * kLanes;
+      for (int l = 0; l < kLanes; ++l) {
+        q[l] = fp8 ? fp8_e4m3(static_cast<uint8_t>(from[l])) : static_cast<float>(from[l]);
+      }
     } else {
+      int32_t u[kLanes];
       const uint8_t* bytes = low + n * (K / 2) + (c / 2) * kLanes;
-      for (int l = 0; l < kLanes; ++l) q[l] = c % 2 ? bytes[l] >> 4 : bytes[l] & 0x0F;
+      for (int l = 0; l < kLanes; ++l) u[l] = c % 2 ? bytes[l] >> 4 : bytes[l] & 0x0F;
       for (int64_t p = 0; p < planes; ++p) {
         const uint16_t b = plane_bits(n, p, c);
-        for (int l = 0; l < kLanes; ++l) q[l] |= ((b >> l) & 1) << (4 + p);
+        for (int l = 0; l < kLanes; ++l) u[l] |= ((b >> l) & 1) << (4 + p);
       }
+      for (int l = 0; l < kLanes; ++l) q[l] = static_cast<float>(u[l]);
     }
-    for (int l = 0; l < kLanes; ++l) w[l] = std::fma(static_cast<float>(q[l]), scale, min);
+    for (int l = 0; l < kLanes; ++l) w[l] = std::fma(q[l], scale, min);
   }
 };
 

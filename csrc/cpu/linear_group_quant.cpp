@@ -52,6 +52,7 @@ using group_quant::hsum16_generic;
 using group_quant::kLanes;
 using group_quant::Layout;
 #ifdef __AVX512F__
+using group_quant::fp8x16;
 using group_quant::hsum16;
 #endif
 constexpr int kCols = 4;  // columns per block (and per register tile)
@@ -92,8 +93,17 @@ template <int BITS>
   __m512i q0, q1;
   if constexpr (BITS == 8) {
     const int8_t* codes = L.codes + n * L.K + b * 32;
-    q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
-    q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16)));
+    const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
+    const __m128i c1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16));
+    if (L.fp8) {
+      float s, o;
+      L.factors(n, b, s, o);  // FP8: groups of 32
+      w0 = _mm512_fmadd_ps(fp8x16(c0), _mm512_set1_ps(s), _mm512_set1_ps(o));
+      w1 = _mm512_fmadd_ps(fp8x16(c1), _mm512_set1_ps(s), _mm512_set1_ps(o));
+      return;
+    }
+    q0 = _mm512_cvtepi8_epi32(c0);
+    q1 = _mm512_cvtepi8_epi32(c1);
   } else {
     const __m512i bytes = _mm512_cvtepu8_epi32(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(L.low + n * (L.K / 2) + b * kLanes)));
@@ -239,8 +249,11 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   L.planes = bits == 8 ? 0 : bits - 4, L.supers = supers, L.groups = groups;
   L.super_shift = __builtin_ctzll(static_cast<uint64_t>(per_super));
   if (bits == 8) {
-    L.codes = optional_data<int8_t>(codes, torch::kChar, N * K, "codes");
+    L.fp8 = codes.scalar_type() == torch::kFloat8_e4m3fn;  // else int8 codes
+    const auto stored = L.fp8 ? codes.view(torch::kChar) : codes;
+    L.codes = optional_data<int8_t>(stored, torch::kChar, N * K, "codes");
     TORCH_CHECK(L.codes, "8-bit weights need their codes");
+    TORCH_CHECK(!L.fp8 || group == 32, "FP8 codes take groups of 32");
   } else {
     L.low = optional_data<uint8_t>(low, torch::kByte, N * K / 2, "low");
     TORCH_CHECK(L.low, "4-6 bit weights need their low nibbles");

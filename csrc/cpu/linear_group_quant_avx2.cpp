@@ -27,9 +27,15 @@ template <int BITS>
   __m256i q[4];
   if constexpr (BITS == 8) {
     const int8_t* codes = L.codes + n * L.K + b * 32;
-    for (int i = 0; i < 4; ++i) {
-      q[i] = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * i)));
+    __m128i c[4];
+    for (int i = 0; i < 4; ++i) c[i] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * i));
+    if (L.fp8) {
+      float s, o;
+      L.factors(n, b, s, o);  // FP8: groups of 32
+      for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(fp8x8(c[i]), _mm256_set1_ps(s), _mm256_set1_ps(o));
+      return;
     }
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtepi8_epi32(c[i]);
   } else {
     const __m256i u = codes32<BITS>(L, n, b);
     const __m128i lo = _mm256_castsi256_si128(u), hi = _mm256_extracti128_si256(u, 1);

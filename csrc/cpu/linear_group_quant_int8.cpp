@@ -257,6 +257,7 @@ float dot_generic(const Layout& L, const Rows& R, int64_t m, int64_t n) {
 }  // namespace
 
 bool int8_fits(const Layout& L) {
+  if (L.fp8) return false;  // FP8 values are no integer codes
   const int64_t span = L.group * L.per_super;
   const bool blocks = L.per_super == 1 ? L.group == 32 : span % kPair == 0;
   return L.K % kPair == 0 && blocks && (!L.sub_scale || L.per_super == 1 || kquant(L));

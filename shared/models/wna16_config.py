@@ -1,6 +1,6 @@
 """The quantization_config of an AWQ, GPTQ or compressed-tensors checkpoint, as far as
-unpacking it (wna16.py) needs: the format, bits, group size, symmetry, and the stored parts
-of a matrix per format.
+unpacking it (wna16.py; FP8: fp8_weights.py) needs: the format, bits, group size, symmetry,
+and the stored parts of a matrix per format.
 
 The one subtle rule: a config is refused here, by name, for anything unpacking cannot do
 exactly; whatever parses is a layout wna16.unpack reads bit for bit.
@@ -22,6 +22,7 @@ class QuantFormat(IntEnum):
     GPTQ = 2
     COMPRESSED = 3  # compressed-tensors, pack-quantized
     INT8 = 4  # compressed-tensors, int-quantized (or naive-quantized) 8-bit: W8A8, W8A16
+    FP8 = 5  # compressed-tensors, float-quantized FP8 E4M3 per channel or tensor: W8A8, W8A16
 
 
 _NAMES = {
@@ -29,6 +30,7 @@ _NAMES = {
     QuantFormat.GPTQ: "GPTQ",
     QuantFormat.COMPRESSED: "c-t",
     QuantFormat.INT8: "c-t int",
+    QuantFormat.FP8: "c-t fp8",
 }
 # the parts of one quantized matrix NAME (stored as NAME.part), the first one marking it
 PARTS = {
@@ -49,6 +51,7 @@ PARTS = {
         "input_scale",  # a static activation scheme's: read past
         "input_zero_point",
     ),
+    QuantFormat.FP8: ("weight_scale", "weight", "input_scale"),
 }
 
 
@@ -112,7 +115,7 @@ def parse_config(q: Mapping) -> Wna16Config:
         return _compressed_tensors(q)
     raise ConfigError(
         f"quantization_config quant_method {method!r} is not supported "
-        "(awq, gptq, compressed-tensors pack-quantized or int-quantized)"
+        "(awq, gptq, compressed-tensors pack-, int- or float-quantized)"
     )
 
 
@@ -129,14 +132,16 @@ def _compressed_tensors(q: Mapping) -> Wna16Config:
     weights = scheme.get("weights") or {}
     activations = scheme.get("input_activations")
     bits = int(weights.get("num_bits", 0))
+    if fmt == "float-quantized":
+        return _fp8(weights, activations)
     packed = fmt == "pack-quantized" and not activations
     whole = fmt in INT_FORMATS and bits == 8 and _int8_activations(activations)
     if weights.get("type") != "int" or not (packed or whole):
         raise ConfigError(
             f"compressed-tensors format {fmt!r} with {weights.get('type')} weights and "
             f"activations {activations}: pack-quantized int weights with float activations "
-            "(W4A16, W8A16) and int-quantized 8-bit weights with int8 or float activations "
-            "(W8A8, W8A16) are read"
+            "(W4A16, W8A16), int-quantized 8-bit weights with int8 or float activations "
+            "(W8A8, W8A16) and float-quantized FP8 weights (per channel or tensor) are read"
         )
     strategy = weights.get("strategy")
     if strategy not in ("group", "channel") and not (whole and strategy == "tensor"):
@@ -156,3 +161,19 @@ def _int8_activations(activations: Mapping | None) -> bool:
     return not activations or (
         activations.get("type") == "int" and int(activations.get("num_bits", 0)) == 8
     )
+
+
+def _fp8(weights: Mapping, activations: Mapping | None) -> Wna16Config:
+    """float-quantized: FP8 E4M3 weights, one scale per channel or tensor, symmetric; the
+    activation scheme (FP8 per token, static, or none) is not what runs."""
+    strategy = weights.get("strategy")
+    float8 = weights.get("type") == "float" and int(weights.get("num_bits", 0)) == 8
+    if not float8 or strategy not in ("channel", "tensor") or not weights.get("symmetric", True):
+        raise ConfigError(
+            f"compressed-tensors float-quantized weights {weights.get('type')} "
+            f"{weights.get('num_bits')}-bit, strategy {strategy!r}: FP8 (8-bit float) per "
+            "channel or tensor, symmetric, is read (not block or group scales)"
+        )
+    if activations and activations.get("type") not in ("float", None):
+        raise ConfigError(f"compressed-tensors FP8 weights with {activations} activations")
+    return Wna16Config(QuantFormat.FP8, 8, 0, True, per_tensor=strategy == "tensor")

@@ -38,11 +38,14 @@ SCHEMES = {
     "gptq8-channel-sym": Scheme(QuantFormat.GPTQ, 8, 0, symmetric=True),
     "ct4-g128-sym-act-order": Scheme(QuantFormat.COMPRESSED, 4, 128, True, act_order=True),
     "ct8-w8a8-channel-sym": Scheme(QuantFormat.INT8, 8, 0, symmetric=True),
+    "ct-fp8-channel": Scheme(QuantFormat.FP8, 8, 0, symmetric=True),
+    "ct-fp8-tensor": Scheme(QuantFormat.FP8, 8, 0, symmetric=True, strategy="tensor"),
 }
 # docs/quantized-checkpoints.md: the stored weights against the float model's, relative L2
 WEIGHT_BOUND = {"awq-g128": 0.12, "gptq4-g32-act-order": 0.1, "gptq8-channel-sym": 0.01}
 WEIGHT_BOUND["ct4-g128-sym-act-order"] = 0.15
 WEIGHT_BOUND["ct8-w8a8-channel-sym"] = 0.01
+WEIGHT_BOUND |= {"ct-fp8-channel": 0.04, "ct-fp8-tensor": 0.04}  # 3 mantissa bits: ~2.5%
 # and the prompt's logits, where the tiny random model (which amplifies weight error ~20x)
 # keeps them comparable: 8-bit only
 
@@ -88,7 +91,7 @@ def test_logits_are_those_of_the_float_model_of_the_stored_weights(root, name):
 
 
 @pytest.mark.skipif(native.load() is None, reason="batch invariance needs the C++ kernels")
-@pytest.mark.parametrize("name", ["awq-g128", "gptq4-g32-act-order"])
+@pytest.mark.parametrize("name", ["awq-g128", "gptq4-g32-act-order", "ct-fp8-channel"])
 def test_a_requests_logits_are_the_same_bits_beside_others(root, name):
     assert_same_bits_beside_others(root / name, PROMPT)
 

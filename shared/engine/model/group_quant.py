@@ -45,7 +45,7 @@ class GroupQuantLinear:
     per_super: int  # groups per super-block factor
     zero: int  # subtracted from every code
     super_scale: torch.Tensor  # [N, K / (group * per_super)] float32
-    codes: torch.Tensor | None = None  # [N, K] int8 (bits 8)
+    codes: torch.Tensor | None = None  # [N, K] int8 (bits 8), or float8_e4m3fn values (FP8)
     low: torch.Tensor | None = None  # [N, K / 2] uint8: per 32 weights j | j + 16 << 4
     high: torch.Tensor | None = None  # [N, bits - 4, K / 8] uint8 bit planes
     sub_scale: torch.Tensor | None = None  # [N, K / group] int8; None: 1
@@ -145,9 +145,12 @@ class GroupQuantLinear:
         return all(same) and all(present) and perm and stored
 
     def codes_of_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """[R, K] int32: q - zero of the rows `rows` (None: all), in the stored column order."""
+        """[R, K] int32: q - zero of the rows `rows` (None: all), in the stored column order
+        (FP8: the values, float32)."""
         self._stored_layout()
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        if self.bits == 8 and self.codes.dtype == torch.float8_e4m3fn:
+            return pick(self.codes).float()
         if self.bits == 8:
             q = pick(self.codes).to(torch.int32)
         else:
@@ -195,6 +198,8 @@ class GroupQuantLinear:
         int8_fits: whole pairs of 32-blocks, super-blocks of whole pairs or single groups;
         group scales within super-blocks only as the k-quants have them, 4-6 bits a code,
         super-blocks of 256, mins with a factor per group)."""
+        if self.codes is not None and self.codes.dtype != torch.int8:
+            return False  # FP8 values: no integer codes to dot
         span = self.group * self.per_super
         blocks = self.group == 32 if self.per_super == 1 else span % 64 == 0
         kquant = (

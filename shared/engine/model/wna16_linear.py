@@ -1,4 +1,5 @@
-"""AWQ / GPTQ / compressed-tensors matrices (shared/models/wna16.py) -> a `GroupQuantLinear`.
+"""AWQ / GPTQ / compressed-tensors matrices (shared/models/wna16.py, fp8_weights.py) -> a
+`GroupQuantLinear`.
 
 The group-quant kernel's layout (model/group_quant.py) takes them as they are, integers
 kept: groups of 32 columns under a super-block factor per G columns (per_super = G / 32,
@@ -23,13 +24,33 @@ from collections.abc import Mapping
 import torch
 
 from shared.engine.model.group_quant import GroupQuantLinear
+from shared.models.fp8_weights import Fp8Rows, unpack_fp8
 from shared.models.wna16 import IntGroups, unpack
-from shared.models.wna16_config import Wna16Config
+from shared.models.wna16_config import QuantFormat, Wna16Config
 
 
 def wna16_linear(config: Wna16Config, parts: Mapping[str, torch.Tensor]) -> GroupQuantLinear:
     """A matrix's stored parts -> the kernel's layout; ValueError naming what is wrong."""
+    if config.format == QuantFormat.FP8:
+        return from_fp8(unpack_fp8(config, parts), config.label)
     return from_int_groups(unpack(config, parts), config.bits, config.label)
+
+
+def from_fp8(m: Fp8Rows, label: str) -> GroupQuantLinear:
+    """FP8 values as 8-bit codes of the float8 dtype (the kernel reads them as FP8), each row's
+    scale as its super_scale per 32 columns: w = value * scale (+ 0)."""
+    n, k = m.values.shape
+    return GroupQuantLinear(
+        format=label,
+        out_features=n,
+        in_features=k,
+        bits=8,
+        group=32,
+        per_super=1,
+        zero=0,
+        super_scale=m.scales[:, None].expand(n, k // 32).contiguous(),
+        codes=m.values,
+    )
 
 
 def from_int_groups(m: IntGroups, bits: int, label: str) -> GroupQuantLinear:
