@@ -47,7 +47,7 @@ WEIGHT_BOUND["ct4-g128-sym-act-order"] = 0.15
 WEIGHT_BOUND["ct8-w8a8-channel-sym"] = 0.01
 WEIGHT_BOUND |= {"ct-fp8-channel": 0.04, "ct-fp8-tensor": 0.04}  # 3 mantissa bits: ~2.5%
 # and the prompt's logits, where the tiny random model (which amplifies weight error ~20x)
-# keeps them comparable: 8-bit only
+# keeps them comparable: 8-bit integers only (FP8's 3 mantissa bits err ~2.5%)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_logits_are_those_of_the_float_model_of_the_stored_weights(root, name):
     error = torch.stack([(stored[key] - original[key]).norm() for key in quantized]).norm()
     error /= torch.stack([original[key].norm() for key in quantized]).norm()
     assert float(error) < WEIGHT_BOUND[name], float(error)
-    if SCHEMES[name].bits == 8:
+    if SCHEMES[name].bits == 8 and SCHEMES[name].format != QuantFormat.FP8:
         first = _logits(root / "float", dtype="float32")[0]  # the prompt's: the same context
         assert float((ours[0] - first).norm() / first.norm()) < 0.2
 
