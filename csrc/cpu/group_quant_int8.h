@@ -5,6 +5,7 @@
 // path is linear_group_quant_int8_vnni.cpp's run_vnni.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -54,6 +55,22 @@ inline int32_t min_sum(const Layout& L, int64_t n, int64_t xb, int64_t span,
     sum += (L.sub_min ? L.sub_min[n * L.groups + g] : 1) * group_sum[g];
   }
   return sum;
+}
+
+// The tail's steps of row m, column n, the same on every path: per_super 1, block b adds
+// (d * min) * its xq sum; per_super > 1, x-block xb adds (d * super_min) * min_sum
+inline float block_tail(const Layout& L, const Rows& R, int64_t m, int64_t n, int64_t b,
+                        float tail) {
+  const float sum = static_cast<float>(R.group_sum[m * L.groups + b]);
+  return std::fma(R.d[m * (L.K / R.span) + b] * block_min(L, n, b), sum, tail);
+}
+
+inline float super_tail(const Layout& L, const Rows& R, int64_t m, int64_t n, int64_t xb,
+                        float tail) {
+  const int64_t s = xb * R.span / (L.group * L.per_super);
+  const float sum =
+      static_cast<float>(min_sum(L, n, xb, R.span, R.group_sum.data() + m * L.groups));
+  return std::fma(R.d[m * (L.K / R.span) + xb] * L.super_min[n * L.supers + s], sum, tail);
 }
 
 // y [M, N] from the quantized rows, in register tiles (built with AVX512-VNNI only), and the

@@ -63,6 +63,19 @@ struct Layout {
     offset = min - static_cast<float>(zero) * scale;  // exact (see the top)
   }
 
+  // block b's (32 weights) factors: weights 0-15 take (s0, o0), 16-31 (s1, o1) (group 16:
+  // groups 2b and 2b + 1; group 32: both group b's)
+  [[gnu::always_inline]] void block_factors(int64_t n, int64_t b, float& s0, float& o0, float& s1,
+                                            float& o1) const {
+    if (group == 32) {
+      factors(n, b, s0, o0);
+      s1 = s0, o1 = o0;
+    } else {
+      factors(n, 2 * b, s0, o0);
+      factors(n, 2 * b + 1, s1, o1);
+    }
+  }
+
   uint16_t plane_bits(int64_t n, int64_t p, int64_t c) const {
     uint16_t bits16;
     std::memcpy(&bits16, high + (n * planes + p) * (K / 8) + c * 2, sizeof(bits16));

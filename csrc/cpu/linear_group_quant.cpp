@@ -119,13 +119,7 @@ template <int BITS>
     }
   }
   float s0, o0, s1, o1;
-  if (L.group == 32) {
-    L.factors(n, b, s0, o0);
-    s1 = s0, o1 = o0;
-  } else {  // 16
-    L.factors(n, 2 * b, s0, o0);
-    L.factors(n, 2 * b + 1, s1, o1);
-  }
+  L.block_factors(n, b, s0, o0, s1, o1);
   w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), _mm512_set1_ps(s0), _mm512_set1_ps(o0));
   w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), _mm512_set1_ps(s1), _mm512_set1_ps(o1));
 }

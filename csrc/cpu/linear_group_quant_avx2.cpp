@@ -43,13 +43,7 @@ template <int BITS>
     q[2] = _mm256_cvtepu8_epi32(hi), q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
   }
   float s0, o0, s1, o1;
-  if (L.group == 32) {
-    L.factors(n, b, s0, o0);
-    s1 = s0, o1 = o0;
-  } else {  // 16
-    L.factors(n, 2 * b, s0, o0);
-    L.factors(n, 2 * b + 1, s1, o1);
-  }
+  L.block_factors(n, b, s0, o0, s1, o1);
   for (int i = 0; i < 4; ++i) {
     const float s = i < 2 ? s0 : s1, o = i < 2 ? o0 : o1;
     w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[i]), _mm256_set1_ps(s), _mm256_set1_ps(o));

@@ -216,7 +216,6 @@ float dot_generic(const Layout& L, const Rows& R, int64_t m, int64_t n) {
   const int8_t* xq = R.xq.data() + m * K;
   const int32_t* base = R.lane_base.data() + m * (K / 4);
   const float* d = R.d.data() + m * (K / R.span);
-  const int16_t* group_sum = R.group_sum.data() + m * L.groups;
   float acc[kLanes] = {}, tail = 0.f;
   int32_t sums[kLanes] = {};
   for (int64_t p = 0; p < K / kPair; ++p) {
@@ -233,9 +232,7 @@ float dot_generic(const Layout& L, const Rows& R, int64_t m, int64_t n) {
       for (int l = 0; l < kLanes; ++l) {
         acc[l] = std::fma(static_cast<float>(v[l]), f[l / 8], acc[l]);
       }
-      for (int64_t b = 2 * p; L.super_min && b < 2 * p + 2; ++b) {
-        tail = std::fma(d[b] * block_min(L, n, b), static_cast<float>(group_sum[b]), tail);
-      }
+      for (int64_t b = 2 * p; L.super_min && b < 2 * p + 2; ++b) tail = block_tail(L, R, m, n, b, tail);
       continue;
     }
     for (int l = 0; l < kLanes; ++l) sums[l] += v[l];
@@ -246,10 +243,7 @@ float dot_generic(const Layout& L, const Rows& R, int64_t m, int64_t n) {
       acc[l] = std::fma(static_cast<float>(sums[l]), f, acc[l]);
       sums[l] = 0;
     }
-    if (L.super_min) {
-      const float sum = static_cast<float>(min_sum(L, n, xb, R.span, group_sum));
-      tail = std::fma(d[xb] * L.super_min[n * L.supers + s], sum, tail);
-    }
+    if (L.super_min) tail = super_tail(L, R, m, n, xb, tail);
   }
   return hsum16_generic(acc) + tail;
 }

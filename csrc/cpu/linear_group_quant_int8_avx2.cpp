@@ -109,10 +109,7 @@ struct Tile {
       }
       for (int64_t blk = 2 * p; L.super_min && blk < 2 * p + 2; ++blk) {
         for (int r = 0; r < MR; ++r) {
-          const float sum = static_cast<float>(group_sum(r)[blk]);
-          for (int j = 0; j < NB; ++j) {
-            tail[r][j] = std::fma(d(r)[blk] * block_min(L, n0 + j, blk), sum, tail[r][j]);
-          }
+          for (int j = 0; j < NB; ++j) tail[r][j] = block_tail(L, R, m0 + r, n0 + j, blk, tail[r][j]);
         }
       }
     }
@@ -150,13 +147,8 @@ struct Tile {
           }
         }
       }
-      if (!L.super_min) continue;
-      for (int j = 0; j < NB; ++j) {
-        const float min = L.super_min[(n0 + j) * L.supers + s];
-        for (int r = 0; r < MR; ++r) {
-          const float sum = static_cast<float>(min_sum(L, n0 + j, xb, R.span, group_sum(r)));
-          tail[r][j] = std::fma(d(r)[xb] * min, sum, tail[r][j]);
-        }
+      for (int j = 0; L.super_min && j < NB; ++j) {
+        for (int r = 0; r < MR; ++r) tail[r][j] = super_tail(L, R, m0 + r, n0 + j, xb, tail[r][j]);
       }
     }
     store(acc, tail, y, N);
