@@ -44,7 +44,8 @@ inline float hsum16(__m256 lo, __m256 hi) {
 
 // 32 bits (bit i: byte i) as a byte mask, 0xFF where the bit is set
 [[gnu::always_inline]] inline __m256i bit_bytes(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(  // byte i takes byte i / 8 (in-lane: both lanes hold all 4)
+  // byte i takes byte i / 8 (in-lane: both 128-bit lanes hold all 4 bytes)
+  const __m256i spread = _mm256_shuffle_epi8(
       _mm256_set1_epi32(static_cast<int>(bits)),
       _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
   const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
@@ -55,14 +56,17 @@ inline float hsum16(__m256 lo, __m256 hi) {
 // nibbles, low ones (weights 0-15) then high ones (16-31), and each bit plane's 32 bits added
 template <int BITS>
 [[gnu::always_inline]] inline __m256i codes32(const Layout& L, int64_t n, int64_t b) {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(L.low + n * (L.K / 2) + b * 16));
+  const __m128i t =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(L.low + n * (L.K / 2) + b * 16));
   const __m128i nibble = _mm_set1_epi8(0x0F);
-  __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), nibble), _mm_and_si128(t, nibble));
+  __m256i q =
+      _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), nibble), _mm_and_si128(t, nibble));
 #pragma GCC unroll 2
   for (int pl = 0; pl < BITS - 4; ++pl) {
     uint32_t bits32;
     std::memcpy(&bits32, L.high + (n * L.planes + pl) * (L.K / 8) + b * 4, sizeof(bits32));
-    q = _mm256_add_epi8(q, _mm256_and_si256(bit_bytes(bits32), _mm256_set1_epi8(static_cast<char>(16 << pl))));
+    const __m256i add = _mm256_set1_epi8(static_cast<char>(16 << pl));
+    q = _mm256_add_epi8(q, _mm256_and_si256(bit_bytes(bits32), add));
   }
   return q;
 }

@@ -23,16 +23,21 @@ constexpr int64_t kScratchRows = 2;  // more rows than this: dequantize a panel 
 // weights 32 b .. 32 b + 31 of row n as fp32: w[0], w[1] the lo and hi lanes of chunk 2 b,
 // w[2], w[3] those of chunk 2 b + 1
 template <int BITS>
-[[gnu::always_inline]] inline void dequant32(const Layout& L, int64_t n, int64_t b, __m256 (&w)[4]) {
+[[gnu::always_inline]] inline void dequant32(const Layout& L, int64_t n, int64_t b,
+                                             __m256 (&w)[4]) {
   __m256i q[4];
   if constexpr (BITS == 8) {
     const int8_t* codes = L.codes + n * L.K + b * 32;
     __m128i c[4];
-    for (int i = 0; i < 4; ++i) c[i] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * i));
+    for (int i = 0; i < 4; ++i) {
+      c[i] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * i));
+    }
     if (L.fp8) {
       float s, o;
       L.factors(n, b, s, o);  // FP8: groups of 32
-      for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(fp8x8(c[i]), _mm256_set1_ps(s), _mm256_set1_ps(o));
+      for (int i = 0; i < 4; ++i) {
+        w[i] = _mm256_fmadd_ps(fp8x8(c[i]), _mm256_set1_ps(s), _mm256_set1_ps(o));
+      }
       return;
     }
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtepi8_epi32(c[i]);

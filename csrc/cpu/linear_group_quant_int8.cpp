@@ -45,9 +45,9 @@ namespace group_quant {
 
 namespace {
 
-// The rows' quantization, vectorized where AVX-512 (else AVX2) is built in: each step is the scalar one
-// lane by lane (a max, one product, the current rounding mode's round half to even, exact
-// integer sums), so both give the same codes.
+// The rows' quantization, vectorized where AVX-512 (else AVX2) is built in: each step is the
+// scalar one lane by lane (a max, one product, the current rounding mode's round half to even,
+// exact integer sums), so both give the same codes.
 
 // max |x| of n floats (n: a multiple of 16)
 float abs_max(const float* x, int64_t n) {
@@ -107,7 +107,8 @@ void quad_sums(const int8_t* xq, int64_t K, int32_t* sums) {
 #elif defined(GROUP_QUANT_AVX2)
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
   for (; k + 32 <= K; k += 32) {
-    const __m256i pairs = _mm256_maddubs_epi16(ones8, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k)));
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k));
+    const __m256i pairs = _mm256_maddubs_epi16(ones8, bytes);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + k / 4), _mm256_madd_epi16(pairs, ones16));
   }
 #endif
@@ -232,7 +233,9 @@ float dot_generic(const Layout& L, const Rows& R, int64_t m, int64_t n) {
       for (int l = 0; l < kLanes; ++l) {
         acc[l] = std::fma(static_cast<float>(v[l]), f[l / 8], acc[l]);
       }
-      for (int64_t b = 2 * p; L.super_min && b < 2 * p + 2; ++b) tail = block_tail(L, R, m, n, b, tail);
+      for (int64_t b = 2 * p; L.super_min && b < 2 * p + 2; ++b) {
+        tail = block_tail(L, R, m, n, b, tail);
+      }
       continue;
     }
     for (int l = 0; l < kLanes; ++l) sums[l] += v[l];

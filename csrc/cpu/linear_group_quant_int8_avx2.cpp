@@ -26,6 +26,10 @@ namespace {
 constexpr int kCols = 4;  // columns per block of a thread's share
 constexpr int kRows = 2;  // rows per tile
 
+[[gnu::always_inline]] inline __m256i load32(const void* p) {  // 32 bytes, unaligned
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
 [[gnu::always_inline]] inline __m256i quads(__m256i pairs) {  // int16 pairs -> int32 quads
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
@@ -47,7 +51,8 @@ template <int BITS>
 template <int G>
 [[gnu::always_inline]] inline __m256i groups16(const int8_t* from) {
   if constexpr (G == 32) {
-    return _mm256_zextsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(from))));
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(from));
+    return _mm256_zextsi128_si256(_mm_cvtepi8_epi16(bytes));
   } else {
     return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from)));
   }
@@ -72,19 +77,21 @@ struct Tile {
   // block blk of column j's codes, in k order
   [[gnu::always_inline]] __m256i codes(int j, int64_t blk) const {
     if constexpr (BITS == 8) {
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(L.codes + (n0 + j) * L.K + blk * 32));
+      return load32(L.codes + (n0 + j) * L.K + blk * 32);
     } else {
       if (!panel) return codes32<BITS>(L, n0 + j, blk);
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + (n0 + j - p0) * L.K + blk * 32));
+      return load32(panel + (n0 + j - p0) * L.K + blk * 32);
     }
   }
   [[gnu::always_inline]] __m256i x(int r, int64_t blk) const {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(R.xq.data() + (m0 + r) * L.K + blk * 32));
+    return load32(R.xq.data() + (m0 + r) * L.K + blk * 32);
   }
   [[gnu::always_inline]] __m256i base(int r, int64_t blk) const {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(R.lane_base.data() + (m0 + r) * (L.K / 4) + blk * 8));
+    return load32(R.lane_base.data() + (m0 + r) * (L.K / 4) + blk * 8);
   }
-  [[gnu::always_inline]] const float* d(int r) const { return R.d.data() + (m0 + r) * (L.K / R.span); }
+  [[gnu::always_inline]] const float* d(int r) const {
+    return R.d.data() + (m0 + r) * (L.K / R.span);
+  }
   [[gnu::always_inline]] const int16_t* group_sum(int r) const {
     return R.group_sum.data() + (m0 + r) * L.groups;
   }
@@ -109,7 +116,9 @@ struct Tile {
       }
       for (int64_t blk = 2 * p; L.super_min && blk < 2 * p + 2; ++blk) {
         for (int r = 0; r < MR; ++r) {
-          for (int j = 0; j < NB; ++j) tail[r][j] = block_tail(L, R, m0 + r, n0 + j, blk, tail[r][j]);
+          for (int j = 0; j < NB; ++j) {
+            tail[r][j] = block_tail(L, R, m0 + r, n0 + j, blk, tail[r][j]);
+          }
         }
       }
     }
@@ -171,7 +180,8 @@ struct Tile {
         for (int j = 0; j < NB; ++j) {
           const int8_t* sc = L.sub_scale + (n0 + j) * L.groups + xb * per_x;
           const __m256i s = G == 32 ? _mm256_set1_epi16(sc[i])
-                                    : _mm256_set_m128i(_mm_set1_epi16(sc[2 * i + 1]), _mm_set1_epi16(sc[2 * i]));
+                                    : _mm256_set_m128i(_mm_set1_epi16(sc[2 * i + 1]),
+                                                       _mm_set1_epi16(sc[2 * i]));
           const __m256i q = codes(j, blk);
           for (int r = 0; r < MR; ++r) {
             const __m256i t = _mm256_maddubs_epi16(q, x(r, blk));
@@ -202,7 +212,8 @@ struct Tile {
         const int64_t sup = (n0 + j) * L.supers + xb;
         const __m256i sm = groups16<G>(L.sub_min + (n0 + j) * L.groups + xb * per_x);
         for (int r = 0; r < MR; ++r) {
-          const __m256 mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(sm, sums16<G>(group_sum(r) + xb * per_x)));
+          const __m256i gs = sums16<G>(group_sum(r) + xb * per_x);
+          const __m256 mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(sm, gs));
           const __m256 f = _mm256_set1_ps(d(r)[xb] * L.super_min[sup]);
           acc[r][j][0] = _mm256_fmadd_ps(mins, f, acc[r][j][0]);
           acc[r][j][1] = _mm256_fmadd_ps(_mm256_setzero_ps(), f, acc[r][j][1]);  // lanes 8-15: 0

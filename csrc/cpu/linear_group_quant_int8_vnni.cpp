@@ -86,7 +86,9 @@ struct Tile {
       }
       for (int64_t blk = 2 * p; L.super_min && blk < 2 * p + 2; ++blk) {
         for (int r = 0; r < MR; ++r) {
-          for (int j = 0; j < NB; ++j) tail[r][j] = block_tail(L, R, m0 + r, n0 + j, blk, tail[r][j]);
+          for (int j = 0; j < NB; ++j) {
+            tail[r][j] = block_tail(L, R, m0 + r, n0 + j, blk, tail[r][j]);
+          }
         }
       }
     }
