@@ -73,6 +73,26 @@ inline float super_tail(const Layout& L, const Rows& R, int64_t m, int64_t n, in
   return std::fma(R.d[m * (L.K / R.span) + xb] * L.super_min[n * L.supers + s], sum, tail);
 }
 
+// A register tile's tails (rows m0 .., columns n0 ..): per_super 1, pair p's two blocks;
+// per_super > 1, x-block xb
+template <int MR, int NB>
+inline void pair_tails(const Layout& L, const Rows& R, int64_t m0, int64_t n0, int64_t p,
+                       float (&tail)[MR][NB]) {
+  for (int64_t blk = 2 * p; L.super_min && blk < 2 * p + 2; ++blk) {
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < NB; ++j) tail[r][j] = block_tail(L, R, m0 + r, n0 + j, blk, tail[r][j]);
+    }
+  }
+}
+
+template <int MR, int NB>
+inline void super_tails(const Layout& L, const Rows& R, int64_t m0, int64_t n0, int64_t xb,
+                        float (&tail)[MR][NB]) {
+  for (int j = 0; L.super_min && j < NB; ++j) {
+    for (int r = 0; r < MR; ++r) tail[r][j] = super_tail(L, R, m0 + r, n0 + j, xb, tail[r][j]);
+  }
+}
+
 // y [M, N] from the quantized rows, in register tiles (built with AVX512-VNNI only), and the
 // same on AVX2 (linear_group_quant_int8_avx2.cpp; built with AVX2 and FMA only)
 void run_vnni(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N);

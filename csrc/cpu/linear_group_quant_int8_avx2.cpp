@@ -114,13 +114,7 @@ struct Tile {
           }
         }
       }
-      for (int64_t blk = 2 * p; L.super_min && blk < 2 * p + 2; ++blk) {
-        for (int r = 0; r < MR; ++r) {
-          for (int j = 0; j < NB; ++j) {
-            tail[r][j] = block_tail(L, R, m0 + r, n0 + j, blk, tail[r][j]);
-          }
-        }
-      }
+      pair_tails(L, R, m0, n0, p, tail);
     }
     store(acc, tail, y, N);
   }
@@ -156,9 +150,7 @@ struct Tile {
           }
         }
       }
-      for (int j = 0; L.super_min && j < NB; ++j) {
-        for (int r = 0; r < MR; ++r) tail[r][j] = super_tail(L, R, m0 + r, n0 + j, xb, tail[r][j]);
-      }
+      super_tails(L, R, m0, n0, xb, tail);
     }
     store(acc, tail, y, N);
   }

@@ -84,13 +84,7 @@ struct Tile {
               _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dv, scale[j]), acc[r][j]);
         }
       }
-      for (int64_t blk = 2 * p; L.super_min && blk < 2 * p + 2; ++blk) {
-        for (int r = 0; r < MR; ++r) {
-          for (int j = 0; j < NB; ++j) {
-            tail[r][j] = block_tail(L, R, m0 + r, n0 + j, blk, tail[r][j]);
-          }
-        }
-      }
+      pair_tails(L, R, m0, n0, p, tail);
     }
     store(acc, tail, y, N);
   }
@@ -125,9 +119,7 @@ struct Tile {
           acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][j]), f, acc[r][j]);
         }
       }
-      for (int j = 0; L.super_min && j < NB; ++j) {
-        for (int r = 0; r < MR; ++r) tail[r][j] = super_tail(L, R, m0 + r, n0 + j, xb, tail[r][j]);
-      }
+      super_tails(L, R, m0, n0, xb, tail);
     }
     store(acc, tail, y, N);
   }
