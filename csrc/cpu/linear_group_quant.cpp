@@ -28,6 +28,16 @@
 #include "group_quant_avx2.h"
 #include "group_quant_int8.h"
 
+namespace {
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kVnni = true;  // the "int8" kernel's path: AVX512-VNNI, else AVX2 or generic
+#else
+constexpr bool kVnni = false;
+#endif
+
+}  // namespace
+
 std::vector<std::string> group_quant_paths() {
 #ifdef __AVX512F__
   std::string fp32 = "avx512";
@@ -36,13 +46,12 @@ std::vector<std::string> group_quant_paths() {
 #else
   std::string fp32 = "generic";
 #endif
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  std::string int8 = "avx512_vnni";
-#elif defined(GROUP_QUANT_AVX2)
+#if defined(GROUP_QUANT_AVX2)
   std::string int8 = "avx2";
 #else
   std::string int8 = "generic";
 #endif
+  if (kVnni) int8 = "avx512_vnni";
   return {fp32, int8};
 }
 
@@ -279,11 +288,10 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   if (M == 0 || N == 0) return y;
   if (int8) {
     using group_quant::Int8Path;
-    const bool vnni = group_quant_paths()[1] == "avx512_vnni";
     const Int8Path path = amx                ? Int8Path::kAmx
                           : avx2             ? Int8Path::kAvx2
                           : kernel != "int8" ? Int8Path::kGeneric
-                          : vnni             ? Int8Path::kVnni
+                          : kVnni            ? Int8Path::kVnni
                                              : Int8Path::kAvx2;  // the generic one without AVX2
     group_quant::run_int8(L, x32.data_ptr<float>(), y.data_ptr<float>(), M, N, path);
     return y;

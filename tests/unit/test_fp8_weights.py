@@ -12,6 +12,7 @@ from shared.engine import native
 from shared.engine.model.wna16_linear import wna16_linear
 from shared.models.fp8_weights import unpack_fp8
 from shared.models.wna16_config import QuantFormat, Wna16Config, parse_config
+from tests.wna16_writer import Scheme
 
 kernels = native.load()
 N, K = 48, 256
@@ -21,14 +22,10 @@ PATHS = ["auto", "avx2"] if kernels is not None and "avx2" in kernels.cpu_featur
 
 
 def config(strategy: str = "channel", **weights) -> dict:
-    w = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy} | weights
-    tokens = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
-    group = {"targets": ["Linear"], "weights": w, "input_activations": tokens}
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "float-quantized",
-        "config_groups": {"group_0": group},
-    }
+    """The writer's config (tests/wna16_writer.py), its weights' fields changed."""
+    raw = Scheme(QuantFormat.FP8, 8, 0, True, strategy=strategy).config()
+    raw["config_groups"]["group_0"]["weights"] |= weights
+    return raw
 
 
 def every_code(n: int = N, k: int = K) -> torch.Tensor:
