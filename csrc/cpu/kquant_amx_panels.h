@@ -1,4 +1,4 @@
-// The panels of repack_kquant_amx (kquant_panels_repack.cpp) and the three ways
+// The panels of repack_kquant_amx (panels_repack.cpp) and the three ways
 // linear_kquant_amx.cpp multiplies by them: panel P holds columns 16 P .. 16 P + 15; per group
 // g of G codes (32, or 16 for Q6_K), low: G / 8 chunks of 64 bytes, chunk r's byte 4 c + e
 // holding column c's code 4 r + e of the group (low nibble) and 4 (r + G / 8) + e (high
@@ -36,49 +36,50 @@ constexpr int64_t kVnniRows = 4;  // calls of up to this many rows take vnni_row
   return _mm512_cvtepi8_epi32(bytes16(at));
 }
 
+// the group of G codes from k0 of panel P (BITS a code): its codes u (unsigned) as the G / 4
+// rows of a B tile
+template <int BITS, int G>
+[[gnu::always_inline]] inline void panel_group(const Layout& L, int64_t P, int64_t k0,
+                                               __m512i (&rows)[G / 4]) {
+  constexpr int kFw = BITS - 4, kRows = G / 4, kHighChunks = G * kFw / 32;
+  const uint8_t* low = L.low + P * 8 * L.K + k0 * 8;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int r = 0; r < kRows / 2; ++r) {
+    const __m512i v = _mm512_loadu_si512(low + r * 64);
+    rows[r] = _mm512_and_si512(v, nibble);
+    rows[r + kRows / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  }
+  if constexpr (kFw > 0) {
+    const uint8_t* high = L.high + P * 2 * kFw * L.K + k0 * 2 * kFw;
+    const __m512i field = _mm512_set1_epi8(static_cast<char>(((1 << kFw) - 1) << 4));
+    for (int h = 0; h < kHighChunks; ++h) {
+      const __m512i w = _mm512_loadu_si512(high + h * 64);
+      for (int f = 0; f < 8 / kFw; ++f) {  // field f to bits 4.. of row h + f * chunks
+        const int s = f * kFw - 4;
+        const __m512i t = s >= 0 ? _mm512_srli_epi16(w, s) : _mm512_slli_epi16(w, -s);
+        __m512i& row = rows[h + f * kHighChunks];
+        row = _mm512_or_si512(row, _mm512_and_si512(t, field));
+      }
+    }
+  }
+}
+
 template <int BITS, int G>
 struct Panels {
   static constexpr int kGroups = kSuper / G;  // groups of a super-block
   static constexpr int kBRows = G / 4;  // rows of a B tile: the group's quads
-  static constexpr int kFw = BITS - 4;  // bits above the nibble
-  static constexpr int kHighChunks = G * kFw / 32;
 
   const Layout& L;
   const int8_t* xq;  // [M padded to 32, K]
   const float* d;  // [M, K / 256]
   const int16_t* group_sum;  // [M, groups]
 
-  // group g of panel P's super-block xb: its codes u (unsigned) as kBRows B rows
-  [[gnu::always_inline]] void unpack_group(int64_t P, int64_t xb, int g,
-                                           __m512i (&rows)[kBRows]) const {
-    const uint8_t* low = L.low + P * 8 * L.K + xb * kSuper * 8 + g * 8 * G;
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
-    for (int r = 0; r < kBRows / 2; ++r) {
-      const __m512i v = _mm512_loadu_si512(low + r * 64);
-      rows[r] = _mm512_and_si512(v, nibble);
-      rows[r + kBRows / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-    }
-    if constexpr (kFw > 0) {
-      const uint8_t* high = L.high + P * 2 * kFw * L.K + xb * kSuper * 2 * kFw + g * 2 * kFw * G;
-      const __m512i field = _mm512_set1_epi8(static_cast<char>(((1 << kFw) - 1) << 4));
-      for (int h = 0; h < kHighChunks; ++h) {
-        const __m512i w = _mm512_loadu_si512(high + h * 64);
-        for (int f = 0; f < 8 / kFw; ++f) {  // field f to bits 4.. of row h + f * chunks
-          const int s = f * kFw - 4;
-          const __m512i t = s >= 0 ? _mm512_srli_epi16(w, s) : _mm512_slli_epi16(w, -s);
-          __m512i& row = rows[h + f * kHighChunks];
-          row = _mm512_or_si512(row, _mm512_and_si512(t, field));
-        }
-      }
-    }
-  }
-
   // panel P's super-block xb as signed codes u - Z: [kGroups][kBRows][64]
   void unpack(int64_t P, int64_t xb, int8_t* b) const {
     const __m512i zero = _mm512_set1_epi8(static_cast<char>(L.zero));
     for (int g = 0; g < kGroups; ++g) {
       __m512i rows[kBRows];
-      unpack_group(P, xb, g, rows);
+      panel_group<BITS, G>(L, P, xb * kSuper + g * G, rows);
       for (int r = 0; r < kBRows; ++r) {
         _mm512_storeu_si512(b + (g * kBRows + r) * 64, _mm512_sub_epi8(rows[r], zero));
       }
@@ -95,7 +96,7 @@ struct Panels {
     for (int r = 0; r < MR; ++r) sums[r] = _mm512_setzero_si512();
     for (int g = 0; g < kGroups; ++g) {
       __m512i rows[kBRows];
-      unpack_group(P, xb, g, rows);
+      panel_group<BITS, G>(L, P, xb * kSuper + g * G, rows);
       const __m512i s = lanes16(sc + g * 16);
       for (int r = 0; r < MR; ++r) {
         const int8_t* x = xq + (m0 + r) * L.K + xb * kSuper + g * G;

@@ -276,9 +276,11 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
 #ifndef GROUP_QUANT_AVX2
   TORCH_CHECK(!avx2, "kernel ", kernel, ": this build has no AVX2");
 #endif
-  const bool panels = group_quant::kquant(L) && group_quant::amx_shape(bits, group) && N % 16 == 0;
-  TORCH_CHECK(!amx || panels,
-              "int8-amx takes Q4_K, Q5_K and Q6_K layouts of whole 16-column panels");
+  const bool panels = (group_quant::kquant(L) && group_quant::amx_shape(bits, group)) ||
+                      group_quant::amx_blocks(L);
+  TORCH_CHECK(!amx || (panels && N % 16 == 0),
+              "int8-amx takes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K layouts of whole "
+              "16-column panels");
   TORCH_CHECK(!int8 || group_quant::int8_fits(L),
               "int8 activations need K in whole 64s and super-blocks of 64s or single groups "
               "(group scales within super-blocks: 4-6 bit k-quants of 256)");

@@ -1,7 +1,7 @@
 // The k-quants' int8-activation linear on a column-interleaved layout (Q4_K, Q6_K): panels of
 // 16 output columns, so that one 512-bit register holds one thing of each of 16 columns.
 //
-// Layout (kquant_panels_repack.cpp, a permutation of the same bytes): panel P holds columns 16 P ..
+// Layout (panels_repack.cpp, a permutation of the same bytes): panel P holds columns 16 P ..
 // 16 P + w - 1 (w = 16 but in a last, narrower panel). Per 32-block b, low: 8 chunks q of 2 w
 // bytes, byte 2 c + e holding column c's weight 4 q + e (low nibble) and 4 q + 2 + e (high);
 // 6-bit codes' high 2 bits in 4 chunks h of 2 w bytes, byte 2 c + e holding, in 2-bit fields

@@ -8,8 +8,9 @@ loaded machine counts less), the median of `--rounds` rounds, the variants inter
 24 layers with weights of their own (a decode step streams them from memory): qkv [1152, 896],
 o_proj [896, 896], gate_up [9728, 896], down [896, 4864]; the head [151936, 896] apart.
 Formats: "q4_k_m" as llama.cpp lays that file out for this model (K = 896 is no whole number
-of 256-blocks: Q5_0 there, Q4_K and Q6_K for down, the head Q8_0), "q8_0", and "awq" (4-bit
-g128; its head stays bf16). The weights are random blocks of each format's layout: speed does
+of 256-blocks: Q5_0 there, Q4_K and Q6_K for down, the head Q8_0), "q8_0", "q4_1" (as the
+default model's layers; the head Q8_0), and "awq" (4-bit g128; its head stays bf16). Where AMX
+tiles run, the int8 kernel on them too ("int8 amx": the GGUF formats repacked into panels). The weights are random blocks of each format's layout: speed does
 not depend on the values.
 """
 
@@ -70,8 +71,8 @@ def quantized_step(fmt: str, seed: int = 0) -> tuple[list[GroupQuantLinear], obj
         for name, (n, k) in SHAPES.items():
             if fmt == "awq":
                 matrices.append(awq_matrix(n, k, gen))
-            elif fmt == "q8_0":
-                matrices.append(gguf_matrix(T.Q8_0, n, k, rng))
+            elif fmt in ("q8_0", "q4_1"):
+                matrices.append(gguf_matrix(T.Q8_0 if fmt == "q8_0" else T.Q4_1, n, k, rng))
             else:  # q4_k_m: Q6_K for half the layers' down, as llama.cpp's use_more_bits
                 kind = (T.Q6_K if layer % 2 == 0 else T.Q4_K) if name == "down" else T.Q5_0
                 matrices.append(gguf_matrix(kind, n, k, rng))
@@ -101,7 +102,7 @@ def median_ms(calls: dict[str, Callable[[], None]], rounds: int) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--formats", default="q4_k_m,awq,q8_0")
+    parser.add_argument("--formats", default="q4_k_m,awq,q8_0,q4_1")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rows", type=int, default=1, help="rows per matmul (1: decode)")
     parser.add_argument(
@@ -112,7 +113,7 @@ def main() -> None:
     assert kernels is not None, "the C++ kernels are not built (python -m shared.engine.native)"
     torch.set_num_threads(1)
     fp32_path, int8_path = kernels.group_quant_paths()
-    vector = int8_path != "generic"
+    vector, tiles = int8_path != "generic", kernels.amx_tiles() == "on"
     print(
         f"kernels built for {', '.join(kernels.cpu_features())}; float activations: {fp32_path}, "
         f"int8: {int8_path}; rows {args.rows}"
@@ -131,6 +132,8 @@ def main() -> None:
             return lambda: [m(xi) for m, xi in zip(ms, inputs, strict=True)]
 
         variants = {"float act": run(layers), "int8 act": run(int8), "bf16": run(bf16)}
+        if tiles and fmt != "awq":
+            variants["int8 amx"] = run([m.with_int8_activations(vector, amx=True) for m in layers])
         if args.generic:
             variants["float act generic"] = run([replace(m, kernel="generic") for m in layers])
             variants["int8 act generic"] = run([replace(m, kernel="int8-generic") for m in int8])
@@ -138,6 +141,8 @@ def main() -> None:
         if isinstance(head, GroupQuantLinear):
             head_int8, head_bf16 = head.with_int8_activations(vector), bf16_twin([head])[0]
             heads = {"float act": head, "int8 act": head_int8, "bf16": head_bf16}
+            if tiles:
+                heads["int8 amx"] = head.with_int8_activations(vector, amx=True)
         else:
             heads = {"bf16": head}
         head_ms = median_ms({name: lambda h=h: h(x[896]) for name, h in heads.items()}, args.rounds)

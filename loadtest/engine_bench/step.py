@@ -182,7 +182,8 @@ def run_step_bench(cfg: StepBenchConfig) -> None:
         group_quant_activations=cfg.group_quant_activations,
     )
     model_config = ModelConfig.from_dir(cfg.model_dir)
-    runner = ModelRunner(engine_config, model_config, blocks, cfg.context + 256)
+    longest = max([cfg.context + 1] + [int(s[1:]) for s in cfg.shapes if s[0] == "p"])
+    runner = ModelRunner(engine_config, model_config, blocks, longest + 256)
     clock = StageClock(time.thread_time if cfg.threads == 1 else time.perf_counter)
     kind = "thread CPU time" if cfg.threads == 1 else "wall time"
     print(

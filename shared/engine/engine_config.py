@@ -134,7 +134,7 @@ class EngineConfig:
         "auto",
         choices=("auto", "float", "int8"),
         help="activations for weights kept quantized: float (exact sums), int8 (integer dots; "
-        "AMX tiles for the k-quants where the CPU has them), or auto: int8 for GGUF files, "
+        "AMX tiles for the GGUF formats where the CPU has them), or auto: int8 for GGUF files, "
         "float for AWQ, GPTQ and compressed-tensors",
     )
     # None | ngram (prompt lookup) | draft (a draft model); greedy-identical, lossless

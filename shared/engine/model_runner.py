@@ -26,7 +26,7 @@ from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
 from shared.engine.quantization import (
-    amx_kquants,
+    amx_int8_tiles,
     describe_shipped,
     group_quant_paths,
     quantize_weights,
@@ -105,7 +105,7 @@ class ModelRunner:
         int8_activations = takes_int8_activations(model_dir, shipped, activations)
         if int8_activations:
             vector = group_quant_paths()[1] != "generic"
-            weights = with_int8_activations(weights, vector, amx_kquants())
+            weights = with_int8_activations(weights, vector, amx_int8_tiles())
         vocab_size = rows_of(weights.lm_head)  # before quantization replaces the head
         with clock.timing(StartupPhase.WEIGHTS_PACK):
             if config.quantization:

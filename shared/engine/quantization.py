@@ -52,8 +52,8 @@ def int8_dot_product() -> bool:
     return kernels is not None and kernels.int8_dot_product_kernel()
 
 
-def amx_kquants() -> bool:
-    """Whether the k-quants' int8-activation kernel runs on AMX tiles here (the CPU has AMX,
+def amx_int8_tiles() -> bool:
+    """Whether the GGUF formats' int8-activation kernel runs on AMX tiles here (the CPU has AMX,
     the OS granted the tiles, the build has them)."""
     kernels = native.load()
     return kernels is not None and kernels.amx_tiles() == "on"
@@ -108,8 +108,8 @@ def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
         kernel = "dequantized per call through torch (the C++ kernels are not built)"
     elif int8_activations:
         path = _PATH_WORDS.get(int8, "its generic path (no AVX2; slow)")
-        if amx_kquants():
-            path = f"AMX-INT8 tiles for Q2_K-Q6_K, {path} for the rest"
+        if amx_int8_tiles():
+            path = f"AMX-INT8 tiles for Q4_0-Q8_0 and Q2_K-Q6_K, {path} for the rest"
         kernel = f"the group-quant kernel with int8 activations per block, {path}"
     elif fp32 != "generic":
         kernel = f"the group-quant kernel, {_PATH_WORDS[fp32]}, dequantizing in registers"

@@ -210,30 +210,45 @@ class GroupQuantLinear:
 
     @property
     def amx_fits(self) -> bool:
-        """Whether the AMX k-quant kernel takes this layout (linear_kquant_amx.cpp: Q2_K-Q6_K;
-        whole panels of 16 output columns)."""
+        """Whether the AMX kernel takes this layout: the k-quants Q2_K-Q6_K
+        (linear_kquant_amx.cpp) or the one-group formats Q4_0-Q8_0 (`amx_blocks`,
+        linear_blocks_amx.cpp); whole panels of 16 output columns."""
         span = self.group * self.per_super
         shape = (self.group == 32 and 4 <= self.bits <= 6) or (
             self.group == 16 and self.bits in (4, 6)
         )
-        kquant = span == 256 and self.sub_scale is not None and self.in_perm is None
-        return self.int8_fits and shape and kquant and self.out_features % 16 == 0
+        kquant = shape and span == 256 and self.sub_scale is not None
+        fits = self.int8_fits and self.in_perm is None and self.out_features % 16 == 0
+        return fits and (kquant or self.amx_blocks)
+
+    @property
+    def amx_blocks(self) -> bool:
+        """A factor (and a min) per block of 32, 4, 5 or 8 bits a code: Q4_0 ... Q8_0."""
+        one_group = self.per_super == 1 and self.group == 32 and self.sub_scale is None
+        return one_group and self.sub_min is None and self.bits in (4, 5, 8)
 
     def with_int8_activations(self, vector: bool, amx: bool = False) -> GroupQuantLinear:
         """The same matrix through the int8-activation kernel where it fits (vector: its
         AVX512-VNNI or AVX2 path, the build's; else its generic model: the same bits, slowly;
-        amx: the k-quants repacked for the AMX tiles, where they fit)."""
+        amx: repacked for the AMX tiles, where they fit)."""
         if not self.int8_fits:
             return self
         if not (amx and self.amx_fits):
             return replace(self, kernel="int8" if vector else "int8-generic")
-        empty = torch.empty(0)
-        names = ARRAY_NAMES[1:]  # the 4-6 bit parts, in repack_kquant_amx's order
-        parts = [getattr(self, name) for name in names]
-        packed = native.load().repack_kquant_amx(
-            *[empty if p is None else p for p in parts], self.bits, self.group, self.zero
-        )
-        panels = {name: t for name, t, p in zip(names, packed, parts, strict=True) if p is not None}
+        kernels, empty = native.load(), torch.empty(0)
+        if self.amx_blocks:  # repack_blocks_amx's order: the codes (8-bit) or low, then as below
+            names = ("codes" if self.bits == 8 else "low", *ARRAY_NAMES[2:])
+            args = [getattr(self, n) for n in ("codes", "low", "high", "super_scale", "super_min")]
+            packed = kernels.repack_blocks_amx(*[empty if p is None else p for p in args], self.bits)
+        else:
+            names = ARRAY_NAMES[1:]  # the 4-6 bit parts, in repack_kquant_amx's order
+            packed = kernels.repack_kquant_amx(
+                *[empty if getattr(self, n) is None else getattr(self, n) for n in names],
+                self.bits,
+                self.group,
+                self.zero,
+            )
+        panels = {n: t for n, t in zip(names, packed, strict=True) if getattr(self, n) is not None}
         return replace(self, kernel="int8-amx", **panels)
 
     def kernel_args(self) -> tuple:

@@ -16,7 +16,7 @@ from shared.engine.model.weights import ModelWeights
 def with_int8_activations(weights: ModelWeights, vector: bool, amx: bool = False) -> ModelWeights:
     """`weights` with every layer matrix (MoE experts too) and the head kept quantized on the
     int8 kernel (vector: its AVX512-VNNI or AVX2 path, else the generic model of it; amx: the
-    k-quants on AMX tiles)."""
+    GGUF formats on AMX tiles)."""
 
     def switch(w: LinearWeight | None) -> LinearWeight | None:
         if isinstance(w, GroupQuantLinear | GroupQuantParts):

@@ -1,9 +1,9 @@
-// The k-quants' panel repacks (group_quant.h): a matrix from the stored layout
-// (linear_group_quant.cpp) into panels of 16 columns, for linear_kquant16.cpp
-// (repack_kquant16, whose top comment lays its panels out) and for linear_kquant_amx.cpp
-// (repack_kquant_amx, laid out there). Both put the factors in [panel][group or super-block][16
-// columns]. The one rule: a permutation, every code and factor kept as it is (the same bytes:
-// resident weights do not grow).
+// The panel repacks of 16 columns (group_quant.h): a matrix from the stored layout
+// (linear_group_quant.cpp) for linear_kquant16.cpp (repack_kquant16, whose top comment lays its
+// panels out), for linear_kquant_amx.cpp (repack_kquant_amx, laid out in kquant_amx_panels.h)
+// and for linear_blocks_amx.cpp (repack_blocks_amx, laid out there). Each puts the factors in
+// [panel][group or super-block][16 columns]. The one rule: a permutation, every code and factor
+// kept as it is (the same bytes: resident weights do not grow).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -21,9 +21,9 @@ namespace {
 
 // The stored layout of low/high as a Layout (codes only), checked.
 Layout stored(const torch::Tensor& low, const torch::Tensor& high, int64_t bits, int64_t group,
-              int64_t zero) {
+              int64_t zero, int64_t span = kSuper) {
   const int64_t N = low.size(0), K = low.size(1) * 2;
-  TORCH_CHECK(K % kSuper == 0 && (group == 16 || group == 32), "super-blocks of 256");
+  TORCH_CHECK(K % span == 0 && (group == 16 || group == 32), "whole blocks of ", span);
   TORCH_CHECK(low.is_contiguous() && low.scalar_type() == torch::kByte, "low: uint8");
   Layout L{};
   L.K = K, L.bits = bits, L.group = group, L.zero = zero, L.planes = bits - 4;
@@ -134,6 +134,49 @@ std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor hi
         }
       }
       permute_factors(factors, out, n, N, K / group, K / kSuper);
+    }
+  });
+  return out;
+}
+
+std::vector<torch::Tensor> repack_blocks_amx(torch::Tensor codes, torch::Tensor low,
+                                             torch::Tensor high, torch::Tensor scale,
+                                             torch::Tensor min, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 8, "the AMX block panels: 4, 5 or 8 bit codes");
+  const bool bytes = bits == 8;
+  TORCH_CHECK(!bytes || (codes.dim() == 2 && codes.is_contiguous() &&
+                         codes.scalar_type() == torch::kChar),
+              "codes: int8 [N, K]");
+  const int64_t N = bytes ? codes.size(0) : low.size(0), K = bytes ? codes.size(1) : 2 * low.size(1);
+  TORCH_CHECK(N % kPanel == 0 && K % 64 == 0,
+              "the AMX block panels: output features a multiple of 16, K of 64");
+  const std::vector<torch::Tensor> factors{scale, torch::empty(0), min, torch::empty(0)};
+  std::vector<torch::Tensor> out = outputs(bytes ? codes : low, high, factors);
+  const Layout L = bytes ? Layout{} : stored(low, high, bits, 32, 0, 64);
+  const int8_t* from = bytes ? codes.data_ptr<int8_t>() : nullptr;
+  auto* to = static_cast<uint8_t*>(out[0].data_ptr());
+  auto* oh = bits == 5 ? out[1].data_ptr<uint8_t>() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t p = n / kPanel, c = n % kPanel;
+      for (int64_t k = 0; bytes && k < K; ++k) {  // quad k / 4's byte 4 c + k % 4
+        to[p * kPanel * K + k / 4 * 64 + c * 4 + k % 4] = static_cast<uint8_t>(from[n * K + k]);
+      }
+      for (int64_t b = 0; !bytes && b < K / 32; ++b) {
+        uint8_t* lo = to + p * 8 * K + b * 8 * 32;  // kquant_amx_panels.h's group of 32
+        for (int64_t r = 0; r < 4; ++r) {  // chunk r: quad rows r (low) and r + 4
+          for (int64_t e = 0; e < 4; ++e) {
+            const int64_t k = b * 32 + 4 * r + e;
+            lo[r * 64 + c * 4 + e] = static_cast<uint8_t>(L.code(n, k) % 16 | L.code(n, k + 16) % 16 << 4);
+          }
+        }
+        for (int64_t e = 0; oh && e < 4; ++e) {  // one chunk: bit f of quad row f
+          uint32_t v = 0;
+          for (int64_t f = 0; f < 8; ++f) v |= (L.code(n, b * 32 + 4 * f + e) >> 4) << f;
+          oh[p * 2 * K + b * 2 * 32 + c * 4 + e] = static_cast<uint8_t>(v);
+        }
+      }
+      permute_factors(factors, out, n, N, K / 32, K / 32);
     }
   });
   return out;

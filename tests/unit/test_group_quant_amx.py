@@ -1,8 +1,10 @@
-"""The k-quants on AMX-INT8 tiles (csrc/cpu/linear_kquant_amx.cpp, kernel "int8-amx" over
-repack_kquant_amx's panels): the int8 path's result within float rounding for Q2_K to
-Q6_K, bitwise the same for a row whatever rows and threads share its call (the engine takes
-this path for every row count where the tiles run), and a repacked matrix refused where the
-stored layout is read. Runs where the CPU has AMX and the OS grants the tiles."""
+"""The GGUF formats on AMX-INT8 tiles (kernel "int8-amx"): the k-quants Q2_K to Q6_K
+(csrc/cpu/linear_kquant_amx.cpp over repack_kquant_amx's panels) and the one-group formats
+Q4_0 to Q8_0 (linear_blocks_amx.cpp over repack_blocks_amx's): the int8 path's result within
+float rounding, bitwise the same for a row whatever rows and threads share its call (the
+engine takes this path for every row count where the tiles run), and a repacked matrix
+refused where the stored layout is read. Runs where the CPU has AMX and the OS grants the
+tiles."""
 
 from __future__ import annotations
 
@@ -25,12 +27,18 @@ N = 3 * 16
 def rows(m: int, k: int, seed: int) -> torch.Tensor:
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
     x[:, 7] = 0.0  # a zero and an outlier per row: blocks of very different ranges
-    x[:, 100] *= 30
+    x[:, k // 2 + 3] *= 30
     return x
 
 
-@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("k", [256, 1536])
+KQUANTS = [(q, k) for q in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K) for k in (256, 1536)]
+# one tile step of two blocks; SmolLM2's hidden size (spans of 8, 8, 2 blocks); qwen2.5's 0.5B
+ONE_GROUP = [(q, k) for q in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0) for k in (64, 576, 896)]
+
+
+@pytest.mark.parametrize(
+    ("qtype", "k"), KQUANTS + ONE_GROUP, ids=lambda v: v.name if isinstance(v, T) else str(v)
+)
 def test_the_int8_sums_and_the_same_bits_for_every_row_count(qtype, k):
     w = gguf_matrix(qtype, N, k, np.random.default_rng(k))
     amx = w.with_int8_activations(vector=True, amx=True)
@@ -59,3 +67,17 @@ def test_a_repacked_matrix_is_no_stored_layout():
     assert narrow.with_int8_activations(vector=True, amx=True).kernel == "int8"
     with pytest.raises(RuntimeError, match="16-column panels"):
         kernels.linear_group_quant(rows(1, 256, 0), *narrow.kernel_args(), "int8-amx")
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0], ids=lambda t: t.name)
+def test_one_group_panels_are_no_stored_layout_and_narrow_ones_stay(qtype):
+    w = gguf_matrix(qtype, N, 64, np.random.default_rng(1))
+    amx = w.with_int8_activations(vector=True, amx=True)
+    assert amx.kernel == "int8-amx"
+    with pytest.raises(ValueError, match="AMX panels"):
+        amx.dequantize()
+    assert not amx.stacks_with(w)
+    narrow = gguf_matrix(qtype, N + 8, 64, np.random.default_rng(1))
+    assert narrow.with_int8_activations(vector=True, amx=True).kernel == "int8"
+    with pytest.raises(RuntimeError, match="16-column panels"):
+        kernels.linear_group_quant(rows(1, 64, 0), *narrow.kernel_args(), "int8-amx")
