@@ -39,8 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("repack_kquant_amx", &repack_kquant_amx,
         "Q4_K / Q5_K / Q6_K parts in the AMX panels of linear_group_quant's int8-amx kernel",
         py::call_guard<py::gil_scoped_release>());
-  m.def("repack_blocks_amx", &repack_blocks_amx,
-        "Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 parts in the AMX panels of the int8-amx kernel",
+  m.def("repack_block_panels", &repack_block_panels,
+        "Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 parts in the panels of the int8-amx and int8-panels "
+        "kernels",
         py::call_guard<py::gil_scoped_release>());
   m.def("linear_kquant16", &linear_kquant16,
         "the int8 kernel's bits over repack_kquant16's layout (AVX512-VNNI builds)",

@@ -6,8 +6,9 @@
 // "generic" (any CPU), all the same bits; "int8" (activations quantized to int8 per block,
 // integer dot products on AVX512-VNNI, else AVX2, where built: linear_group_quant_int8.cpp),
 // "int8-avx2" or "int8-generic" (its scalar model), all the same bits, or "int8-amx" (AMX-INT8
-// tiles over repack_kquant_amx's panels, k-quants, or repack_blocks_amx's, the one-group
-// formats). group_quant_paths(): the paths "auto" and
+// tiles over repack_kquant_amx's panels, k-quants, or repack_block_panels's, the one-group
+// formats) or "int8-panels" (the latter panels by AVX512-VNNI alone: int8-amx's bits).
+// group_quant_paths(): the paths "auto" and
 // "int8" take in this build: {avx512 | avx2 | generic, avx512_vnni | avx2 | generic}.
 #pragma once
 
@@ -37,11 +38,12 @@ std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor hi
                                              torch::Tensor super_scale, torch::Tensor sub_scale,
                                              torch::Tensor super_min, torch::Tensor sub_min,
                                              int64_t bits, int64_t group, int64_t zero);
-// repack_blocks_amx: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 as "int8-amx" reads them
-// (linear_blocks_amx.cpp): codes (8-bit) or low, high, then scale, -, min, -, the same sizes.
-std::vector<torch::Tensor> repack_blocks_amx(torch::Tensor codes, torch::Tensor low,
-                                             torch::Tensor high, torch::Tensor scale,
-                                             torch::Tensor min, int64_t bits);
+// repack_block_panels: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 as "int8-amx" and "int8-panels" read
+// them (linear_block_panels.cpp): codes (8-bit) or low, high, then scale, -, min, -, the same
+// sizes.
+std::vector<torch::Tensor> repack_block_panels(torch::Tensor codes, torch::Tensor low,
+                                               torch::Tensor high, torch::Tensor scale,
+                                               torch::Tensor min, int64_t bits);
 torch::Tensor linear_kquant16(torch::Tensor x, torch::Tensor low, torch::Tensor high,
                               torch::Tensor super_scale, torch::Tensor sub_scale,
                               torch::Tensor super_min, torch::Tensor sub_min, int64_t bits,

@@ -104,16 +104,17 @@ constexpr bool amx_shape(int64_t bits, int64_t group) {
   return (group == 32 && bits >= 4 && bits <= 6) || (group == 16 && (bits == 4 || bits == 6));
 }
 
-// The one-group shapes linear_blocks_amx.cpp takes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): a factor
+// The one-group shapes linear_block_panels.cpp takes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): a factor
 // per block of 32, 4, 5 or 8 bits a code.
-inline bool amx_blocks(const Layout& L) {
+inline bool one_group(const Layout& L) {
   return L.per_super == 1 && L.group == 32 && !L.sub_scale && !L.sub_min && !L.fp8 &&
          (L.bits == 4 || L.bits == 5 || L.bits == 8);
 }
 
-// y [M, N] from the quantized rows on AMX tiles (N a multiple of 16), over repack_kquant_amx's
-// panels (k-quants) or repack_blocks_amx's (amx_blocks); both pad R's rows to whole tiles
+// y [M, N] from the quantized rows (N a multiple of 16; both pad R's rows to whole tiles): on
+// AMX tiles over repack_kquant_amx's panels (k-quants), and over repack_block_panels's
+// (one_group) on AMX tiles or, tiles false, by AVX512-VNNI alone (the same bits)
 void run_amx(const Layout& L, Rows& R, float* y, int64_t M, int64_t N);
-void run_amx_blocks(const Layout& L, Rows& R, float* y, int64_t M, int64_t N);
+void run_block_panels(const Layout& L, Rows& R, float* y, int64_t M, int64_t N, bool tiles);
 
 }  // namespace group_quant

@@ -137,8 +137,9 @@ inline float hsum16(__m512 a) {
 // linear_group_quant_int8.cpp: whether a layout takes the int8-activation path (K in whole
 // pairs of 32-blocks, and super-blocks of whole pairs or single 32-groups), and that path:
 // y [M, N] from x [M, K] fp32 by one of its paths: the generic model, AVX512-VNNI or AVX2
-// (where built, else the generic one), or AMX tiles over repack_kquant_amx's panels (k-quants)
-enum class Int8Path { kGeneric, kVnni, kAvx2, kAmx };
+// (where built, else the generic one), AMX tiles over the panels (k-quants, one-group formats),
+// or AVX512-VNNI over the one-group formats' panels (int8-amx's bits)
+enum class Int8Path { kGeneric, kVnni, kAvx2, kAmx, kPanels };
 bool int8_fits(const Layout& L);
 void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, Int8Path path);
 

@@ -19,6 +19,7 @@
 
 #include "amx_tiles.h"
 #include "group_quant_int8.h"
+#include "panel_codes.h"
 
 #ifdef SPLITSERVE_AMX
 
@@ -36,34 +37,6 @@ constexpr int64_t kVnniRows = 4;  // calls of up to this many rows take vnni_row
   return _mm512_cvtepi8_epi32(bytes16(at));
 }
 
-// the group of G codes from k0 of panel P (BITS a code): its codes u (unsigned) as the G / 4
-// rows of a B tile
-template <int BITS, int G>
-[[gnu::always_inline]] inline void panel_group(const Layout& L, int64_t P, int64_t k0,
-                                               __m512i (&rows)[G / 4]) {
-  constexpr int kFw = BITS - 4, kRows = G / 4, kHighChunks = G * kFw / 32;
-  const uint8_t* low = L.low + P * 8 * L.K + k0 * 8;
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  for (int r = 0; r < kRows / 2; ++r) {
-    const __m512i v = _mm512_loadu_si512(low + r * 64);
-    rows[r] = _mm512_and_si512(v, nibble);
-    rows[r + kRows / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-  }
-  if constexpr (kFw > 0) {
-    const uint8_t* high = L.high + P * 2 * kFw * L.K + k0 * 2 * kFw;
-    const __m512i field = _mm512_set1_epi8(static_cast<char>(((1 << kFw) - 1) << 4));
-    for (int h = 0; h < kHighChunks; ++h) {
-      const __m512i w = _mm512_loadu_si512(high + h * 64);
-      for (int f = 0; f < 8 / kFw; ++f) {  // field f to bits 4.. of row h + f * chunks
-        const int s = f * kFw - 4;
-        const __m512i t = s >= 0 ? _mm512_srli_epi16(w, s) : _mm512_slli_epi16(w, -s);
-        __m512i& row = rows[h + f * kHighChunks];
-        row = _mm512_or_si512(row, _mm512_and_si512(t, field));
-      }
-    }
-  }
-}
-
 template <int BITS, int G>
 struct Panels {
   static constexpr int kGroups = kSuper / G;  // groups of a super-block
@@ -79,7 +52,7 @@ struct Panels {
     const __m512i zero = _mm512_set1_epi8(static_cast<char>(L.zero));
     for (int g = 0; g < kGroups; ++g) {
       __m512i rows[kBRows];
-      panel_group<BITS, G>(L, P, xb * kSuper + g * G, rows);
+      panel_codes<BITS, G>(L, P, xb * kSuper + g * G, rows);
       for (int r = 0; r < kBRows; ++r) {
         _mm512_storeu_si512(b + (g * kBRows + r) * 64, _mm512_sub_epi8(rows[r], zero));
       }
@@ -96,7 +69,7 @@ struct Panels {
     for (int r = 0; r < MR; ++r) sums[r] = _mm512_setzero_si512();
     for (int g = 0; g < kGroups; ++g) {
       __m512i rows[kBRows];
-      panel_group<BITS, G>(L, P, xb * kSuper + g * G, rows);
+      panel_codes<BITS, G>(L, P, xb * kSuper + g * G, rows);
       const __m512i s = lanes16(sc + g * 16);
       for (int r = 0; r < MR; ++r) {
         const int8_t* x = xq + (m0 + r) * L.K + xb * kSuper + g * G;

@@ -268,19 +268,25 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   L.sub_scale = optional_data<int8_t>(sub_scale, torch::kChar, N * groups, "sub_scale");
   L.super_min = optional_data<float>(super_min, torch::kFloat, N * supers, "super_min");
   L.sub_min = optional_data<int8_t>(sub_min, torch::kChar, N * groups, "sub_min");
-  const bool amx = kernel == "int8-amx";
-  const bool int8 = kernel == "int8" || kernel == "int8-avx2" || kernel == "int8-generic" || amx;
+  const bool amx = kernel == "int8-amx", on_panels = kernel == "int8-panels";
+  const bool int8 = kernel == "int8" || kernel == "int8-avx2" || kernel == "int8-generic" || amx ||
+                    on_panels;
   TORCH_CHECK(int8 || kernel == "auto" || kernel == "avx2" || kernel == "generic",
-              "kernel: auto, avx2, generic, int8, int8-avx2, int8-generic or int8-amx");
+              "kernel: auto, avx2, generic, int8, int8-avx2, int8-generic, int8-amx or "
+              "int8-panels");
   const bool avx2 = kernel == "avx2" || kernel == "int8-avx2";
 #ifndef GROUP_QUANT_AVX2
   TORCH_CHECK(!avx2, "kernel ", kernel, ": this build has no AVX2");
 #endif
+  TORCH_CHECK(!on_panels || kVnni, "kernel int8-panels: this build has no AVX512-VNNI");
   const bool panels = (group_quant::kquant(L) && group_quant::amx_shape(bits, group)) ||
-                      group_quant::amx_blocks(L);
+                      group_quant::one_group(L);
   TORCH_CHECK(!amx || (panels && N % 16 == 0),
               "int8-amx takes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K layouts of whole "
               "16-column panels");
+  TORCH_CHECK(!on_panels || (group_quant::one_group(L) && N % 16 == 0),
+              "int8-panels takes Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 layouts of whole 16-column "
+              "panels");
   TORCH_CHECK(!int8 || group_quant::int8_fits(L),
               "int8 activations need K in whole 64s and super-blocks of 64s or single groups "
               "(group scales within super-blocks: 4-6 bit k-quants of 256)");
@@ -291,6 +297,7 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   if (int8) {
     using group_quant::Int8Path;
     const Int8Path path = amx                ? Int8Path::kAmx
+                          : on_panels        ? Int8Path::kPanels
                           : avx2             ? Int8Path::kAvx2
                           : kernel != "int8" ? Int8Path::kGeneric
                           : kVnni            ? Int8Path::kVnni

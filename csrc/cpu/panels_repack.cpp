@@ -1,7 +1,7 @@
 // The panel repacks of 16 columns (group_quant.h): a matrix from the stored layout
 // (linear_group_quant.cpp) for linear_kquant16.cpp (repack_kquant16, whose top comment lays its
 // panels out), for linear_kquant_amx.cpp (repack_kquant_amx, laid out in kquant_amx_panels.h)
-// and for linear_blocks_amx.cpp (repack_blocks_amx, laid out there). Each puts the factors in
+// and for linear_block_panels.cpp (repack_block_panels, laid out there). Each puts the factors in
 // [panel][group or super-block][16 columns]. The one rule: a permutation, every code and factor
 // kept as it is (the same bytes: resident weights do not grow).
 #include <ATen/Parallel.h>
@@ -59,6 +59,32 @@ void permute_factors(const std::vector<torch::Tensor>& from, std::vector<torch::
   }
 }
 
+// row n's group g of G codes into its panel's chunks (kquant_amx_panels.h: low nibbles in
+// chunks of 64 bytes, the bits above them in fields of bits - 4)
+void panel_group(const Layout& L, int64_t n, int64_t g, uint8_t* ol, uint8_t* oh) {
+  const int64_t K = L.K, G = L.group, fw = L.bits - 4, rows = G / 4;
+  const int64_t p = n / kPanel, c = n % kPanel;
+  uint8_t* lo = ol + p * 8 * K + g * 8 * G;  // 16 columns x G codes / 2
+  for (int64_t r = 0; r < rows / 2; ++r) {  // chunk r: rows r (low) and r + rows / 2
+    for (int64_t e = 0; e < 4; ++e) {
+      const int64_t k = g * G + 4 * r + e;
+      lo[r * 64 + c * 4 + e] =
+          static_cast<uint8_t>(L.code(n, k) % 16 | L.code(n, k + G / 2) % 16 << 4);
+    }
+  }
+  const int64_t chunks = G * fw / 32, fields = fw ? 8 / fw : 0;
+  uint8_t* hi = oh ? oh + p * 2 * fw * K + g * 2 * fw * G : nullptr;
+  for (int64_t h = 0; hi && h < chunks; ++h) {  // field f: row h + f * chunks
+    for (int64_t e = 0; e < 4; ++e) {
+      uint32_t v = 0;
+      for (int64_t f = 0; f < fields; ++f) {
+        v |= (L.code(n, g * G + 4 * (h + f * chunks) + e) >> 4) << (f * fw);
+      }
+      hi[h * 64 + c * 4 + e] = static_cast<uint8_t>(v);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high,
@@ -103,53 +129,33 @@ std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor hi
   TORCH_CHECK(group_quant::amx_shape(bits, group), "the AMX panels: 4-6 bit codes in groups of 32, "
               "or 4 or 6 in groups of 16");
   const Layout L = stored(low, high, bits, group, zero);
-  const int64_t N = low.size(0), K = L.K, fw = bits - 4, rows = group / 4;
+  const int64_t N = low.size(0), K = L.K;
   TORCH_CHECK(N % kPanel == 0, "the AMX panels: output features a multiple of 16");
   const std::vector<torch::Tensor> factors{super_scale, sub_scale, super_min, sub_min};
   std::vector<torch::Tensor> out = outputs(low, high, factors);
   uint8_t* ol = out[0].data_ptr<uint8_t>();
-  uint8_t* oh = fw ? out[1].data_ptr<uint8_t>() : nullptr;
+  uint8_t* oh = bits > 4 ? out[1].data_ptr<uint8_t>() : nullptr;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const int64_t p = n / kPanel, c = n % kPanel;
-      for (int64_t g = 0; g < K / group; ++g) {
-        uint8_t* lo = ol + p * 8 * K + g * 8 * group;  // 16 columns x group codes / 2
-        for (int64_t r = 0; r < rows / 2; ++r) {  // chunk r: rows r (low) and r + rows / 2
-          for (int64_t e = 0; e < 4; ++e) {
-            const int64_t k = g * group + 4 * r + e;
-            lo[r * 64 + c * 4 + e] =
-                static_cast<uint8_t>(L.code(n, k) % 16 | L.code(n, k + group / 2) % 16 << 4);
-          }
-        }
-        const int64_t chunks = group * fw / 32, fields = fw ? 8 / fw : 0;
-        uint8_t* hi = oh ? oh + p * 2 * fw * K + g * 2 * fw * group : nullptr;
-        for (int64_t h = 0; hi && h < chunks; ++h) {  // field f: row h + f * chunks
-          for (int64_t e = 0; e < 4; ++e) {
-            uint32_t v = 0;
-            for (int64_t f = 0; f < fields; ++f) {
-              v |= (L.code(n, g * group + 4 * (h + f * chunks) + e) >> 4) << (f * fw);
-            }
-            hi[h * 64 + c * 4 + e] = static_cast<uint8_t>(v);
-          }
-        }
-      }
+      for (int64_t g = 0; g < K / group; ++g) panel_group(L, n, g, ol, oh);
       permute_factors(factors, out, n, N, K / group, K / kSuper);
     }
   });
   return out;
 }
 
-std::vector<torch::Tensor> repack_blocks_amx(torch::Tensor codes, torch::Tensor low,
-                                             torch::Tensor high, torch::Tensor scale,
-                                             torch::Tensor min, int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 8, "the AMX block panels: 4, 5 or 8 bit codes");
+std::vector<torch::Tensor> repack_block_panels(torch::Tensor codes, torch::Tensor low,
+                                               torch::Tensor high, torch::Tensor scale,
+                                               torch::Tensor min, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 8, "the block panels: 4, 5 or 8 bit codes");
   const bool bytes = bits == 8;
   TORCH_CHECK(!bytes || (codes.dim() == 2 && codes.is_contiguous() &&
                          codes.scalar_type() == torch::kChar),
               "codes: int8 [N, K]");
-  const int64_t N = bytes ? codes.size(0) : low.size(0), K = bytes ? codes.size(1) : 2 * low.size(1);
+  const int64_t N = bytes ? codes.size(0) : low.size(0);
+  const int64_t K = bytes ? codes.size(1) : 2 * low.size(1);
   TORCH_CHECK(N % kPanel == 0 && K % 64 == 0,
-              "the AMX block panels: output features a multiple of 16, K of 64");
+              "the block panels: output features a multiple of 16, K of 64");
   const std::vector<torch::Tensor> factors{scale, torch::empty(0), min, torch::empty(0)};
   std::vector<torch::Tensor> out = outputs(bytes ? codes : low, high, factors);
   const Layout L = bytes ? Layout{} : stored(low, high, bits, 32, 0, 64);
@@ -162,20 +168,7 @@ std::vector<torch::Tensor> repack_blocks_amx(torch::Tensor codes, torch::Tensor 
       for (int64_t k = 0; bytes && k < K; ++k) {  // quad k / 4's byte 4 c + k % 4
         to[p * kPanel * K + k / 4 * 64 + c * 4 + k % 4] = static_cast<uint8_t>(from[n * K + k]);
       }
-      for (int64_t b = 0; !bytes && b < K / 32; ++b) {
-        uint8_t* lo = to + p * 8 * K + b * 8 * 32;  // kquant_amx_panels.h's group of 32
-        for (int64_t r = 0; r < 4; ++r) {  // chunk r: quad rows r (low) and r + 4
-          for (int64_t e = 0; e < 4; ++e) {
-            const int64_t k = b * 32 + 4 * r + e;
-            lo[r * 64 + c * 4 + e] = static_cast<uint8_t>(L.code(n, k) % 16 | L.code(n, k + 16) % 16 << 4);
-          }
-        }
-        for (int64_t e = 0; oh && e < 4; ++e) {  // one chunk: bit f of quad row f
-          uint32_t v = 0;
-          for (int64_t f = 0; f < 8; ++f) v |= (L.code(n, b * 32 + 4 * f + e) >> 4) << f;
-          oh[p * 2 * K + b * 2 * 32 + c * 4 + e] = static_cast<uint8_t>(v);
-        }
-      }
+      for (int64_t b = 0; !bytes && b < K / 32; ++b) panel_group(L, n, b, to, oh);
       permute_factors(factors, out, n, N, K / 32, K / 32);
     }
   });

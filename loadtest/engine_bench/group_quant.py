@@ -9,9 +9,10 @@ loaded machine counts less), the median of `--rounds` rounds, the variants inter
 o_proj [896, 896], gate_up [9728, 896], down [896, 4864]; the head [151936, 896] apart.
 Formats: "q4_k_m" as llama.cpp lays that file out for this model (K = 896 is no whole number
 of 256-blocks: Q5_0 there, Q4_K and Q6_K for down, the head Q8_0), "q8_0", "q4_1" (as the
-default model's layers; the head Q8_0), and "awq" (4-bit g128; its head stays bf16). Where AMX
-tiles run, the int8 kernel on them too ("int8 amx": the GGUF formats repacked into panels). The weights are random blocks of each format's layout: speed does
-not depend on the values.
+default model's layers; the head Q8_0), and "awq" (4-bit g128; its head stays bf16). The int8
+kernel over panels of 16 columns too where the build has them ("int8 vnni panels": Q4_0-Q8_0
+by AVX512-VNNI; "int8 amx panels": those and the k-quants on AMX tiles, where they run). The
+weights are random blocks of each format's layout: speed does not depend on the values.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def main() -> None:
     assert kernels is not None, "the C++ kernels are not built (python -m shared.engine.native)"
     torch.set_num_threads(1)
     fp32_path, int8_path = kernels.group_quant_paths()
-    vector, tiles = int8_path != "generic", kernels.amx_tiles() == "on"
+    vector = int8_path != "generic"
+    panel_kinds = ["vnni"] * (int8_path == "avx512_vnni") + ["amx"] * (kernels.amx_tiles() == "on")
     print(
         f"kernels built for {', '.join(kernels.cpu_features())}; float activations: {fp32_path}, "
         f"int8: {int8_path}; rows {args.rows}"
@@ -132,8 +134,9 @@ def main() -> None:
             return lambda: [m(xi) for m, xi in zip(ms, inputs, strict=True)]
 
         variants = {"float act": run(layers), "int8 act": run(int8), "bf16": run(bf16)}
-        if tiles and fmt != "awq":
-            variants["int8 amx"] = run([m.with_int8_activations(vector, amx=True) for m in layers])
+        for kind in [k for k in panel_kinds if fmt != "awq"]:
+            ms = [m.with_int8_activations(vector, panels=kind) for m in layers]
+            variants[f"int8 {kind} panels"] = run(ms)
         if args.generic:
             variants["float act generic"] = run([replace(m, kernel="generic") for m in layers])
             variants["int8 act generic"] = run([replace(m, kernel="int8-generic") for m in int8])
@@ -141,8 +144,8 @@ def main() -> None:
         if isinstance(head, GroupQuantLinear):
             head_int8, head_bf16 = head.with_int8_activations(vector), bf16_twin([head])[0]
             heads = {"float act": head, "int8 act": head_int8, "bf16": head_bf16}
-            if tiles:
-                heads["int8 amx"] = head.with_int8_activations(vector, amx=True)
+            for kind in panel_kinds:
+                heads[f"int8 {kind} panels"] = head.with_int8_activations(vector, panels=kind)
         else:
             heads = {"bf16": head}
         head_ms = median_ms({name: lambda h=h: h(x[896]) for name, h in heads.items()}, args.rounds)

@@ -60,7 +60,7 @@ def main() -> None:
             packed = kernels.repack_kquant16(
                 *[empty if p is None else p for p in parts], w.bits, w.group, w.zero
             )
-            amx = w.with_int8_activations(vector=True, amx=True) if tiles else None
+            amx = w.with_int8_activations(vector=True, panels="amx") if tiles else None
             mb = sum(p.numel() * p.element_size() for p in packed) / 1e6
             for m in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))

@@ -26,9 +26,9 @@ from shared.engine.model.weights import load_weights
 from shared.engine.model_config import ModelConfig
 from shared.engine.prompt_logprobs import score_prompt, wants_prompt_logprobs
 from shared.engine.quantization import (
-    amx_int8_tiles,
     describe_shipped,
     group_quant_paths,
+    int8_panels,
     quantize_weights,
     shipped_quantization,
     takes_int8_activations,
@@ -105,7 +105,7 @@ class ModelRunner:
         int8_activations = takes_int8_activations(model_dir, shipped, activations)
         if int8_activations:
             vector = group_quant_paths()[1] != "generic"
-            weights = with_int8_activations(weights, vector, amx_int8_tiles())
+            weights = with_int8_activations(weights, vector, int8_panels())
         vocab_size = rows_of(weights.lm_head)  # before quantization replaces the head
         with clock.timing(StartupPhase.WEIGHTS_PACK):
             if config.quantization:

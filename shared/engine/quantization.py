@@ -52,11 +52,16 @@ def int8_dot_product() -> bool:
     return kernels is not None and kernels.int8_dot_product_kernel()
 
 
-def amx_int8_tiles() -> bool:
-    """Whether the GGUF formats' int8-activation kernel runs on AMX tiles here (the CPU has AMX,
-    the OS granted the tiles, the build has them)."""
+def int8_panels() -> str | None:
+    """Where the GGUF formats' int8-activation kernel takes panels of 16 columns here: "amx"
+    (the CPU has AMX, the OS granted the tiles, the build has them: the k-quants and Q4_0-Q8_0
+    on tiles), "vnni" (an AVX512-VNNI build: Q4_0-Q8_0 by VNNI), else None."""
     kernels = native.load()
-    return kernels is not None and kernels.amx_tiles() == "on"
+    if kernels is None:
+        return None
+    if kernels.amx_tiles() == "on":
+        return "amx"
+    return "vnni" if kernels.group_quant_paths()[1] == "avx512_vnni" else None
 
 
 def shipped_quantization(model_dir: Path, quantization: str | None, device: str) -> list[str]:
@@ -108,8 +113,11 @@ def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
         kernel = "dequantized per call through torch (the C++ kernels are not built)"
     elif int8_activations:
         path = _PATH_WORDS.get(int8, "its generic path (no AVX2; slow)")
-        if amx_int8_tiles():
+        panels = int8_panels()
+        if panels == "amx":
             path = f"AMX-INT8 tiles for Q4_0-Q8_0 and Q2_K-Q6_K, {path} for the rest"
+        elif panels == "vnni":
+            path = f"AVX512-VNNI over 16-column panels for Q4_0-Q8_0, {path} for the rest"
         kernel = f"the group-quant kernel with int8 activations per block, {path}"
     elif fp32 != "generic":
         kernel = f"the group-quant kernel, {_PATH_WORDS[fp32]}, dequantizing in registers"

@@ -12,10 +12,12 @@ generic one, give the same bits). Without the kernels the matrix is dequantized 
 each row of x to int8 per block and sums integer products instead (AVX512-VNNI or AVX2,
 csrc/cpu/linear_group_quant_int8.cpp): faster decoding, not the exact weights' sums, still
 batch-invariant. Where the CPU has AMX and the OS grants the tiles, the k-quants (Q4_K, Q5_K,
-Q6_K) take `kernel="int8-amx"` instead: their codes and factors permuted into panels of 16
-columns (`repack_kquant_amx`, the same bytes), multiplied on AMX-INT8 tiles
-(csrc/cpu/linear_kquant_amx.cpp) for every row count; such a matrix no longer reads as the
-stored layout (`codes_of_rows`, `take_rows` refuse it).
+Q6_K) and the one-group formats (Q4_0 ... Q8_0) take `kernel="int8-amx"` instead: their codes
+and factors permuted into panels of 16 columns (`repack_kquant_amx`, `repack_block_panels`:
+the same bytes), multiplied on AMX-INT8 tiles (csrc/cpu/linear_kquant_amx.cpp,
+linear_block_panels.cpp) for every row count; on other AVX512-VNNI builds the one-group
+formats take the same panels by VNNI (`kernel="int8-panels"`, the same bits). Such a matrix
+no longer reads as the stored layout (`codes_of_rows`, `take_rows` refuse it).
 
 A matrix whose rows came from tensors of different formats (a fused qkv whose v is Q6_K and
 q, k Q5_0) is a `GroupQuantParts`: its parts' outputs side by side. A matrix stored with its
@@ -53,7 +55,7 @@ class GroupQuantLinear:
     sub_min: torch.Tensor | None = None  # [N, K / group] int8; None: 1
     in_perm: torch.Tensor | None = None  # [K] int64: stored column i is column in_perm[i]
     kernel: str = "auto"  # linear_group_quant's: auto | avx2 | generic | int8 | int8-avx2 |
-    # int8-generic | int8-amx
+    # int8-generic | int8-amx | int8-panels
 
     @classmethod
     def from_tensors(cls, params: dict[str, int | str], arrays: dict[str, torch.Tensor]):
@@ -121,9 +123,14 @@ class GroupQuantLinear:
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (getattr(self, name) for name in ARRAY_NAMES) if t is not None]
 
+    @property
+    def in_panels(self) -> bool:
+        """Whether the codes and factors are repacked into panels (`with_int8_activations`)."""
+        return self.kernel in ("int8-amx", "int8-panels")
+
     def _stored_layout(self) -> None:
-        if self.kernel == "int8-amx":
-            raise ValueError(f"this {self.format} matrix is in AMX panels, not the stored layout")
+        if self.in_panels:
+            raise ValueError(f"this {self.format} matrix is in panels, not the stored layout")
 
     def take_rows(self, rows: torch.Tensor) -> GroupQuantLinear:
         """The matrix of rows `rows` [R] int64 (a permutation or a selection)."""
@@ -141,7 +148,7 @@ class GroupQuantLinear:
         present = [(getattr(self, n) is None) == (getattr(other, n) is None) for n in ARRAY_NAMES]
         a, b = self.in_perm, other.in_perm
         perm = a is b or (a is not None and b is not None and torch.equal(a, b))
-        stored = "int8-amx" not in (self.kernel, other.kernel)
+        stored = not (self.in_panels or other.in_panels)
         return all(same) and all(present) and perm and stored
 
     def codes_of_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -211,35 +218,48 @@ class GroupQuantLinear:
     @property
     def amx_fits(self) -> bool:
         """Whether the AMX kernel takes this layout: the k-quants Q2_K-Q6_K
-        (linear_kquant_amx.cpp) or the one-group formats Q4_0-Q8_0 (`amx_blocks`,
-        linear_blocks_amx.cpp); whole panels of 16 output columns."""
+        (linear_kquant_amx.cpp) or the one-group formats Q4_0-Q8_0 (`vnni_fits`)."""
         span = self.group * self.per_super
         shape = (self.group == 32 and 4 <= self.bits <= 6) or (
             self.group == 16 and self.bits in (4, 6)
         )
         kquant = shape and span == 256 and self.sub_scale is not None
-        fits = self.int8_fits and self.in_perm is None and self.out_features % 16 == 0
-        return fits and (kquant or self.amx_blocks)
+        return self.vnni_fits or (kquant and self._whole_panels)
 
     @property
-    def amx_blocks(self) -> bool:
+    def vnni_fits(self) -> bool:
+        """Whether the one-group formats' panels take this layout (linear_block_panels.cpp):
+        Q4_0-Q8_0 in whole panels of 16 output columns."""
+        return self.one_group and self._whole_panels
+
+    @property
+    def _whole_panels(self) -> bool:
+        return self.int8_fits and self.in_perm is None and self.out_features % 16 == 0
+
+    @property
+    def one_group(self) -> bool:
         """A factor (and a min) per block of 32, 4, 5 or 8 bits a code: Q4_0 ... Q8_0."""
         one_group = self.per_super == 1 and self.group == 32 and self.sub_scale is None
         return one_group and self.sub_min is None and self.bits in (4, 5, 8)
 
-    def with_int8_activations(self, vector: bool, amx: bool = False) -> GroupQuantLinear:
+    def with_int8_activations(self, vector: bool, panels: str | None = None) -> GroupQuantLinear:
         """The same matrix through the int8-activation kernel where it fits (vector: its
-        AVX512-VNNI or AVX2 path, the build's; else its generic model: the same bits, slowly;
-        amx: repacked for the AMX tiles, where they fit)."""
+        AVX512-VNNI or AVX2 path, the build's; else its generic model: the same bits, slowly),
+        repacked into panels of 16 columns where `panels` takes it: "amx", the k-quants and the
+        one-group formats on AMX tiles ("int8-amx"); "vnni", the one-group formats by
+        AVX512-VNNI ("int8-panels", the same bits as on tiles)."""
         if not self.int8_fits:
             return self
-        if not (amx and self.amx_fits):
+        on_panels = (panels == "amx" and self.amx_fits) or (panels == "vnni" and self.vnni_fits)
+        if not on_panels:
             return replace(self, kernel="int8" if vector else "int8-generic")
         kernels, empty = native.load(), torch.empty(0)
-        if self.amx_blocks:  # repack_blocks_amx's order: the codes (8-bit) or low, then as below
+        if self.one_group:  # repack_block_panels's order: the codes (8-bit) or low, then as below
             names = ("codes" if self.bits == 8 else "low", *ARRAY_NAMES[2:])
             args = [getattr(self, n) for n in ("codes", "low", "high", "super_scale", "super_min")]
-            packed = kernels.repack_blocks_amx(*[empty if p is None else p for p in args], self.bits)
+            packed = kernels.repack_block_panels(
+                *[empty if p is None else p for p in args], self.bits
+            )
         else:
             names = ARRAY_NAMES[1:]  # the 4-6 bit parts, in repack_kquant_amx's order
             packed = kernels.repack_kquant_amx(
@@ -248,8 +268,11 @@ class GroupQuantLinear:
                 self.group,
                 self.zero,
             )
-        panels = {n: t for n, t in zip(names, packed, strict=True) if getattr(self, n) is not None}
-        return replace(self, kernel="int8-amx", **panels)
+        panels_of = {
+            n: t for n, t in zip(names, packed, strict=True) if getattr(self, n) is not None
+        }
+        kernel = "int8-amx" if panels == "amx" else "int8-panels"
+        return replace(self, kernel=kernel, **panels_of)
 
     def kernel_args(self) -> tuple:
         """linear_group_quant's arguments after x (an absent part: an empty tensor)."""
@@ -297,9 +320,9 @@ class GroupQuantParts:
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() if _quant(p) else p.float() for p in self.parts])
 
-    def with_int8_activations(self, vector: bool, amx: bool = False) -> GroupQuantParts:
+    def with_int8_activations(self, vector: bool, panels: str | None = None) -> GroupQuantParts:
         return GroupQuantParts(
-            tuple(p.with_int8_activations(vector, amx) if _quant(p) else p for p in self.parts)
+            tuple(p.with_int8_activations(vector, panels) if _quant(p) else p for p in self.parts)
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

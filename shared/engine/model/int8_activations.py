@@ -13,14 +13,17 @@ from shared.engine.model.linear_weights import LinearWeight
 from shared.engine.model.weights import ModelWeights
 
 
-def with_int8_activations(weights: ModelWeights, vector: bool, amx: bool = False) -> ModelWeights:
+def with_int8_activations(
+    weights: ModelWeights, vector: bool, panels: str | None = None
+) -> ModelWeights:
     """`weights` with every layer matrix (MoE experts too) and the head kept quantized on the
-    int8 kernel (vector: its AVX512-VNNI or AVX2 path, else the generic model of it; amx: the
-    GGUF formats on AMX tiles)."""
+    int8 kernel (vector: its AVX512-VNNI or AVX2 path, else the generic model of it; panels:
+    "amx" or "vnni", the GGUF formats it takes repacked into panels of 16 columns,
+    `GroupQuantLinear.with_int8_activations`)."""
 
     def switch(w: LinearWeight | None) -> LinearWeight | None:
         if isinstance(w, GroupQuantLinear | GroupQuantParts):
-            return w.with_int8_activations(vector, amx)
+            return w.with_int8_activations(vector, panels)
         return w
 
     layers = [

@@ -1,6 +1,6 @@
-// The one-group formats' int8-activation linear on AMX-INT8 tiles (Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0: a float scale, and a min, per block of 32 weights), over repack_blocks_amx's panels of
-// 16 columns: 4-5 bit codes as kquant_amx_panels.h lays out a group of 32; 8-bit codes as the
+// The one-group formats' int8-activation linear over panels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a
+// float scale, and a min, per block of 32 weights): repack_block_panels's panels of 16
+// columns, 4-5 bit codes as kquant_amx_panels.h lays out a group of 32; 8-bit codes as the
 // rows of a tdpbssd B tile (quad q of panel P: 64 bytes, column c's codes 4 q .. 4 q + 3 at
 // byte 4 c); the factors [panel][block][16].
 //
@@ -9,12 +9,14 @@
 //   C   = sum over the block of (u - Z) * xq                                   (exact int32)
 //   t   = float(C) * scale;  with mins: t = fma(float(C), scale, float(s) * min)
 //   acc = fma(t, d, acc)
-// y[m, n] = acc after the last block, the blocks in k order. C is made two ways, by the call's
-// row count: up to 4 rows by AVX512-VNNI on the panels (u * xq, then - Z * s), more on tiles
-// (the signed codes u - Z, two blocks a step). Not the VNNI register tiles' bits (they keep 16
-// lanes of partial sums, the generic path's order). The one rule: both ways make the same exact
-// C and take the same float steps after it, and a row's result depends on its own data alone:
-// every row count gives a row the same bits (batch-invariant).
+// y[m, n] = acc after the last block, the blocks in k order. C is made two ways: by
+// AVX512-VNNI on the panels, 4 rows at a time (u * xq, then - Z * s), or on AMX-INT8 tiles (the
+// signed codes u - Z, two blocks a step). With tiles ("int8-amx") calls of up to 4 rows take
+// the first way, more rows the second; without ("int8-panels", any AVX512-VNNI build) every call
+// the first. Not the VNNI register tiles' bits (they keep 16 lanes of partial sums, the
+// generic path's order). The one rule: both ways make the same exact C and take the same float
+// steps after it, and a row's result depends on its own data alone: every row count, with or
+// without tiles, gives a row the same bits (batch-invariant).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -22,11 +24,13 @@
 #include <cstring>
 #include <vector>
 
-#include "kquant_amx_panels.h"
+#include "amx_tiles.h"
+#include "group_quant_int8.h"
+#include "panel_codes.h"
 
 namespace group_quant {
 
-#ifdef SPLITSERVE_AMX
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
 namespace {
 
@@ -57,7 +61,7 @@ struct Blocks {
         rows[q] = _mm512_xor_si512(_mm512_loadu_si512(at + q * 64), flip);
       }
     } else {
-      amx_panels::panel_group<BITS, kBlock>(L, P, b * kBlock, rows);
+      panel_codes<BITS, kBlock>(L, P, b * kBlock, rows);
     }
   }
 
@@ -87,8 +91,9 @@ struct Blocks {
   [[gnu::always_inline]] __m512 step(__m512 acc, __m512i c, const float* dm, const float* sm,
                                      __m512 scale, __m512 min) const {
     const __m512 cs = _mm512_cvtepi32_ps(c);
-    const __m512 t = L.super_min ? _mm512_fmadd_ps(cs, scale, _mm512_mul_ps(_mm512_set1_ps(*sm), min))
-                                 : _mm512_mul_ps(cs, scale);
+    const __m512 t = L.super_min
+                         ? _mm512_fmadd_ps(cs, scale, _mm512_mul_ps(_mm512_set1_ps(*sm), min))
+                         : _mm512_mul_ps(cs, scale);
     return _mm512_fmadd_ps(t, _mm512_set1_ps(*dm), acc);
   }
 
@@ -117,6 +122,7 @@ struct Blocks {
     for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + (m0 + r) * N + P * kPanel, acc[r]);
   }
 
+#ifdef SPLITSERVE_AMX
   // rows m0 .. m0 + MR - 1 (MR: the tiles' rows, 8 or 16; the first mr kept, the rest padding)
   // of panel P into y on tiles, B its signed codes: per span of kSpan blocks their C tiles
   // (two blocks a step) to memory, then their float steps (the accumulators stay in registers)
@@ -154,37 +160,46 @@ struct Blocks {
     }
     for (int64_t r = 0; r < mr; ++r) _mm512_storeu_ps(y + (m0 + r) * N + P * kPanel, acc[r]);
   }
+#endif
 };
 
-// One thread's share: whole panels into y for rows c0 .. c0 + rows - 1, by the way the call's
-// row count picks (both the same bits)
+// One thread's share: whole panels into y for rows c0 .. c0 + rows - 1, by the way the call
+// picks (both the same bits)
 template <int BITS>
 struct BlockRun {
   const Blocks<BITS>& k;
-  int64_t M, tile;  // tile: 0 (vnni_rows), else the tiles' rows (8 or 16)
+  int64_t tile;  // 0: vnni_rows, 4 rows at a time; else the tiles' rows (8 or 16)
   std::vector<int8_t> scratch;
 
-  BlockRun(const Blocks<BITS>& k, int64_t M)
-      : k(k), M(M), tile(M <= kVnniRows ? 0 : M <= 8 ? 8 : kTileRows) {
+  BlockRun(const Blocks<BITS>& k, int64_t M, bool tiles)
+      : k(k), tile(!tiles || M <= kVnniRows ? 0 : M <= 8 ? 8 : kTileRows) {
+#ifdef SPLITSERVE_AMX
     if (!tile) return;
     if (BITS < 8) scratch.resize(k.blocks * kQuadBytes);
     const auto t = static_cast<uint8_t>(tile);
     amx::configure({t, t, t, t, kQuads, kQuads, kTileRows, kTileRows},
                    {64, 64, kBlock, kBlock, 64, 64, 64, 64});
+#endif
   }
   ~BlockRun() {
+#ifdef SPLITSERVE_AMX
     if (tile) _tile_release();
+#endif
   }
 
   void panel(int64_t P, int64_t c0, int64_t rows, float* y, int64_t N) {
     if (!tile) {
-      switch (M) {
-        case 1: return k.template vnni_rows<1>(P, 0, y, N);
-        case 2: return k.template vnni_rows<2>(P, 0, y, N);
-        case 3: return k.template vnni_rows<3>(P, 0, y, N);
-        default: return k.template vnni_rows<4>(P, 0, y, N);
+      for (int64_t m0 = c0; m0 < c0 + rows; m0 += kVnniRows) {
+        switch (std::min(kVnniRows, c0 + rows - m0)) {
+          case 1: k.template vnni_rows<1>(P, m0, y, N); break;
+          case 2: k.template vnni_rows<2>(P, m0, y, N); break;
+          case 3: k.template vnni_rows<3>(P, m0, y, N); break;
+          default: k.template vnni_rows<4>(P, m0, y, N);
+        }
       }
+      return;
     }
+#ifdef SPLITSERVE_AMX
     const int8_t* B = k.signed_codes(P, scratch);
     for (int64_t m0 = c0; m0 < c0 + rows; m0 += tile) {
       const int64_t mr = std::min(tile, c0 + rows - m0);
@@ -194,14 +209,15 @@ struct BlockRun {
         k.template tile_rows<kTileRows>(P, B, m0, mr, y, N);
       }
     }
+#endif
   }
 };
 
 template <int BITS>
-void run_blocks(const Layout& L, Rows& R, float* y, int64_t M, int64_t N) {
+void run_blocks(const Layout& L, Rows& R, float* y, int64_t M, int64_t N, bool tiles) {
   const int64_t blocks = L.K / kBlock, padded = (M + kTileRows - 1) / kTileRows * kTileRows;
   R.xq.resize(padded * L.K, 0);
-  std::vector<float> d(blocks * padded, 0.f), sums(blocks * padded, 0.f);  // a block's rows together
+  std::vector<float> d(blocks * padded, 0.f), sums(blocks * padded, 0.f);  // [block][row]
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < blocks; ++b) {
       d[b * padded + m] = R.d[m * blocks + b];
@@ -215,7 +231,7 @@ void run_blocks(const Layout& L, Rows& R, float* y, int64_t M, int64_t N) {
   for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {  // rows whose xq stay in L2
     std::atomic<int64_t> next{0};
     at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
-      BlockRun<BITS> run(k, M);
+      BlockRun<BITS> run(k, M, tiles);
       const int64_t rows = std::min(kChunkRows, M - c0);
       for (int64_t begin = next.fetch_add(chunk); begin < panels; begin = next.fetch_add(chunk)) {
         for (int64_t P = begin; P < std::min(begin + chunk, panels); ++P) {
@@ -228,19 +244,20 @@ void run_blocks(const Layout& L, Rows& R, float* y, int64_t M, int64_t N) {
 
 }  // namespace
 
-void run_amx_blocks(const Layout& L, Rows& R, float* y, int64_t M, int64_t N) {
-  TORCH_CHECK(amx::granted(), "the AMX block kernel needs AMX tiles (", amx::status(), " here)");
+void run_block_panels(const Layout& L, Rows& R, float* y, int64_t M, int64_t N, bool tiles) {
+  TORCH_CHECK(!tiles || amx::granted(), "the AMX block kernel needs AMX tiles (", amx::status(),
+              " here)");
   switch (L.bits) {
-    case 4: return run_blocks<4>(L, R, y, M, N);
-    case 5: return run_blocks<5>(L, R, y, M, N);
-    default: return run_blocks<8>(L, R, y, M, N);
+    case 4: return run_blocks<4>(L, R, y, M, N, tiles);
+    case 5: return run_blocks<5>(L, R, y, M, N, tiles);
+    default: return run_blocks<8>(L, R, y, M, N, tiles);
   }
 }
 
 #else
 
-void run_amx_blocks(const Layout&, Rows&, float*, int64_t, int64_t) {
-  TORCH_CHECK(false, "the AMX block kernel is not in this build (", amx::status(), ")");
+void run_block_panels(const Layout&, Rows&, float*, int64_t, int64_t, bool) {
+  TORCH_CHECK(false, "the block panels need AVX512-VNNI, not in this build");
 }
 
 #endif
