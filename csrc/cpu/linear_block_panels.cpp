@@ -17,16 +17,15 @@
 // generic path's order). The one rule: both ways make the same exact C and take the same float
 // steps after it, and a row's result depends on its own data alone: every row count, with or
 // without tiles, gives a row the same bits (batch-invariant).
-#include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "amx_tiles.h"
 #include "group_quant_int8.h"
 #include "panel_codes.h"
+#include "panel_tasks.h"
 
 namespace group_quant {
 
@@ -169,10 +168,15 @@ template <int BITS>
 struct BlockRun {
   const Blocks<BITS>& k;
   int64_t tile;  // 0: vnni_rows, 4 rows at a time; else the tiles' rows (8 or 16)
+  int64_t c0, rows;
+  float* y;
+  int64_t N;
   std::vector<int8_t> scratch;
 
-  BlockRun(const Blocks<BITS>& k, int64_t M, bool tiles)
-      : k(k), tile(!tiles || M <= kVnniRows ? 0 : M <= 8 ? 8 : kTileRows) {
+  BlockRun(const Blocks<BITS>& k, int64_t M, bool tiles, int64_t c0, int64_t rows, float* y,
+           int64_t N)
+      : k(k), tile(!tiles || M <= kVnniRows ? 0 : M <= 8 ? 8 : kTileRows), c0(c0), rows(rows),
+        y(y), N(N) {
 #ifdef SPLITSERVE_AMX
     if (!tile) return;
     if (BITS < 8) scratch.resize(k.blocks * kQuadBytes);
@@ -187,7 +191,7 @@ struct BlockRun {
 #endif
   }
 
-  void panel(int64_t P, int64_t c0, int64_t rows, float* y, int64_t N) {
+  void panel(int64_t P) {
     if (!tile) {
       for (int64_t m0 = c0; m0 < c0 + rows; m0 += kVnniRows) {
         switch (std::min(kVnniRows, c0 + rows - m0)) {
@@ -225,21 +229,9 @@ void run_blocks(const Layout& L, Rows& R, float* y, int64_t M, int64_t N, bool t
     }
   }
   const Blocks<BITS> k{L, R.xq.data(), d.data(), sums.data(), blocks, padded};
-  const int64_t panels = N / kPanel, threads = at::get_num_threads();
-  const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
-  const int64_t tasks = std::min(threads, (panels + chunk - 1) / chunk);
-  for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {  // rows whose xq stay in L2
-    std::atomic<int64_t> next{0};
-    at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
-      BlockRun<BITS> run(k, M, tiles);
-      const int64_t rows = std::min(kChunkRows, M - c0);
-      for (int64_t begin = next.fetch_add(chunk); begin < panels; begin = next.fetch_add(chunk)) {
-        for (int64_t P = begin; P < std::min(begin + chunk, panels); ++P) {
-          run.panel(P, c0, rows, y, N);
-        }
-      }
-    });
-  }
+  for_panels(M, N, kChunkRows, [&](int64_t c0, int64_t rows) {
+    return BlockRun<BITS>(k, M, tiles, c0, rows, y, N);
+  });
 }
 
 }  // namespace

@@ -16,14 +16,13 @@
 // gives the same exact I and the same float steps after it, and a row's result depends on its
 // own data alone (rows past M are zeros, their sums dropped): every row count, one row
 // included, gives a row the same bits, so the kernel is batch-invariant.
-#include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "kquant_amx_panels.h"
+#include "panel_tasks.h"
 
 namespace group_quant {
 
@@ -91,18 +90,9 @@ struct PanelRun {
 template <int BITS, int G>
 void run_panels(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N) {
   const Panels<BITS, G> k{L, R.xq.data(), R.d.data(), R.group_sum.data()};
-  const int64_t panels = N / kPanel, threads = at::get_num_threads();
-  const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
-  const int64_t tasks = std::min(threads, (panels + chunk - 1) / chunk);
-  for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {  // rows whose xq stay in L2
-    std::atomic<int64_t> next{0};
-    at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
-      PanelRun<BITS, G> run(k, y, M, N, c0, std::min(kChunkRows, M - c0));
-      for (int64_t begin = next.fetch_add(chunk); begin < panels; begin = next.fetch_add(chunk)) {
-        for (int64_t P = begin; P < std::min(begin + chunk, panels); ++P) run.panel(P);
-      }
-    });
-  }
+  for_panels(M, N, kChunkRows, [&](int64_t c0, int64_t rows) {
+    return PanelRun<BITS, G>(k, y, M, N, c0, rows);
+  });
 }
 
 }  // namespace

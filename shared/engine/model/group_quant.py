@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from shared.engine import native
+from shared.engine.model.group_quant_panels import KERNELS, panel_kernel, repacked
 
 ARRAY_NAMES = ("codes", "low", "high", "super_scale", "sub_scale", "super_min", "sub_min")
 _PARAMS = ("format", "bits", "group", "per_super", "zero")
@@ -126,7 +127,7 @@ class GroupQuantLinear:
     @property
     def in_panels(self) -> bool:
         """Whether the codes and factors are repacked into panels (`with_int8_activations`)."""
-        return self.kernel in ("int8-amx", "int8-panels")
+        return self.kernel in KERNELS.values()
 
     def _stored_layout(self) -> None:
         if self.in_panels:
@@ -215,64 +216,17 @@ class GroupQuantLinear:
         scales = self.sub_scale is None or self.per_super == 1 or kquant
         return self.in_features % 64 == 0 and blocks and scales
 
-    @property
-    def amx_fits(self) -> bool:
-        """Whether the AMX kernel takes this layout: the k-quants Q2_K-Q6_K
-        (linear_kquant_amx.cpp) or the one-group formats Q4_0-Q8_0 (`vnni_fits`)."""
-        span = self.group * self.per_super
-        shape = (self.group == 32 and 4 <= self.bits <= 6) or (
-            self.group == 16 and self.bits in (4, 6)
-        )
-        kquant = shape and span == 256 and self.sub_scale is not None
-        return self.vnni_fits or (kquant and self._whole_panels)
-
-    @property
-    def vnni_fits(self) -> bool:
-        """Whether the one-group formats' panels take this layout (linear_block_panels.cpp):
-        Q4_0-Q8_0 in whole panels of 16 output columns."""
-        return self.one_group and self._whole_panels
-
-    @property
-    def _whole_panels(self) -> bool:
-        return self.int8_fits and self.in_perm is None and self.out_features % 16 == 0
-
-    @property
-    def one_group(self) -> bool:
-        """A factor (and a min) per block of 32, 4, 5 or 8 bits a code: Q4_0 ... Q8_0."""
-        one_group = self.per_super == 1 and self.group == 32 and self.sub_scale is None
-        return one_group and self.sub_min is None and self.bits in (4, 5, 8)
-
     def with_int8_activations(self, vector: bool, panels: str | None = None) -> GroupQuantLinear:
         """The same matrix through the int8-activation kernel where it fits (vector: its
         AVX512-VNNI or AVX2 path, the build's; else its generic model: the same bits, slowly),
-        repacked into panels of 16 columns where `panels` takes it: "amx", the k-quants and the
-        one-group formats on AMX tiles ("int8-amx"); "vnni", the one-group formats by
-        AVX512-VNNI ("int8-panels", the same bits as on tiles)."""
+        repacked into panels of 16 columns where `panels` ("amx", "vnni") takes it
+        (model/group_quant_panels.py)."""
         if not self.int8_fits:
             return self
-        on_panels = (panels == "amx" and self.amx_fits) or (panels == "vnni" and self.vnni_fits)
-        if not on_panels:
+        kernel = panel_kernel(self, panels)
+        if kernel is None:
             return replace(self, kernel="int8" if vector else "int8-generic")
-        kernels, empty = native.load(), torch.empty(0)
-        if self.one_group:  # repack_block_panels's order: the codes (8-bit) or low, then as below
-            names = ("codes" if self.bits == 8 else "low", *ARRAY_NAMES[2:])
-            args = [getattr(self, n) for n in ("codes", "low", "high", "super_scale", "super_min")]
-            packed = kernels.repack_block_panels(
-                *[empty if p is None else p for p in args], self.bits
-            )
-        else:
-            names = ARRAY_NAMES[1:]  # the 4-6 bit parts, in repack_kquant_amx's order
-            packed = kernels.repack_kquant_amx(
-                *[empty if getattr(self, n) is None else getattr(self, n) for n in names],
-                self.bits,
-                self.group,
-                self.zero,
-            )
-        panels_of = {
-            n: t for n, t in zip(names, packed, strict=True) if getattr(self, n) is not None
-        }
-        kernel = "int8-amx" if panels == "amx" else "int8-panels"
-        return replace(self, kernel=kernel, **panels_of)
+        return replace(self, kernel=kernel, **repacked(self))
 
     def kernel_args(self) -> tuple:
         """linear_group_quant's arguments after x (an absent part: an empty tensor)."""
