@@ -105,10 +105,10 @@ constexpr bool amx_shape(int64_t bits, int64_t group) {
 }
 
 // The one-group shapes linear_block_panels.cpp takes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): a factor
-// per block of 32, 4, 5 or 8 bits a code.
+// per block of 32, 4, 5 or 8 bits a code (8-bit: signed codes, zero 0, as its tiles read them).
 inline bool one_group(const Layout& L) {
   return L.per_super == 1 && L.group == 32 && !L.sub_scale && !L.sub_min && !L.fp8 &&
-         (L.bits == 4 || L.bits == 5 || L.bits == 8);
+         (L.bits == 4 || L.bits == 5 || (L.bits == 8 && L.zero == 0));
 }
 
 // y [M, N] from the quantized rows (N a multiple of 16; both pad R's rows to whole tiles): on

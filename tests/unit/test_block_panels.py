@@ -13,6 +13,8 @@ from gguf import GGMLQuantizationType as T
 
 from loadtest.engine_bench.group_quant import gguf_matrix
 from shared.engine import native
+from shared.engine.model.wna16_linear import from_int_groups
+from shared.models.wna16 import IntGroups
 from tests.unit.panel_checks import check_panels, panel_rows
 
 kernels = native.load()
@@ -62,3 +64,19 @@ def test_panels_are_no_stored_layout_and_narrow_or_other_layouts_stay(qtype):
     assert kquant.with_int8_activations(vector=True, panels="vnni").kernel == "int8"
     with pytest.raises(RuntimeError, match="int8-panels takes"):
         kernels.linear_group_quant(panel_rows(1, 256, 0), *kquant.kernel_args(), "int8-panels")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_symmetric_gptq_in_groups_of_32_takes_the_panels_too(bits):
+    """GPTQ / AWQ symmetric in groups of 32 (every zero point at the midpoint) is a one-group
+    layout: 4-bit codes with zero 8, 8-bit ones as int8 with zero 0."""
+    gen = torch.Generator().manual_seed(bits)
+    groups = IntGroups(
+        codes=torch.randint(0, 1 << bits, (N, 256), generator=gen, dtype=torch.uint8),
+        scales=torch.rand(N, 256 // 32, generator=gen) * 0.01,
+        zeros=torch.full((N, 256 // 32), 1 << (bits - 1), dtype=torch.int32),
+        group_of=None,
+    )
+    w = from_int_groups(groups, bits, f"GPTQ {bits}-bit g32")
+    assert (w.per_super, w.sub_min, w.zero) == (1, None, 8 if bits == 4 else 0)
+    check_panels(w, "vnni")

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from shared.engine import native
+from shared.engine import native, quantization
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_config import EngineConfig
 from shared.engine.model.checkpoint import Checkpoint, quantized_formats
@@ -108,3 +108,19 @@ def test_auto_activations_are_int8_for_gguf_files_as_llama_cpp_runs_them(dirs):
     assert takes_int8_activations(dirs / "kept", kept, "int8")
     assert not takes_int8_activations(dirs / "kept", kept, "float")
     assert not takes_int8_activations(dirs / "float", [], "auto")  # nothing kept
+
+
+@pytest.mark.skipif(native.load() is None, reason="the log names the C++ kernels' paths")
+@pytest.mark.parametrize(
+    ("panels", "words"),
+    [
+        ("amx", "AMX-INT8 tiles for Q4_0-Q8_0 and Q2_K-Q6_K, "),
+        ("vnni", "AVX512-VNNI over 16-column panels for Q4_0-Q8_0, "),
+        (None, "int8 activations per block, "),
+    ],
+)
+def test_the_start_up_log_names_the_panel_path(monkeypatch, panels, words):
+    monkeypatch.setattr(quantization, "int8_panels", lambda: panels)
+    text = quantization.describe_shipped(["Q4_1", "Q8_0"], int8_activations=True)
+    assert text.startswith("Q4_1, Q8_0 kept quantized: ") and words in text
+    assert ("panels" in text) == (panels == "vnni") and ("AMX" in text) == (panels == "amx")

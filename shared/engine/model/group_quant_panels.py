@@ -38,9 +38,10 @@ _KQUANT_PARTS = ("low", "high", "super_scale", "sub_scale", "super_min", "sub_mi
 
 
 def one_group(w: KeptMatrix) -> bool:
-    """A factor (and a min) per block of 32, 4, 5 or 8 bits a code: Q4_0 ... Q8_0."""
+    """A factor (and a min) per block of 32, 4, 5 or 8 bits a code (8-bit: zero 0, as the
+    tiles read the signed codes): Q4_0 ... Q8_0, and AWQ / GPTQ symmetric in groups of 32."""
     blocks = w.per_super == 1 and w.group == 32 and w.sub_scale is None and w.sub_min is None
-    return blocks and w.bits in (4, 5, 8)
+    return blocks and (w.bits in (4, 5) or (w.bits == 8 and w.zero == 0))
 
 
 def kquant(w: KeptMatrix) -> bool:
