@@ -90,7 +90,7 @@ const char* status();
 // Loads the tile configuration on the calling thread: palette 1, every tile 16 rows x 64
 // bytes. Each thread that runs tile instructions configures its own tiles.
 void configure();
-// The same with each of the 8 tiles' rows and bytes a row given (linear_kquant_amx.cpp).
+// The same with each of the 8 tiles' rows and bytes a row given (linear_kquant_panels.cpp).
 void configure(const uint8_t (&rows)[8], const uint16_t (&bytes)[8]);
 
 // `iterations` x 4 independent tile products of the kind (tdpbf16ps: 16 x 16 x 32

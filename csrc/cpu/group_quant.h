@@ -7,7 +7,7 @@
 // integer dot products on AVX512-VNNI, else AVX2, where built: linear_group_quant_int8.cpp),
 // "int8-avx2" or "int8-generic" (its scalar model), all the same bits, or "int8-amx" (AMX-INT8
 // tiles over repack_kquant_amx's panels, k-quants, or repack_block_panels's, the one-group
-// formats) or "int8-panels" (the latter panels by AVX512-VNNI alone: int8-amx's bits).
+// formats) or "int8-panels" (the same panels by AVX512-VNNI alone: int8-amx's bits).
 // group_quant_paths(): the paths "auto" and
 // "int8" take in this build: {avx512 | avx2 | generic, avx512_vnni | avx2 | generic}.
 #pragma once
@@ -33,7 +33,7 @@ std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high
                                            torch::Tensor super_min, torch::Tensor sub_min,
                                            int64_t bits, int64_t group, int64_t zero);
 // repack_kquant_amx: the same parts as linear_group_quant's "int8-amx" kernel reads them
-// (linear_kquant_amx.cpp: Q4_K, Q5_K, Q6_K; N a multiple of 16), the same sizes.
+// (linear_kquant_panels.cpp: Q4_K, Q5_K, Q6_K; N a multiple of 16), the same sizes.
 std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor high,
                                              torch::Tensor super_scale, torch::Tensor sub_scale,
                                              torch::Tensor super_min, torch::Tensor sub_min,

@@ -98,7 +98,7 @@ inline void super_tails(const Layout& L, const Rows& R, int64_t m0, int64_t n0, 
 void run_vnni(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N);
 void run_int8_avx2(const Layout& L, const Rows& R, float* y, int64_t M, int64_t N);
 
-// The k-quant shapes linear_kquant_amx.cpp takes: 4-6 bit codes in groups of 32, or 4 or 6
+// The k-quant shapes linear_kquant_panels.cpp takes: 4-6 bit codes in groups of 32, or 4 or 6
 // bits in groups of 16 (a B tile's high bits fill whole 64-byte chunks).
 constexpr bool amx_shape(int64_t bits, int64_t group) {
   return (group == 32 && bits >= 4 && bits <= 6) || (group == 16 && (bits == 4 || bits == 6));
@@ -111,10 +111,10 @@ inline bool one_group(const Layout& L) {
          (L.bits == 4 || L.bits == 5 || (L.bits == 8 && L.zero == 0));
 }
 
-// y [M, N] from the quantized rows (N a multiple of 16; both pad R's rows to whole tiles): on
-// AMX tiles over repack_kquant_amx's panels (k-quants), and over repack_block_panels's
-// (one_group) on AMX tiles or, tiles false, by AVX512-VNNI alone (the same bits)
-void run_amx(const Layout& L, Rows& R, float* y, int64_t M, int64_t N);
+// y [M, N] from the quantized rows (N a multiple of 16; both pad R's rows to whole tiles) over
+// the panels of repack_kquant_amx (the k-quants) or of repack_block_panels (one_group), on AMX
+// tiles or, tiles false, by AVX512-VNNI alone (the same bits)
+void run_kquant_panels(const Layout& L, Rows& R, float* y, int64_t M, int64_t N, bool tiles);
 void run_block_panels(const Layout& L, Rows& R, float* y, int64_t M, int64_t N, bool tiles);
 
 }  // namespace group_quant

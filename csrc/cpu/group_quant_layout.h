@@ -138,7 +138,7 @@ inline float hsum16(__m512 a) {
 // pairs of 32-blocks, and super-blocks of whole pairs or single 32-groups), and that path:
 // y [M, N] from x [M, K] fp32 by one of its paths: the generic model, AVX512-VNNI or AVX2
 // (where built, else the generic one), AMX tiles over the panels (k-quants, one-group formats),
-// or AVX512-VNNI over the one-group formats' panels (int8-amx's bits)
+// or AVX512-VNNI alone over the same panels (int8-amx's bits)
 enum class Int8Path { kGeneric, kVnni, kAvx2, kAmx, kPanels };
 bool int8_fits(const Layout& L);
 void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, Int8Path path);

@@ -1,6 +1,6 @@
 // The one-group formats' int8-activation linear over panels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a
 // float scale, and a min, per block of 32 weights): repack_block_panels's panels of 16
-// columns, 4-5 bit codes as kquant_amx_panels.h lays out a group of 32; 8-bit codes as the
+// columns, 4-5 bit codes as kquant_panels.h lays out a group of 32; 8-bit codes as the
 // rows of a tdpbssd B tile (quad q of panel P: 64 bytes, column c's codes 4 q .. 4 q + 3 at
 // byte 4 c); the factors [panel][block][16].
 //

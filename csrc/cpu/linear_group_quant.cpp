@@ -281,11 +281,8 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
   TORCH_CHECK(!on_panels || kVnni, "kernel int8-panels: this build has no AVX512-VNNI");
   const bool panels = (group_quant::kquant(L) && group_quant::amx_shape(bits, group)) ||
                       group_quant::one_group(L);
-  TORCH_CHECK(!amx || (panels && N % 16 == 0),
-              "int8-amx takes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K layouts of whole "
-              "16-column panels");
-  TORCH_CHECK(!on_panels || (group_quant::one_group(L) && N % 16 == 0),
-              "int8-panels takes Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 layouts of whole 16-column "
+  TORCH_CHECK(!(amx || on_panels) || (panels && N % 16 == 0), "kernel ", kernel,
+              " takes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K-Q6_K layouts of whole 16-column "
               "panels");
   TORCH_CHECK(!int8 || group_quant::int8_fits(L),
               "int8 activations need K in whole 64s and super-blocks of 64s or single groups "

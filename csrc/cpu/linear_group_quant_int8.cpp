@@ -262,9 +262,10 @@ bool int8_fits(const Layout& L) {
 
 void run_int8(const Layout& L, const float* x, float* y, int64_t M, int64_t N, Int8Path path) {
   Rows R(L, x, M);
-  if (path == Int8Path::kAmx && kquant(L)) return run_amx(L, R, y, M, N);
   if (path == Int8Path::kAmx || path == Int8Path::kPanels) {
-    return run_block_panels(L, R, y, M, N, path == Int8Path::kAmx);
+    const bool tiles = path == Int8Path::kAmx;
+    return kquant(L) ? run_kquant_panels(L, R, y, M, N, tiles)
+                     : run_block_panels(L, R, y, M, N, tiles);
   }
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (path == Int8Path::kVnni) return run_vnni(L, R, y, M, N);

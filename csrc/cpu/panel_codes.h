@@ -1,4 +1,4 @@
-// A group of codes of the 16-column panels (kquant_amx_panels.h lays them out; the k-quants'
+// A group of codes of the 16-column panels (kquant_panels.h lays them out; the k-quants'
 // repack_kquant_amx and the one-group formats' repack_block_panels write them) as registers:
 // the rows of a tdpbssd B tile, or of 16 lanes of vpdpbusd. The one rule: the unsigned codes
 // u, exactly the stored layout's (Layout::code).

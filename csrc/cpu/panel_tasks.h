@@ -1,4 +1,4 @@
-// How the panel kernels (linear_kquant_amx.cpp, linear_block_panels.cpp) share a call among
+// How the panel kernels (linear_kquant_panels.cpp, linear_block_panels.cpp) share a call among
 // threads: the rows in chunks whose int8 activations stay in L2, and per chunk the panels of
 // 16 columns taken in small runs as threads come free (a thread descheduled on a busy machine
 // holds up no share of the others'). The one rule: which thread takes a panel changes no bit.

@@ -1,6 +1,6 @@
 // The panel repacks of 16 columns (group_quant.h): a matrix from the stored layout
 // (linear_group_quant.cpp) for linear_kquant16.cpp (repack_kquant16, whose top comment lays its
-// panels out), for linear_kquant_amx.cpp (repack_kquant_amx, laid out in kquant_amx_panels.h)
+// panels out), for linear_kquant_panels.cpp (repack_kquant_amx, laid out in kquant_panels.h)
 // and for linear_block_panels.cpp (repack_block_panels, laid out there). Each puts the factors in
 // [panel][group or super-block][16 columns]. The one rule: a permutation, every code and factor
 // kept as it is (the same bytes: resident weights do not grow).
@@ -59,7 +59,7 @@ void permute_factors(const std::vector<torch::Tensor>& from, std::vector<torch::
   }
 }
 
-// row n's group g of G codes into its panel's chunks (kquant_amx_panels.h: low nibbles in
+// row n's group g of G codes into its panel's chunks (kquant_panels.h: low nibbles in
 // chunks of 64 bytes, the bits above them in fields of bits - 4)
 void panel_group(const Layout& L, int64_t n, int64_t g, uint8_t* ol, uint8_t* oh) {
   const int64_t K = L.K, G = L.group, fw = L.bits - 4, rows = G / 4;

@@ -6,7 +6,7 @@ repack_kquant_amx's panels, what the engine takes there), interleaved in one pro
 torch thread: CPU ms per call (this thread's CPU time), the median of `--rounds`, and the
 multiply-adds per second against one core's measured peaks (core_peak_gops counts a
 multiply-add as 2 ops). The tile and panel16 give the same bits (tests/unit/test_kquant16.py),
-amx the same integer sums in another float order (tests/unit/test_group_quant_amx.py); the weights
+amx the same integer sums in another float order (tests/unit/test_int8_panels.py); the weights
 are random blocks of the format.
 """
 

@@ -53,9 +53,9 @@ def int8_dot_product() -> bool:
 
 
 def int8_panels() -> str | None:
-    """Where the GGUF formats' int8-activation kernel takes panels of 16 columns here: "amx"
-    (the CPU has AMX, the OS granted the tiles, the build has them: the k-quants and Q4_0-Q8_0
-    on tiles), "vnni" (an AVX512-VNNI build: Q4_0-Q8_0 by VNNI), else None."""
+    """Where the GGUF formats' int8-activation kernel takes panels of 16 columns here (the
+    k-quants and Q4_0-Q8_0): "amx" (the CPU has AMX, the OS granted the tiles, the build has
+    them: on tiles), "vnni" (an AVX512-VNNI build: by VNNI alone), else None."""
     kernels = native.load()
     if kernels is None:
         return None
@@ -104,6 +104,7 @@ def group_quant_paths() -> tuple[str, str]:
 
 
 _PATH_WORDS = {"avx512": "AVX-512", "avx512_vnni": "AVX512-VNNI", "avx2": "AVX2"}
+_PANEL_WORDS = {"amx": "AMX-INT8 tiles", "vnni": "AVX512-VNNI over 16-column panels"}
 
 
 def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
@@ -113,11 +114,9 @@ def describe_shipped(formats: list[str], int8_activations: bool = False) -> str:
         kernel = "dequantized per call through torch (the C++ kernels are not built)"
     elif int8_activations:
         path = _PATH_WORDS.get(int8, "its generic path (no AVX2; slow)")
-        panels = int8_panels()
-        if panels == "amx":
-            path = f"AMX-INT8 tiles for Q4_0-Q8_0 and Q2_K-Q6_K, {path} for the rest"
-        elif panels == "vnni":
-            path = f"AVX512-VNNI over 16-column panels for Q4_0-Q8_0, {path} for the rest"
+        panels = _PANEL_WORDS.get(int8_panels() or "")
+        if panels:
+            path = f"{panels} for Q4_0-Q8_0 and Q2_K-Q6_K, {path} for the rest"
         kernel = f"the group-quant kernel with int8 activations per block, {path}"
     elif fp32 != "generic":
         kernel = f"the group-quant kernel, {_PATH_WORDS[fp32]}, dequantizing in registers"

@@ -115,7 +115,7 @@ def test_auto_activations_are_int8_for_gguf_files_as_llama_cpp_runs_them(dirs):
     ("panels", "words"),
     [
         ("amx", "AMX-INT8 tiles for Q4_0-Q8_0 and Q2_K-Q6_K, "),
-        ("vnni", "AVX512-VNNI over 16-column panels for Q4_0-Q8_0, "),
+        ("vnni", "AVX512-VNNI over 16-column panels for Q4_0-Q8_0 and Q2_K-Q6_K, "),
         (None, "int8 activations per block, "),
     ],
 )

@@ -14,9 +14,9 @@ csrc/cpu/linear_group_quant_int8.cpp): faster decoding, not the exact weights' s
 batch-invariant. Where the CPU has AMX and the OS grants the tiles, the k-quants (Q4_K, Q5_K,
 Q6_K) and the one-group formats (Q4_0 ... Q8_0) take `kernel="int8-amx"` instead: their codes
 and factors permuted into panels of 16 columns (`repack_kquant_amx`, `repack_block_panels`:
-the same bytes), multiplied on AMX-INT8 tiles (csrc/cpu/linear_kquant_amx.cpp,
-linear_block_panels.cpp) for every row count; on other AVX512-VNNI builds the one-group
-formats take the same panels by VNNI (`kernel="int8-panels"`, the same bits). Such a matrix
+the same bytes), multiplied on AMX-INT8 tiles (csrc/cpu/linear_kquant_panels.cpp,
+linear_block_panels.cpp) for every row count; on other AVX512-VNNI builds they take the same
+panels by VNNI alone (`kernel="int8-panels"`, the same bits). Such a matrix
 no longer reads as the stored layout (`codes_of_rows`, `take_rows` refuse it).
 
 A matrix whose rows came from tensors of different formats (a fused qkv whose v is Q6_K and

@@ -1,10 +1,10 @@
 """Which kept-quantized matrices the int8 kernel takes repacked into panels of 16 columns, and
-the repack: "amx" (the CPU's AMX tiles run) takes the k-quants Q2_K-Q6_K
-(csrc/cpu/linear_kquant_amx.cpp) and the one-group formats Q4_0-Q8_0
-(linear_block_panels.cpp) as kernel "int8-amx"; "vnni" (an AVX512-VNNI build without the
-tiles) takes the one-group formats as "int8-panels", the same bits as on the tiles. The one
-rule: a repack permutes a matrix's codes and factors and keeps every byte (resident weights do
-not grow), and a repacked matrix no longer reads as the stored layout."""
+the repack: the k-quants Q2_K-Q6_K (csrc/cpu/linear_kquant_panels.cpp) and the one-group
+formats Q4_0-Q8_0 (linear_block_panels.cpp), as kernel "int8-amx" where `panels` is "amx" (the
+CPU's AMX tiles run) or "int8-panels" where it is "vnni" (an AVX512-VNNI build without them:
+the same bits by VNNI alone). The one rule: a repack permutes a matrix's codes and factors and
+keeps every byte (resident weights do not grow), and a repacked matrix no longer reads as the
+stored layout."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def kquant(w: KeptMatrix) -> bool:
 def panel_kernel(w: KeptMatrix, panels: str | None) -> str | None:
     """The panel kernel that takes `w` where `panels` ("amx", "vnni" or None) run, else None."""
     whole = w.int8_fits and w.in_perm is None and w.out_features % 16 == 0
-    takes = one_group(w) or (panels == "amx" and kquant(w))
+    takes = one_group(w) or kquant(w)
     return KERNELS[panels] if panels in KERNELS and whole and takes else None
 
 

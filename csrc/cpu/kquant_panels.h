@@ -1,5 +1,5 @@
 // The panels of repack_kquant_amx (panels_repack.cpp) and the three ways
-// linear_kquant_amx.cpp multiplies by them: panel P holds columns 16 P .. 16 P + 15; per group
+// linear_kquant_panels.cpp multiplies by them: panel P holds columns 16 P .. 16 P + 15; per group
 // g of G codes (32, or 16 for Q6_K), low: G / 8 chunks of 64 bytes, chunk r's byte 4 c + e
 // holding column c's code 4 r + e of the group (low nibble) and 4 (r + G / 8) + e (high
 // nibble): nibble-split, the chunks are the rows of a tdpbssd B tile (G / 4 rows of 16
@@ -8,7 +8,7 @@
 // ... Factors: [panel][group or super-block][16].
 //
 // The one rule: `tile`, `wide_tiles` and `vnni_rows` each make, per row and column, the same
-// exact integer I of a super-block (linear_kquant_amx.cpp) and hand it to `finish`, the one
+// exact integer I of a super-block (linear_kquant_panels.cpp) and hand it to `finish`, the one
 // float step; so they give the same bits, and a call may take any of them.
 #pragma once
 
@@ -21,9 +21,9 @@
 #include "group_quant_int8.h"
 #include "panel_codes.h"
 
-#ifdef SPLITSERVE_AMX
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
-namespace group_quant::amx_panels {
+namespace group_quant::kquant_panels {
 
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kChunkRows = 128;  // rows of xq that stay in L2 while the panels pass
@@ -120,6 +120,7 @@ struct Panels {
     }
   }
 
+#ifdef SPLITSERVE_AMX
   // Rows m0 .. m0 + 31 (mr of them kept) of panel P's super-block xb from the product planes,
   // I = 128 * (xq . hi) + (xq . lo) over 4 k steps of 64 (the same integer as `tile`'s): two
   // row tiles at once, each k step's B tiles loaded once for both, four accumulators in flight
@@ -155,6 +156,7 @@ struct Panels {
       finish(P, xb, sums, m0 + half * kTileRows, rows, acc + half * kTileRows * 16);
     }
   }
+#endif
 
   // sums[r] += sc[g] * c[0][r] + sc[g + 1] * c[1][r] for the first mr rows (sc: the panel's
   // group scales of the super-block)
@@ -173,6 +175,7 @@ struct Panels {
     return factor + (P * L.groups + xb * kGroups) * 16;
   }
 
+#ifdef SPLITSERVE_AMX
   // rows m0 .. m0 + mr - 1 (mr <= 16) of panel P's super-block xb into acc [rows][16]
   void tile(int64_t P, int64_t xb, const int8_t* b, int64_t m0, int64_t mr, float* acc) const {
     alignas(64) int32_t c[2][kTileRows][16];
@@ -193,6 +196,7 @@ struct Panels {
     }
     finish(P, xb, sums, m0, mr, acc);
   }
+#endif
 
   // acc of rows m0 .. m0 + mr - 1 += their super-block sums I times d * super_scale (and the
   // mins' term)
@@ -242,6 +246,7 @@ struct Panels {
     return sum;
   }
 
+#ifdef SPLITSERVE_AMX
   // `tile`: tmm0-1 C, tmm2-3 A (`rows` each: fewer than 16 where the call has fewer rows, so
   // a decode step multiplies and stores no padding), tmm4-5 B; `wide_tiles`: every tile
   // 16 x 64
@@ -251,18 +256,21 @@ struct Panels {
     constexpr uint8_t kB = kBRows, kT = kTileRows;
     amx::configure({t, t, t, t, kB, kB, kT, kT}, {64, 64, G, G, 64, 64, 64, 64});
   }
+#endif
 };
 
+// rows m0 .. m0 + mr - 1 (mr <= 4) of panel P's super-block xb by AVX512-VNNI into acc [mr][16]
 template <int BITS, int G>
-void vnni_rows(const Panels<BITS, G>& k, int64_t M, int64_t P, int64_t xb, float* acc) {
-  switch (M) {
-    case 1: return k.template vnni_rows<1>(P, xb, 0, acc);
-    case 2: return k.template vnni_rows<2>(P, xb, 0, acc);
-    case 3: return k.template vnni_rows<3>(P, xb, 0, acc);
-    default: return k.template vnni_rows<4>(P, xb, 0, acc);
+void vnni_rows(const Panels<BITS, G>& k, int64_t mr, int64_t P, int64_t xb, int64_t m0,
+               float* acc) {
+  switch (mr) {
+    case 1: return k.template vnni_rows<1>(P, xb, m0, acc);
+    case 2: return k.template vnni_rows<2>(P, xb, m0, acc);
+    case 3: return k.template vnni_rows<3>(P, xb, m0, acc);
+    default: return k.template vnni_rows<4>(P, xb, m0, acc);
   }
 }
 
-}  // namespace group_quant::amx_panels
+}  // namespace group_quant::kquant_panels
 
 #endif
