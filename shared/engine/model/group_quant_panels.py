@@ -45,8 +45,8 @@ def one_group(w: KeptMatrix) -> bool:
 
 
 def kquant(w: KeptMatrix) -> bool:
-    """The k-quants' shapes the AMX kernel takes: super-blocks of 256 with group scales, 4-6
-    bit codes in groups of 32, or 4 or 6 in groups of 16."""
+    """The k-quants' shapes the panels take: super-blocks of 256 with group scales, 4-6 bit
+    codes in groups of 32, or 4 or 6 in groups of 16."""
     shape = (w.group == 32 and 4 <= w.bits <= 6) or (w.group == 16 and w.bits in (4, 6))
     return shape and w.group * w.per_super == 256 and w.sub_scale is not None
 
