@@ -37,7 +37,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Q4_K / Q6_K parts (low, high, super_scale, sub_scale, super_min, sub_min) in panels of 16 "
         "columns, for linear_kquant16", py::call_guard<py::gil_scoped_release>());
   m.def("repack_kquant_amx", &repack_kquant_amx,
-        "Q4_K / Q5_K / Q6_K parts in the AMX panels of linear_group_quant's int8-amx kernel",
+        "Q2_K-Q6_K parts in the panels of linear_group_quant's int8-amx and int8-panels kernels",
         py::call_guard<py::gil_scoped_release>());
   m.def("repack_block_panels", &repack_block_panels,
         "Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 parts in the panels of the int8-amx and int8-panels "

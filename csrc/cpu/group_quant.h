@@ -32,8 +32,8 @@ std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high
                                            torch::Tensor super_scale, torch::Tensor sub_scale,
                                            torch::Tensor super_min, torch::Tensor sub_min,
                                            int64_t bits, int64_t group, int64_t zero);
-// repack_kquant_amx: the same parts as linear_group_quant's "int8-amx" kernel reads them
-// (linear_kquant_panels.cpp: Q4_K, Q5_K, Q6_K; N a multiple of 16), the same sizes.
+// repack_kquant_amx: the same parts as linear_group_quant's "int8-amx" and "int8-panels"
+// kernels read them (linear_kquant_panels.cpp: Q2_K-Q6_K; N a multiple of 16), the same sizes.
 std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor high,
                                              torch::Tensor super_scale, torch::Tensor sub_scale,
                                              torch::Tensor super_min, torch::Tensor sub_min,
