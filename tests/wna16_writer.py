@@ -1,4 +1,4 @@
-"""Our own writer of AWQ, GPTQ and compressed-tensors (pack-, int- and float-quantized)
+"""Our own writer of AWQ, GPTQ, compressed-tensors (pack-, int- and float-quantized) and vLLM
 checkpoints, for the tests.
 
 A float matrix is quantized per group of columns (round to nearest on a min-max grid, GPTQ's
@@ -62,13 +62,24 @@ def quantize(
     return Quantized(codes, scales, zeros.long(), g_idx)
 
 
-def fp8_quantize(w: torch.Tensor, per_tensor: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> FP8 E4M3 values and bf16 scales ([N, 1], or [1] per tensor), the largest
-    |w| mapped to 448 as compressed-tensors' FloatQuantizationCompressor does; the weights
-    are values * scales (exact in fp32: 4 significant bits times 8)."""
-    amax = w.abs().amax().reshape(1) if per_tensor else w.abs().amax(1, keepdim=True)
-    scale = (amax.clamp(min=1e-6) / 448).bfloat16()
-    return (w / scale.float()).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+def fp8_quantize(
+    w: torch.Tensor, rows: int, cols: int, dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> FP8 E4M3 values and the scales of blocks of rows x cols ([ceil(N / rows),
+    ceil(K / cols)], in `dtype`), each block's largest |w| mapped to 448 as compressed-tensors'
+    FloatQuantizationCompressor and DeepSeek's block quantizer do; the weights are values *
+    scales (exact in fp32: 4 significant bits times 8)."""
+    n, k = w.shape
+    padded = torch.nn.functional.pad(w, (0, -k % cols, 0, -n % rows))
+    blocks = padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols)
+    scale = (blocks.abs().amax((1, 3)).clamp(min=1e-6) / 448).to(dtype)
+    return (w / spread(scale, rows, cols, n, k)).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+
+
+def spread(scale: torch.Tensor, rows: int, cols: int, n: int, k: int) -> torch.Tensor:
+    """Block scales ([R, C], or as stored per tensor or channel) -> each weight's [N, K] fp32."""
+    grid = scale.float().reshape(-(-n // rows), -(-k // cols))
+    return grid.repeat_interleave(rows, 0)[:n].repeat_interleave(cols, 1)[:, :k]
 
 
 def pack(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -137,7 +148,8 @@ class Scheme:
     group: int  # 0: per channel
     symmetric: bool
     act_order: bool = False
-    strategy: str = "channel"  # FP8: channel or tensor
+    strategy: str = "channel"  # FP8: tensor, channel, group or block (FP8_VLLM: tensor, block)
+    block: tuple[int, int] = (128, 128)  # FP8 strategy block: rows x columns per scale
 
     def config(self) -> dict:
         if self.format == QuantFormat.AWQ:
@@ -151,8 +163,17 @@ class Scheme:
                 "sym": self.symmetric,
                 "checkpoint_format": "gptq",
             }
+        if self.format == QuantFormat.FP8_VLLM:
+            if self.strategy == "tensor":
+                return {"quant_method": "fp8", "activation_scheme": "static"}
+            blocks = {"weight_block_size": list(self.block)}
+            return {"quant_method": "fp8", "activation_scheme": "dynamic"} | blocks
         if self.format == QuantFormat.FP8:  # W8A8 FP8: activations FP8 per token, dynamic
             weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": self.strategy}
+            if self.strategy == "group":
+                weights["group_size"] = self.group
+            if self.strategy == "block":
+                weights["block_structure"] = list(self.block)
             tokens = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
             group = {"targets": ["Linear"], "weights": weights, "input_activations": tokens}
             return {
@@ -180,6 +201,30 @@ class Scheme:
             "ignore": ["lm_head"],
         }
 
+    def fp8_block(self, n: int, k: int) -> tuple[int, int]:
+        """The rows and columns one FP8 scale covers."""
+        blocks = {"tensor": (n, k), "channel": (1, k), "group": (1, self.group)}
+        return blocks.get(self.strategy, self.block)
+
+    @property
+    def fp8_scale_part(self) -> str:
+        vllm_blocks = self.format == QuantFormat.FP8_VLLM and self.strategy == "block"
+        return "weight_scale_inv" if vllm_blocks else "weight_scale"
+
+    def fp8_parts(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """w's FP8 values and scales as the format stores them: compressed-tensors' in bf16
+        (per tensor [1], per channel [N, 1]); vLLM's `fp8` per tensor a 0-d fp32 scale (with a
+        static input scale), per block fp32 weight_scale_inv."""
+        vllm = self.format == QuantFormat.FP8_VLLM
+        dtype = torch.float32 if vllm else torch.bfloat16
+        values, scale = fp8_quantize(w, *self.fp8_block(*w.shape), dtype=dtype)
+        if self.strategy == "tensor":
+            scale = scale.reshape(()) if vllm else scale.reshape(1)
+        parts = {"weight": values, self.fp8_scale_part: scale}
+        if vllm and self.strategy == "tensor":
+            parts["input_scale"] = torch.tensor(0.02)
+        return parts
+
     def parts(self, m: Quantized) -> dict[str, torch.Tensor]:
         if self.format == QuantFormat.AWQ:
             return awq_parts(m)
@@ -201,10 +246,11 @@ def write_quantized(src: Path, dst: Path, scheme: Scheme, dequantized: Path) -> 
             out[name] = floats[name] = w
             continue
         base = name.removesuffix("weight")
-        if scheme.format == QuantFormat.FP8:
-            values, scale = fp8_quantize(w, scheme.strategy == "tensor")
-            out |= {base + "weight": values, base + "weight_scale": scale}
-            floats[name] = values.float() * scale.float()
+        if scheme.format in (QuantFormat.FP8, QuantFormat.FP8_VLLM):
+            out |= {base + part: t for part, t in scheme.fp8_parts(w).items()}
+            floats[name] = out[base + "weight"].float() * spread(
+                out[base + scheme.fp8_scale_part], *scheme.fp8_block(*w.shape), *w.shape
+            )
             continue
         m = quantize(w, scheme.bits, scheme.group, scheme.symmetric, scheme.act_order, seed=i)
         out |= {base + part: t for part, t in scheme.parts(m).items()}

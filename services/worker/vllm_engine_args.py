@@ -32,7 +32,7 @@ from shared.engine.model.checkpoint import gguf_kept_formats
 from shared.engine.resolve import resolve
 from shared.errors import ConfigError
 from shared.models.pull import default_home
-from shared.models.wna16_config import QuantFormat, read_config
+from shared.models.wna16_config import QuantFormat, Wna16Config, read_config
 from shared.ports import free_port
 
 GIB = 1 << 30
@@ -43,24 +43,11 @@ GPU_BLOCK_SIZE = 16  # what vLLM's GPU attention backends all take
 def vllm_engine_config(config: WorkerConfig) -> EngineConfig:
     """The worker's engine settings with the block size vLLM runs on its device (this
     probes the device when it is `auto`). ConfigError for a size vLLM's CPU attention
-    cannot run."""
+    cannot run, and for a checkpoint vLLM cannot load or run there."""
     engine = config.engine_config()
-    kept = gguf_kept_formats(engine.model_dir)
-    if kept:
-        raise ConfigError(
-            f"{engine.model_dir} keeps GGUF {', '.join(kept)} in splitserve's own layout "
-            "(as splitserve pull leaves it), which vLLM cannot load: serve it with the native "
-            "engine, or pull a float copy (splitserve pull --no-keep-quant; splitserve up "
-            "--engine vllm --model NAME pulls that one)"
-        )
+    _refuse_checkpoint(engine)
     if engine.torch_device.type != "cpu":
         return replace(engine, block_size=engine.block_size or GPU_BLOCK_SIZE)
-    if engine.dtype == "float32" and _w8a8(engine.model_dir):
-        raise ConfigError(
-            f"{engine.model_dir} is a W8A8 checkpoint (compressed-tensors int-quantized): "
-            "vLLM's CPU int8 kernels take bf16 or fp16 activations, not --dtype float32 "
-            "(leave --dtype auto, or serve it with the native engine)"
-        )
     sizes = CPUAttentionBackend.get_supported_kernel_block_sizes()
     if not engine.block_size:
         return replace(engine, block_size=min(_smallest(size) for size in sizes))
@@ -72,14 +59,50 @@ def vllm_engine_config(config: WorkerConfig) -> EngineConfig:
     return engine
 
 
-def _w8a8(model_dir) -> bool:
-    """Whether the checkpoint is compressed-tensors int-quantized (other configs, ours to read
-    or not, are vLLM's to judge)."""
+FP8 = (QuantFormat.FP8, QuantFormat.FP8_VLLM)
+
+
+def _refuse_checkpoint(engine: EngineConfig) -> None:
+    """ConfigError, before vLLM starts, for a checkpoint vLLM cannot load or run here."""
+    kept = gguf_kept_formats(engine.model_dir)
+    if kept:
+        raise ConfigError(
+            f"{engine.model_dir} keeps GGUF {', '.join(kept)} in splitserve's own layout "
+            "(as splitserve pull leaves it), which vLLM cannot load: serve it with the native "
+            "engine, or pull a float copy (splitserve pull --no-keep-quant; splitserve up "
+            "--engine vllm --model NAME pulls that one)"
+        )
+    quant = _quant_config(engine.model_dir)
+    if quant is None:
+        return
+    if quant.format == QuantFormat.FP8 and quant.group and quant.block_rows == 1:
+        raise ConfigError(
+            f"{engine.model_dir} holds FP8 weights with group scales ({quant.label}), for "
+            "which vLLM has no compressed-tensors scheme: serve it with the native engine"
+        )
+    if engine.torch_device.type != "cpu":
+        return
+    if quant.format in FP8 and quant.per_tensor:
+        raise ConfigError(
+            f"{engine.model_dir} holds FP8 weights with one scale per tensor ({quant.label}), "
+            "which vLLM's CPU build cannot run (it lacks static_scaled_fp8_quant): serve it "
+            "with the native engine, or on a GPU"
+        )
+    if engine.dtype == "float32" and quant.format == QuantFormat.INT8:
+        raise ConfigError(
+            f"{engine.model_dir} is a W8A8 checkpoint (compressed-tensors int-quantized): "
+            "vLLM's CPU int8 kernels take bf16 or fp16 activations, not --dtype float32 "
+            "(leave --dtype auto, or serve it with the native engine)"
+        )
+
+
+def _quant_config(model_dir) -> Wna16Config | None:
+    """The checkpoint's quantization_config as we read it; None for a float one and for one we
+    do not read (vLLM's to judge)."""
     try:
-        config = read_config(model_dir)
+        return read_config(model_dir)
     except ConfigError:
-        return False
-    return config is not None and config.format == QuantFormat.INT8
+        return None
 
 
 def _smallest(size: int | MultipleOf) -> int:

@@ -22,7 +22,8 @@ class QuantFormat(IntEnum):
     GPTQ = 2
     COMPRESSED = 3  # compressed-tensors, pack-quantized
     INT8 = 4  # compressed-tensors, int-quantized (or naive-quantized) 8-bit: W8A8, W8A16
-    FP8 = 5  # compressed-tensors, float-quantized FP8 E4M3 per channel or tensor: W8A8, W8A16
+    FP8 = 5  # compressed-tensors, float-quantized FP8 E4M3: per tensor, channel, group, block
+    FP8_VLLM = 6  # vLLM's own `fp8` quant_method: per tensor, or per block (weight_scale_inv)
 
 
 _NAMES = {
@@ -31,6 +32,7 @@ _NAMES = {
     QuantFormat.COMPRESSED: "c-t",
     QuantFormat.INT8: "c-t int",
     QuantFormat.FP8: "c-t fp8",
+    QuantFormat.FP8_VLLM: "fp8",
 }
 # the parts of one quantized matrix NAME (stored as NAME.part), the first one marking it
 PARTS = {
@@ -52,6 +54,7 @@ PARTS = {
         "input_zero_point",
     ),
     QuantFormat.FP8: ("weight_scale", "weight", "input_scale"),
+    QuantFormat.FP8_VLLM: ("weight_scale_inv", "weight", "weight_scale", "input_scale"),
 }
 
 
@@ -65,17 +68,22 @@ class Wna16Config:
     symmetric: bool  # no zero points: z = 2^(bits - 1)
     zero_offset: int = 0  # added to a stored zero point (GPTQ format v1: 1)
     per_tensor: bool = False  # one scale for the whole matrix (c-t int strategy "tensor")
+    block_rows: int = 1  # rows per scale: FP8 block scales (block_rows x group), e.g. 128
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8) or (self.format == QuantFormat.AWQ and self.bits != 4):
             raise ConfigError(f"{self.label}: {self.bits}-bit weights are not supported")
         if self.group < 0 or self.group % 32:
             raise ConfigError(f"{self.label}: group size {self.group} is not a multiple of 32")
+        if self.block_rows < 1 or (self.block_rows > 1 and not self.group):
+            raise ConfigError(f"{self.label}: blocks of {self.block_rows} rows need a group size")
 
     @property
     def label(self) -> str:
-        """The start-up log's name, e.g. "AWQ 4-bit g128" or "GPTQ 8-bit per-channel sym"."""
+        """The start-up log's name, e.g. "AWQ 4-bit g128", "GPTQ 8-bit per-channel sym" or
+        "fp8 8-bit block128x128 sym"."""
         group = f"g{self.group}" if self.group else "per-channel"
+        group = f"block{self.block_rows}x{self.group}" if self.block_rows > 1 else group
         group = "per-tensor" if self.per_tensor else group
         sym = " sym" if self.symmetric else ""
         return f"{_NAMES[self.format]} {self.bits}-bit {group}{sym}"
@@ -83,7 +91,14 @@ class Wna16Config:
     @property
     def marker(self) -> str:
         """The part whose presence says a matrix is stored quantized."""
-        return PARTS[self.format][0]
+        return self.scale_part if self.format == QuantFormat.FP8_VLLM else PARTS[self.format][0]
+
+    @property
+    def scale_part(self) -> str:
+        """The part holding an FP8 matrix's scales: vLLM's `fp8` names its block scales
+        weight_scale_inv (DeepSeek's name; they multiply all the same)."""
+        vllm_blocks = self.format == QuantFormat.FP8_VLLM and not self.per_tensor
+        return "weight_scale_inv" if vllm_blocks else "weight_scale"
 
 
 def read_config(model_dir: Path) -> Wna16Config | None:
@@ -113,9 +128,11 @@ def parse_config(q: Mapping) -> Wna16Config:
         )
     if method == "compressed-tensors":
         return _compressed_tensors(q)
+    if method == "fp8":
+        return _vllm_fp8(q)
     raise ConfigError(
         f"quantization_config quant_method {method!r} is not supported "
-        "(awq, gptq, compressed-tensors pack-, int- or float-quantized)"
+        "(awq, gptq, fp8, compressed-tensors pack-, int- or float-quantized)"
     )
 
 
@@ -164,16 +181,50 @@ def _int8_activations(activations: Mapping | None) -> bool:
 
 
 def _fp8(weights: Mapping, activations: Mapping | None) -> Wna16Config:
-    """float-quantized: FP8 E4M3 weights, one scale per channel or tensor, symmetric; the
-    activation scheme (FP8 per token, static, or none) is not what runs."""
+    """float-quantized: FP8 E4M3 weights, symmetric, one scale per tensor, channel, group of
+    columns or block (rows x columns); the activation scheme (FP8 per token, per group,
+    static, or none) is not what runs."""
     strategy = weights.get("strategy")
     float8 = weights.get("type") == "float" and int(weights.get("num_bits", 0)) == 8
-    if not float8 or strategy not in ("channel", "tensor") or not weights.get("symmetric", True):
+    strategies = ("channel", "tensor", "group", "block")
+    if not float8 or strategy not in strategies or not weights.get("symmetric", True):
         raise ConfigError(
             f"compressed-tensors float-quantized weights {weights.get('type')} "
             f"{weights.get('num_bits')}-bit, strategy {strategy!r}: FP8 (8-bit float) per "
-            "channel or tensor, symmetric, is read (not block or group scales)"
+            "tensor, channel, group or block, symmetric, is read"
         )
     if activations and activations.get("type") not in ("float", None):
         raise ConfigError(f"compressed-tensors FP8 weights with {activations} activations")
+    if strategy == "group":
+        return _fp8_blocks(QuantFormat.FP8, [1, weights.get("group_size")], "group_size")
+    if strategy == "block":
+        return _fp8_blocks(QuantFormat.FP8, weights.get("block_structure"), "block_structure")
     return Wna16Config(QuantFormat.FP8, 8, 0, True, per_tensor=strategy == "tensor")
+
+
+def _vllm_fp8(q: Mapping) -> Wna16Config:
+    """vLLM's own `fp8`: FP8 E4M3 weights with one scale per tensor (`weight_scale`), or per
+    block of rows x columns (`weight_block_size`, scales in `weight_scale_inv`: DeepSeek's and
+    Qwen's FP8 checkpoints); its activation scheme (dynamic, static) is not what runs."""
+    scheme = q.get("activation_scheme", "dynamic")
+    if scheme not in ("dynamic", "static") or q.get("fmt", "e4m3") != "e4m3":
+        raise ConfigError(
+            f"fp8 activation_scheme {scheme!r}, fmt {q.get('fmt')!r}: e4m3 weights with a "
+            "dynamic or static scheme are read"
+        )
+    block = q.get("weight_block_size")
+    if block is None:
+        return Wna16Config(QuantFormat.FP8_VLLM, 8, 0, True, per_tensor=True)
+    if scheme != "dynamic":
+        raise ConfigError("fp8 weight_block_size with a static activation scheme (vLLM's too)")
+    return _fp8_blocks(QuantFormat.FP8_VLLM, block, "weight_block_size")
+
+
+def _fp8_blocks(fmt: QuantFormat, block: object, key: str) -> Wna16Config:
+    """Scales per block of [rows, columns]: columns a multiple of 32 (the kernel's group)."""
+    shape = list(block) if isinstance(block, list | tuple) else []
+    if len(shape) != 2 or not all(isinstance(b, int) and b > 0 for b in shape) or shape[1] % 32:
+        raise ConfigError(
+            f"FP8 {key} {block!r}: [rows, columns] with columns a multiple of 32 is read"
+        )
+    return Wna16Config(fmt, 8, shape[1], True, block_rows=shape[0])

@@ -152,3 +152,29 @@ def test_a_w8a8_checkpoint_in_float32_is_refused_by_name(tmp_path):
     fp8 = {"quant_method": "compressed-tensors", "format": "float-quantized"}
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": fp8}))
     assert vllm_engine_config(config("float32")).block_size == 32  # vLLM's to judge
+
+
+@pytest.mark.parametrize(
+    ("scheme", "device", "message"),
+    [
+        (Scheme(QuantFormat.FP8_VLLM, 8, 0, True, strategy="tensor"), "cpu", "one scale per"),
+        (Scheme(QuantFormat.FP8, 8, 0, True, strategy="tensor"), "cpu", "static_scaled_fp8"),
+        (Scheme(QuantFormat.FP8, 8, 64, True, strategy="group"), "cuda", r"group scales \(c-t"),
+        (Scheme(QuantFormat.FP8_VLLM, 8, 0, True, strategy="block"), "cpu", None),
+        (Scheme(QuantFormat.FP8, 8, 0, True, strategy="channel"), "cpu", None),
+    ],
+)
+def test_fp8_checkpoints_vllm_cannot_run_are_refused_by_name(tmp_path, scheme, device, message):
+    """vLLM 0.32 on this CPU runs FP8 per channel and per block (tests/unit/test_vllm_quantized.py);
+    per tensor it calls a kernel its CPU build lacks, and FP8 group scales it has no scheme for
+    anywhere (refused before the device is probed: this host has no CUDA)."""
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": scheme.config()}))
+    engine = EngineConfig(model_dir=tmp_path, block_size=32, device=device)
+    config = WorkerConfig(
+        worker_id="p", role="prefill", model_name="m", engine_kind="vllm", engine=engine
+    )
+    if message is None:
+        assert vllm_engine_config(config).block_size in (16, 32)
+        return
+    with pytest.raises(ConfigError, match=message):
+        vllm_engine_config(config)

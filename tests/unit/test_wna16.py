@@ -297,7 +297,7 @@ def test_bad_shapes_and_dtypes_are_refused_by_name():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"quant_method": "fp8"}, "quant_method 'fp8' is not supported"),
+        ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported"),
         ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "GEMM"),
         ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit weights"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 48}, "group size 48"),

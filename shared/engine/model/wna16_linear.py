@@ -24,21 +24,21 @@ from collections.abc import Mapping
 import torch
 
 from shared.engine.model.group_quant import GroupQuantLinear
-from shared.models.fp8_weights import Fp8Rows, unpack_fp8
+from shared.models.fp8_weights import Fp8Weights, unpack_fp8
 from shared.models.wna16 import IntGroups, unpack
 from shared.models.wna16_config import QuantFormat, Wna16Config
 
 
 def wna16_linear(config: Wna16Config, parts: Mapping[str, torch.Tensor]) -> GroupQuantLinear:
     """A matrix's stored parts -> the kernel's layout; ValueError naming what is wrong."""
-    if config.format == QuantFormat.FP8:
+    if config.format in (QuantFormat.FP8, QuantFormat.FP8_VLLM):
         return from_fp8(unpack_fp8(config, parts), config.label)
     return from_int_groups(unpack(config, parts), config.bits, config.label)
 
 
-def from_fp8(m: Fp8Rows, label: str) -> GroupQuantLinear:
-    """FP8 values as 8-bit codes of the float8 dtype (the kernel reads them as FP8), each row's
-    scale as its super_scale per 32 columns: w = value * scale (+ 0)."""
+def from_fp8(m: Fp8Weights, label: str) -> GroupQuantLinear:
+    """FP8 values as 8-bit codes of the float8 dtype (the kernel reads them as FP8), the scale
+    of each row and 32 columns as its super_scale: w = value * scale (+ 0)."""
     n, k = m.values.shape
     return GroupQuantLinear(
         format=label,
@@ -48,7 +48,7 @@ def from_fp8(m: Fp8Rows, label: str) -> GroupQuantLinear:
         group=32,
         per_super=1,
         zero=0,
-        super_scale=m.scales[:, None].expand(n, k // 32).contiguous(),
+        super_scale=m.scales,
         codes=m.values,
     )
 

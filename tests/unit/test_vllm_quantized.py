@@ -1,9 +1,11 @@
-"""vLLM loads a compressed-tensors W8A8 checkpoint as our writer (tests/wna16_writer.py) makes
-it, the same directory our engine reads (`--engine vllm` passes the model directory as it
-is): with its int8 kernels it picks the prompt's next token it picks on the float model of
-exactly the stored weights, and most of the same top 5 (vLLM quantizes the activations per
-token there). A second reader of the layout, beside compressed-tensors' own (test_wna16.py).
-Needs vLLM (`make install ENGINE=vllm`); each vLLM start takes ~25 s on two cores."""
+"""vLLM loads a compressed-tensors W8A8 checkpoint and a vLLM `fp8` one with 128 x 128 block
+scales as our writer (tests/wna16_writer.py) makes them, the same directories our engine reads
+(`--engine vllm` passes the model directory as it is): with its own kernels it picks the
+prompt's next token it picks on the float model of exactly the stored weights, and most of the
+same top 5 (vLLM quantizes the activations there: int8 per token, FP8 per group of 128). A
+second reader of the layouts, beside compressed-tensors' own (test_wna16.py,
+test_fp8_weights.py). Needs vLLM (`make install ENGINE=vllm`); each vLLM start takes ~25 s on
+two cores."""
 
 from __future__ import annotations
 
@@ -52,13 +54,29 @@ def vllm_greedy(model_dir: Path, tmp_path: Path) -> dict:
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def test_vllm_serves_the_w8a8_checkpoint_as_the_float_model_of_its_weights(tmp_path):
-    write_tiny_model(tmp_path / "float", hidden_size=128, intermediate_size=256, head_dim=32)
-    scheme = Scheme(QuantFormat.INT8, 8, 0, symmetric=True)
-    write_quantized(tmp_path / "float", tmp_path / "w8a8", scheme, tmp_path / "weights")
-    quantized = vllm_greedy(tmp_path / "w8a8", tmp_path)
+# vLLM's block-scaled FP8 needs every matrix's rows in whole blocks: K, V 2 x 64 = 128 rows
+SHAPES = {
+    "w8a8": ({"hidden_size": 128, "intermediate_size": 256, "head_dim": 32}, "compressed-tensors"),
+    "fp8-block": (
+        {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}
+        | {"num_attention_heads": 4, "num_key_value_heads": 2},
+        "fp8",
+    ),
+}
+SCHEMES = {
+    "w8a8": Scheme(QuantFormat.INT8, 8, 0, symmetric=True),
+    "fp8-block": Scheme(QuantFormat.FP8_VLLM, 8, 0, symmetric=True, strategy="block"),
+}
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_vllm_serves_the_checkpoint_as_the_float_model_of_its_weights(tmp_path, name):
+    shape, method = SHAPES[name]
+    write_tiny_model(tmp_path / "float", **shape)
+    write_quantized(tmp_path / "float", tmp_path / name, SCHEMES[name], tmp_path / "weights")
+    quantized = vllm_greedy(tmp_path / name, tmp_path)
     floats = vllm_greedy(tmp_path / "weights", tmp_path)
-    assert quantized["quantization"] == "compressed-tensors" and floats["quantization"] is None
+    assert quantized["quantization"] == method and floats["quantization"] is None
     assert len(quantized["top5"]) == 5
     assert quantized["top5"][0] == floats["top5"][0]
     assert len(set(quantized["top5"]) & set(floats["top5"])) >= 3
