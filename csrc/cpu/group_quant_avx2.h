@@ -28,18 +28,12 @@ inline float hsum16(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-// 8 FP8 E4M3 codes' values (the low 8 bytes), as fp8x16 makes them (group_quant_layout.h)
-[[gnu::always_inline]] inline __m256 fp8x8(__m128i bytes) {
-  const __m256i u = _mm256_cvtepu8_epi32(bytes);
-  const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7F));
-  const __m256 normal = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)),
-                                      _mm256_set1_ps(0x1p120f));
-  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(mag, _mm256_set1_epi32(7))),
-                                   _mm256_set1_ps(0x1p-9f));
-  const __m256 subnormal = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
-  const __m256 value = _mm256_blendv_ps(normal, sub, subnormal);
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24);
-  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(value), sign));
+// 8 FP8 E4M3 codes' values (the low 8 bytes) times 2^-8, as fp8x16_scaled makes them
+// (group_quant_layout.h)
+[[gnu::always_inline]] inline __m256 fp8x8_scaled(__m128i bytes) {
+  const __m128i half = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7),
+                                     _mm_set1_epi16(static_cast<int16_t>(0xBF80)));
+  return _mm256_cvtph_ps(half);
 }
 
 // 32 bits (bit i: byte i) as a byte mask, 0xFF where the bit is set

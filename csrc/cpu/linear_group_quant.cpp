@@ -61,7 +61,8 @@ using group_quant::hsum16_generic;
 using group_quant::kLanes;
 using group_quant::Layout;
 #ifdef __AVX512F__
-using group_quant::fp8x16;
+using group_quant::fp8x16_scaled;
+using group_quant::kFp8Unscale;
 using group_quant::hsum16;
 #endif
 constexpr int kCols = 4;  // columns per block (and per register tile)
@@ -107,8 +108,9 @@ template <int BITS>
     if (L.fp8) {
       float s, o;
       L.factors(n, b, s, o);  // FP8: groups of 32
-      w0 = _mm512_fmadd_ps(fp8x16(c0), _mm512_set1_ps(s), _mm512_set1_ps(o));
-      w1 = _mm512_fmadd_ps(fp8x16(c1), _mm512_set1_ps(s), _mm512_set1_ps(o));
+      const __m512 scale = _mm512_set1_ps(s * kFp8Unscale);
+      w0 = _mm512_fmadd_ps(fp8x16_scaled(c0), scale, _mm512_set1_ps(o));
+      w1 = _mm512_fmadd_ps(fp8x16_scaled(c1), scale, _mm512_set1_ps(o));
       return;
     }
     q0 = _mm512_cvtepi8_epi32(c0);

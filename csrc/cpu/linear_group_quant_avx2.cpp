@@ -35,8 +35,9 @@ template <int BITS>
     if (L.fp8) {
       float s, o;
       L.factors(n, b, s, o);  // FP8: groups of 32
+      const __m256 scale = _mm256_set1_ps(s * kFp8Unscale);
       for (int i = 0; i < 4; ++i) {
-        w[i] = _mm256_fmadd_ps(fp8x8(c[i]), _mm256_set1_ps(s), _mm256_set1_ps(o));
+        w[i] = _mm256_fmadd_ps(fp8x8_scaled(c[i]), scale, _mm256_set1_ps(o));
       }
       return;
     }
