@@ -159,7 +159,7 @@ def test_int8_activations_keep_batch_invariance_and_stay_near_float_ones(root, c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["awq-g128", "gptq4-g32-act-order"])
+@pytest.mark.parametrize("name", ["awq-g128", "gptq4-g32-act-order", "fp8-block"])
 def test_moe_experts_stored_quantized_give_the_float_logits_of_their_weights(tmp_path, name):
     """A Qwen3-MoE whose experts (one tensor set per expert, as HF stores them) are quantized
     with the rest: read as the other matrices, the logits of the float model of exactly the
