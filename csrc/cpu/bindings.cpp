@@ -33,18 +33,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("sub_scale"), py::arg("super_min"), py::arg("sub_min"), py::arg("bits"),
         py::arg("group"), py::arg("per_super"), py::arg("zero"), py::arg("out_features"),
         py::arg("kernel") = "auto", py::call_guard<py::gil_scoped_release>());
-  m.def("repack_kquant16", &repack_kquant16,
-        "Q4_K / Q6_K parts (low, high, super_scale, sub_scale, super_min, sub_min) in panels of 16 "
-        "columns, for linear_kquant16", py::call_guard<py::gil_scoped_release>());
   m.def("repack_kquant_amx", &repack_kquant_amx,
         "Q2_K-Q6_K parts in the panels of linear_group_quant's int8-amx and int8-panels kernels",
         py::call_guard<py::gil_scoped_release>());
   m.def("repack_block_panels", &repack_block_panels,
         "Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 parts in the panels of the int8-amx and int8-panels "
         "kernels",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("linear_kquant16", &linear_kquant16,
-        "the int8 kernel's bits over repack_kquant16's layout (AVX512-VNNI builds)",
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_dot_product_kernel", &bf16_dot_product_kernel,
         "whether this build has the AVX512-BF16 dot-product kernel");

@@ -25,13 +25,6 @@ torch::Tensor linear_group_quant(torch::Tensor x, torch::Tensor codes, torch::Te
                                  int64_t per_super, int64_t zero, int64_t out_features,
                                  const std::string& kernel);
 
-// linear_kquant16.cpp: Q4_K / Q6_K in panels of 16 columns. repack_kquant16: the parts of the
-// layout above (N from low) as that kernel reads them, the same sizes; linear_kquant16: the
-// int8 kernel's bits (int8-generic) from them.
-std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high,
-                                           torch::Tensor super_scale, torch::Tensor sub_scale,
-                                           torch::Tensor super_min, torch::Tensor sub_min,
-                                           int64_t bits, int64_t group, int64_t zero);
 // repack_kquant_amx: the same parts as linear_group_quant's "int8-amx" and "int8-panels"
 // kernels read them (linear_kquant_panels.cpp: Q2_K-Q6_K; N a multiple of 16), the same sizes.
 std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor high,
@@ -44,7 +37,3 @@ std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor hi
 std::vector<torch::Tensor> repack_block_panels(torch::Tensor codes, torch::Tensor low,
                                                torch::Tensor high, torch::Tensor scale,
                                                torch::Tensor min, int64_t bits);
-torch::Tensor linear_kquant16(torch::Tensor x, torch::Tensor low, torch::Tensor high,
-                              torch::Tensor super_scale, torch::Tensor sub_scale,
-                              torch::Tensor super_min, torch::Tensor sub_min, int64_t bits,
-                              int64_t group, int64_t zero, int64_t out_features);

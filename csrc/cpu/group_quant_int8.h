@@ -15,7 +15,7 @@ namespace group_quant {
 
 constexpr int64_t kPair = 64;  // weights per pair of 32-blocks (one 512-bit register of codes)
 constexpr int64_t kSuper = 256;  // a k-quant's super-block (the x-block of its path)
-constexpr int64_t kPanel = 16;  // columns per panel of linear_kquant16.cpp's layout
+constexpr int64_t kPanel = 16;  // columns per panel of the repacked layouts (panels_repack.cpp)
 
 // The int8 activations of every row, as the dots read them.
 struct Rows {

@@ -1,7 +1,6 @@
 // The panel repacks of 16 columns (group_quant.h): a matrix from the stored layout
-// (linear_group_quant.cpp) for linear_kquant16.cpp (repack_kquant16, whose top comment lays its
-// panels out), for linear_kquant_panels.cpp (repack_kquant_amx, laid out in kquant_panels.h)
-// and for linear_block_panels.cpp (repack_block_panels, laid out there). Each puts the factors in
+// (linear_group_quant.cpp) for linear_kquant_panels.cpp (repack_kquant_amx, laid out in
+// kquant_panels.h) and for linear_block_panels.cpp (repack_block_panels, laid out there). Each puts the factors in
 // [panel][group or super-block][16 columns]. The one rule: a permutation, every code and factor
 // kept as it is (the same bytes: resident weights do not grow).
 #include <ATen/Parallel.h>
@@ -86,41 +85,6 @@ void panel_group(const Layout& L, int64_t n, int64_t g, uint8_t* ol, uint8_t* oh
 }
 
 }  // namespace
-
-std::vector<torch::Tensor> repack_kquant16(torch::Tensor low, torch::Tensor high,
-                                           torch::Tensor super_scale, torch::Tensor sub_scale,
-                                           torch::Tensor super_min, torch::Tensor sub_min,
-                                           int64_t bits, int64_t group, int64_t zero) {
-  TORCH_CHECK(bits == 4 || bits == 6, "the interleaved layout: 4 or 6 bit k-quants");
-  const Layout L = stored(low, high, bits, group, zero);
-  const int64_t N = low.size(0), K = L.K;
-  const std::vector<torch::Tensor> factors{super_scale, sub_scale, super_min, sub_min};
-  std::vector<torch::Tensor> out = outputs(low, high, factors);
-  uint8_t* ol = out[0].data_ptr<uint8_t>();
-  uint8_t* oh = bits == 6 ? out[1].data_ptr<uint8_t>() : nullptr;
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const int64_t p = n / kPanel, c = n % kPanel, w = std::min(kPanel, N - p * kPanel);
-      for (int64_t b = 0; b < K / 32; ++b) {
-        uint8_t* lo = ol + p * kPanel * (K / 2) + b * 16 * w + 2 * c;
-        for (int64_t i = 0; i < 16; ++i) {  // chunk q = i / 2, weight e = i % 2
-          const int64_t k = b * 32 + 4 * (i / 2) + i % 2;
-          lo[(i / 2) * 2 * w + i % 2] = static_cast<uint8_t>(L.code(n, k) % 16 |
-                                                             L.code(n, k + 2) % 16 << 4);
-        }
-        for (int64_t i = 0; oh && i < 8; ++i) {  // high chunk h = i / 2, weight e = i % 2
-          const int64_t k = b * 32 + 4 * (i / 2) + i % 2;
-          uint32_t v = 0;
-          for (int f = 0; f < 4; ++f) v |= (L.code(n, k + f % 2 * 2 + f / 2 * 16) >> 4) << 2 * f;
-          oh[p * kPanel * (K / 4) + b * 8 * w + (i / 2) * 2 * w + 2 * c + i % 2] =
-              static_cast<uint8_t>(v);
-        }
-      }
-      permute_factors(factors, out, n, N, K / group, K / kSuper);
-    }
-  });
-  return out;
-}
 
 std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor high,
                                              torch::Tensor super_scale, torch::Tensor sub_scale,
