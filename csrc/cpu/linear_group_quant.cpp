@@ -95,22 +95,47 @@ void run_generic(const Layout& L, const float* x, float* y, int64_t M, int64_t N
 
 #ifdef __AVX512F__
 
+// Row n's factors of every group g, as Layout::factors gives them (the same operations, so
+// the same bits): f[g] its scale, f[groups + g] its offset; worked out ahead of the loop that
+// dequantizes the row, in passes the compiler vectorizes, not as scalar work per 32 weights
+void row_factors(const Layout& L, int64_t n, float* f) {
+  const int64_t G = L.groups, shift = L.super_shift;
+  float* scale = f;
+  float* offset = f + G;
+  const float* super_scale = L.super_scale + n * L.supers;
+  for (int64_t g = 0; g < G; ++g) scale[g] = super_scale[g >> shift];
+  if (L.sub_scale) {
+    const int8_t* sub = L.sub_scale + n * G;
+    for (int64_t g = 0; g < G; ++g) scale[g] *= static_cast<float>(sub[g]);
+  }
+  for (int64_t g = 0; g < G; ++g) offset[g] = 0.f;
+  if (L.super_min) {
+    const float* super_min = L.super_min + n * L.supers;
+    for (int64_t g = 0; g < G; ++g) offset[g] = super_min[g >> shift];
+    if (L.sub_min) {
+      const int8_t* sub = L.sub_min + n * G;
+      for (int64_t g = 0; g < G; ++g) offset[g] *= static_cast<float>(sub[g]);
+    }
+  }
+  const float zero = static_cast<float>(L.zero);
+  for (int64_t g = 0; g < G; ++g) offset[g] = offset[g] - zero * scale[g];  // exact (the top)
+}
+
 // 32 weights of row n from weight 32 b on, in two vectors (the lanes of chunks 2 b, 2 b + 1):
-// one load of their low nibbles, one of each plane's 32 bits, their group factors read once
+// one load of their low nibbles, one of each plane's 32 bits; f: the row's factors (row_factors)
 template <int BITS>
-[[gnu::always_inline]] inline void dequant32(const Layout& L, int64_t n, int64_t b, __m512& w0,
-                                             __m512& w1) {
+[[gnu::always_inline]] inline void dequant32(const Layout& L, const float* f, int64_t n,
+                                             int64_t b, __m512& w0, __m512& w1) {
   __m512i q0, q1;
   if constexpr (BITS == 8) {
     const int8_t* codes = L.codes + n * L.K + b * 32;
     const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
     const __m128i c1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16));
-    if (L.fp8) {
-      float s, o;
-      L.factors(n, b, s, o);  // FP8: groups of 32
-      const __m512 scale = _mm512_set1_ps(s * kFp8Unscale);
-      w0 = _mm512_fmadd_ps(fp8x16_scaled(c0), scale, _mm512_set1_ps(o));
-      w1 = _mm512_fmadd_ps(fp8x16_scaled(c1), scale, _mm512_set1_ps(o));
+    if (L.fp8) {  // groups of 32
+      const __m512 scale = _mm512_set1_ps(f[b] * kFp8Unscale);
+      const __m512 offset = _mm512_set1_ps(f[L.groups + b]);
+      w0 = _mm512_fmadd_ps(fp8x16_scaled(c0), scale, offset);
+      w1 = _mm512_fmadd_ps(fp8x16_scaled(c1), scale, offset);
       return;
     }
     q0 = _mm512_cvtepi8_epi32(c0);
@@ -129,17 +154,18 @@ template <int BITS>
       q1 = _mm512_mask_add_epi32(q1, static_cast<__mmask16>(bits32 >> 16), q1, add);
     }
   }
-  float s0, o0, s1, o1;
-  L.block_factors(n, b, s0, o0, s1, o1);
-  w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), _mm512_set1_ps(s0), _mm512_set1_ps(o0));
-  w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), _mm512_set1_ps(s1), _mm512_set1_ps(o1));
+  const int64_t g0 = L.group == 32 ? b : 2 * b, g1 = L.group == 32 ? b : 2 * b + 1;
+  const float* offset = f + L.groups;
+  w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), _mm512_set1_ps(f[g0]), _mm512_set1_ps(offset[g0]));
+  w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), _mm512_set1_ps(f[g1]), _mm512_set1_ps(offset[g1]));
 }
 
 // rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: NB dequantized rows of w
-// ([NB, K]), or nullptr to dequantize in registers, 32 weights at a time
+// ([NB, K]), or nullptr to dequantize in registers, 32 weights at a time, with the columns'
+// factors f (row_factors: K / 8 floats a column)
 template <int BITS, int MR, int NB>
-void tile(const Layout& L, const float* panel, const float* x, float* y, int64_t m0, int64_t n0,
-          int64_t N) {
+void tile(const Layout& L, const float* panel, const float* f, const float* x, float* y,
+          int64_t m0, int64_t n0, int64_t N) {
   const int64_t K = L.K;
   __m512 acc[MR][NB];
   for (int r = 0; r < MR; ++r) {
@@ -152,7 +178,7 @@ void tile(const Layout& L, const float* panel, const float* x, float* y, int64_t
         w0[j] = _mm512_loadu_ps(panel + j * K + b * 32);
         w1[j] = _mm512_loadu_ps(panel + j * K + b * 32 + kLanes);
       } else {
-        dequant32<BITS>(L, n0 + j, b, w0[j], w1[j]);
+        dequant32<BITS>(L, f + j * (K / 8), n0 + j, b, w0[j], w1[j]);
       }
     }
     for (int r = 0; r < MR; ++r) {
@@ -170,15 +196,15 @@ void tile(const Layout& L, const float* panel, const float* x, float* y, int64_t
 }
 
 template <int BITS, int NB>
-void rows_tile(int64_t mr, const Layout& L, const float* panel, const float* x, float* y,
-               int64_t m0, int64_t n0, int64_t N) {
+void rows_tile(int64_t mr, const Layout& L, const float* panel, const float* f, const float* x,
+               float* y, int64_t m0, int64_t n0, int64_t N) {
   switch (mr) {
-    case 1: return tile<BITS, 1, NB>(L, panel, x, y, m0, n0, N);
-    case 2: return tile<BITS, 2, NB>(L, panel, x, y, m0, n0, N);
-    case 3: return tile<BITS, 3, NB>(L, panel, x, y, m0, n0, N);
-    case 4: return tile<BITS, 4, NB>(L, panel, x, y, m0, n0, N);
-    case 5: return tile<BITS, 5, NB>(L, panel, x, y, m0, n0, N);
-    default: return tile<BITS, kRows, NB>(L, panel, x, y, m0, n0, N);
+    case 1: return tile<BITS, 1, NB>(L, panel, f, x, y, m0, n0, N);
+    case 2: return tile<BITS, 2, NB>(L, panel, f, x, y, m0, n0, N);
+    case 3: return tile<BITS, 3, NB>(L, panel, f, x, y, m0, n0, N);
+    case 4: return tile<BITS, 4, NB>(L, panel, f, x, y, m0, n0, N);
+    case 5: return tile<BITS, 5, NB>(L, panel, f, x, y, m0, n0, N);
+    default: return tile<BITS, kRows, NB>(L, panel, f, x, y, m0, n0, N);
   }
 }
 
@@ -186,14 +212,17 @@ template <int BITS>
 void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(M > kScratchRows ? L.K * kCols : 0);
+    std::vector<float> factors(L.K / 8 * kCols);
+    const float* f = factors.data();
     for (int64_t block = begin; block < end; ++block) {
       const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
+      for (int64_t j = 0; j < nb; ++j) row_factors(L, n0 + j, &factors[j * (L.K / 8)]);
       const float* panel = nullptr;
       if (M > kScratchRows) {
         for (int64_t j = 0; j < nb; ++j) {
           for (int64_t b = 0; b < L.K / 32; ++b) {
             __m512 w0, w1;
-            dequant32<BITS>(L, n0 + j, b, w0, w1);
+            dequant32<BITS>(L, f + j * (L.K / 8), n0 + j, b, w0, w1);
             _mm512_storeu_ps(&scratch[j * L.K + b * 32], w0);
             _mm512_storeu_ps(&scratch[j * L.K + b * 32 + kLanes], w1);
           }
@@ -203,10 +232,10 @@ void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N)
       for (int64_t m0 = 0; m0 < M; m0 += kRows) {
         const int64_t mr = std::min<int64_t>(kRows, M - m0);
         switch (nb) {
-          case 1: rows_tile<BITS, 1>(mr, L, panel, x, y, m0, n0, N); break;
-          case 2: rows_tile<BITS, 2>(mr, L, panel, x, y, m0, n0, N); break;
-          case 3: rows_tile<BITS, 3>(mr, L, panel, x, y, m0, n0, N); break;
-          default: rows_tile<BITS, kCols>(mr, L, panel, x, y, m0, n0, N); break;
+          case 1: rows_tile<BITS, 1>(mr, L, panel, f, x, y, m0, n0, N); break;
+          case 2: rows_tile<BITS, 2>(mr, L, panel, f, x, y, m0, n0, N); break;
+          case 3: rows_tile<BITS, 3>(mr, L, panel, f, x, y, m0, n0, N); break;
+          default: rows_tile<BITS, kCols>(mr, L, panel, f, x, y, m0, n0, N); break;
         }
       }
     }
