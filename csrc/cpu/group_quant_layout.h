@@ -60,17 +60,38 @@ struct Layout {
     offset = min - static_cast<float>(zero) * scale;  // exact (see the top)
   }
 
-  // block b's (32 weights) factors: weights 0-15 take (s0, o0), 16-31 (s1, o1) (group 16:
-  // groups 2b and 2b + 1; group 32: both group b's)
-  [[gnu::always_inline]] void block_factors(int64_t n, int64_t b, float& s0, float& o0, float& s1,
-                                            float& o1) const {
-    if (group == 32) {
-      factors(n, b, s0, o0);
-      s1 = s0, o1 = o0;
-    } else {
-      factors(n, 2 * b, s0, o0);
-      factors(n, 2 * b + 1, s1, o1);
+  // Row n's factors of every group g, as factors() gives them (the same operations, so the
+  // same bits): f[g] its scale, f[groups + g] its offset (2 groups <= K / 8 floats); the
+  // vector paths work them out ahead of the loop that dequantizes the row, in passes the
+  // compiler vectorizes, not as scalar work per 32 weights beside the vector work
+  void row_factors(int64_t n, float* f) const {
+    const int64_t G = groups, shift = super_shift;
+    float* scale = f;
+    float* offset = f + G;
+    const float* ss = super_scale + n * supers;
+    for (int64_t g = 0; g < G; ++g) scale[g] = ss[g >> shift];
+    if (sub_scale) {
+      const int8_t* sub = sub_scale + n * G;
+      for (int64_t g = 0; g < G; ++g) scale[g] *= static_cast<float>(sub[g]);
     }
+    for (int64_t g = 0; g < G; ++g) offset[g] = 0.f;
+    if (super_min) {
+      const float* sm = super_min + n * supers;
+      for (int64_t g = 0; g < G; ++g) offset[g] = sm[g >> shift];
+      if (sub_min) {
+        const int8_t* sub = sub_min + n * G;
+        for (int64_t g = 0; g < G; ++g) offset[g] *= static_cast<float>(sub[g]);
+      }
+    }
+    const float z = static_cast<float>(zero);
+    for (int64_t g = 0; g < G; ++g) offset[g] = offset[g] - z * scale[g];  // exact (factors)
+  }
+
+  // block b's (32 weights) groups in row_factors' arrays: weights 0-15 take g0, 16-31 g1
+  // (group 16: groups 2 b and 2 b + 1; group 32: both group b)
+  [[gnu::always_inline]] void block_groups(int64_t b, int64_t& g0, int64_t& g1) const {
+    g0 = group == 32 ? b : 2 * b;
+    g1 = group == 32 ? b : 2 * b + 1;
   }
 
   uint16_t plane_bits(int64_t n, int64_t p, int64_t c) const {

@@ -95,34 +95,9 @@ void run_generic(const Layout& L, const float* x, float* y, int64_t M, int64_t N
 
 #ifdef __AVX512F__
 
-// Row n's factors of every group g, as Layout::factors gives them (the same operations, so
-// the same bits): f[g] its scale, f[groups + g] its offset; worked out ahead of the loop that
-// dequantizes the row, in passes the compiler vectorizes, not as scalar work per 32 weights
-void row_factors(const Layout& L, int64_t n, float* f) {
-  const int64_t G = L.groups, shift = L.super_shift;
-  float* scale = f;
-  float* offset = f + G;
-  const float* super_scale = L.super_scale + n * L.supers;
-  for (int64_t g = 0; g < G; ++g) scale[g] = super_scale[g >> shift];
-  if (L.sub_scale) {
-    const int8_t* sub = L.sub_scale + n * G;
-    for (int64_t g = 0; g < G; ++g) scale[g] *= static_cast<float>(sub[g]);
-  }
-  for (int64_t g = 0; g < G; ++g) offset[g] = 0.f;
-  if (L.super_min) {
-    const float* super_min = L.super_min + n * L.supers;
-    for (int64_t g = 0; g < G; ++g) offset[g] = super_min[g >> shift];
-    if (L.sub_min) {
-      const int8_t* sub = L.sub_min + n * G;
-      for (int64_t g = 0; g < G; ++g) offset[g] *= static_cast<float>(sub[g]);
-    }
-  }
-  const float zero = static_cast<float>(L.zero);
-  for (int64_t g = 0; g < G; ++g) offset[g] = offset[g] - zero * scale[g];  // exact (the top)
-}
-
 // 32 weights of row n from weight 32 b on, in two vectors (the lanes of chunks 2 b, 2 b + 1):
-// one load of their low nibbles, one of each plane's 32 bits; f: the row's factors (row_factors)
+// one load of their low nibbles, one of each plane's 32 bits; f: the row's factors
+// (Layout::row_factors)
 template <int BITS>
 [[gnu::always_inline]] inline void dequant32(const Layout& L, const float* f, int64_t n,
                                              int64_t b, __m512& w0, __m512& w1) {
@@ -154,7 +129,8 @@ template <int BITS>
       q1 = _mm512_mask_add_epi32(q1, static_cast<__mmask16>(bits32 >> 16), q1, add);
     }
   }
-  const int64_t g0 = L.group == 32 ? b : 2 * b, g1 = L.group == 32 ? b : 2 * b + 1;
+  int64_t g0, g1;
+  L.block_groups(b, g0, g1);
   const float* offset = f + L.groups;
   w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), _mm512_set1_ps(f[g0]), _mm512_set1_ps(offset[g0]));
   w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), _mm512_set1_ps(f[g1]), _mm512_set1_ps(offset[g1]));
@@ -162,7 +138,7 @@ template <int BITS>
 
 // rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: NB dequantized rows of w
 // ([NB, K]), or nullptr to dequantize in registers, 32 weights at a time, with the columns'
-// factors f (row_factors: K / 8 floats a column)
+// factors f (Layout::row_factors, K / 8 floats a column)
 template <int BITS, int MR, int NB>
 void tile(const Layout& L, const float* panel, const float* f, const float* x, float* y,
           int64_t m0, int64_t n0, int64_t N) {
@@ -216,7 +192,7 @@ void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N)
     const float* f = factors.data();
     for (int64_t block = begin; block < end; ++block) {
       const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
-      for (int64_t j = 0; j < nb; ++j) row_factors(L, n0 + j, &factors[j * (L.K / 8)]);
+      for (int64_t j = 0; j < nb; ++j) L.row_factors(n0 + j, &factors[j * (L.K / 8)]);
       const float* panel = nullptr;
       if (M > kScratchRows) {
         for (int64_t j = 0; j < nb; ++j) {

@@ -21,10 +21,10 @@ constexpr int kCols = 4;  // columns per block of a thread's share
 constexpr int64_t kScratchRows = 2;  // more rows than this: dequantize a panel once
 
 // weights 32 b .. 32 b + 31 of row n as fp32: w[0], w[1] the lo and hi lanes of chunk 2 b,
-// w[2], w[3] those of chunk 2 b + 1
+// w[2], w[3] those of chunk 2 b + 1; f: the row's factors (Layout::row_factors)
 template <int BITS>
-[[gnu::always_inline]] inline void dequant32(const Layout& L, int64_t n, int64_t b,
-                                             __m256 (&w)[4]) {
+[[gnu::always_inline]] inline void dequant32(const Layout& L, const float* f, int64_t n,
+                                             int64_t b, __m256 (&w)[4]) {
   __m256i q[4];
   if constexpr (BITS == 8) {
     const int8_t* codes = L.codes + n * L.K + b * 32;
@@ -32,13 +32,10 @@ template <int BITS>
     for (int i = 0; i < 4; ++i) {
       c[i] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * i));
     }
-    if (L.fp8) {
-      float s, o;
-      L.factors(n, b, s, o);  // FP8: groups of 32
-      const __m256 scale = _mm256_set1_ps(s * kFp8Unscale);
-      for (int i = 0; i < 4; ++i) {
-        w[i] = _mm256_fmadd_ps(fp8x8_scaled(c[i]), scale, _mm256_set1_ps(o));
-      }
+    if (L.fp8) {  // groups of 32
+      const __m256 scale = _mm256_set1_ps(f[b] * kFp8Unscale);
+      const __m256 offset = _mm256_set1_ps(f[L.groups + b]);
+      for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(fp8x8_scaled(c[i]), scale, offset);
       return;
     }
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtepi8_epi32(c[i]);
@@ -48,19 +45,21 @@ template <int BITS>
     q[0] = _mm256_cvtepu8_epi32(lo), q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
     q[2] = _mm256_cvtepu8_epi32(hi), q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
   }
-  float s0, o0, s1, o1;
-  L.block_factors(n, b, s0, o0, s1, o1);
+  int64_t g[2];
+  L.block_groups(b, g[0], g[1]);
   for (int i = 0; i < 4; ++i) {
-    const float s = i < 2 ? s0 : s1, o = i < 2 ? o0 : o1;
-    w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[i]), _mm256_set1_ps(s), _mm256_set1_ps(o));
+    const int64_t gi = g[i / 2];
+    w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[i]), _mm256_set1_ps(f[gi]),
+                           _mm256_set1_ps(f[L.groups + gi]));
   }
 }
 
 // rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: the block's dequantized rows
-// ([kCols, K], column n0 - p0 first), or nullptr to dequantize in registers
+// ([kCols, K], column n0 - p0 first), or nullptr to dequantize in registers with the block's
+// factors f (Layout::row_factors, K / 8 floats a column, column p0 first)
 template <int BITS, int MR, int NB>
-void tile(const Layout& L, const float* panel, int64_t p0, const float* x, float* y, int64_t m0,
-          int64_t n0, int64_t N) {
+void tile(const Layout& L, const float* panel, const float* f, int64_t p0, const float* x,
+          float* y, int64_t m0, int64_t n0, int64_t N) {
   const int64_t K = L.K;
   __m256 acc[MR][NB][2];
   for (int r = 0; r < MR; ++r) {
@@ -73,7 +72,7 @@ void tile(const Layout& L, const float* panel, int64_t p0, const float* x, float
         const float* p = panel + (n0 + j - p0) * K + b * 32;
         for (int i = 0; i < 4; ++i) w[i] = _mm256_loadu_ps(p + 8 * i);
       } else {
-        dequant32<BITS>(L, n0 + j, b, w);
+        dequant32<BITS>(L, f + (n0 + j - p0) * (K / 8), n0 + j, b, w);
       }
       for (int r = 0; r < MR; ++r) {
         const float* xr = x + (m0 + r) * K + b * 32;
@@ -91,23 +90,23 @@ void tile(const Layout& L, const float* panel, int64_t p0, const float* x, float
 
 // one row times the block's nb columns, or rows in pairs times columns in pairs
 template <int BITS>
-void run_block(const Layout& L, const float* panel, const float* x, float* y, int64_t M,
-               int64_t n0, int64_t nb, int64_t N) {
+void run_block(const Layout& L, const float* panel, const float* f, const float* x, float* y,
+               int64_t M, int64_t n0, int64_t nb, int64_t N) {
   if (M == 1) {
     switch (nb) {
-      case 1: return tile<BITS, 1, 1>(L, panel, n0, x, y, 0, n0, N);
-      case 2: return tile<BITS, 1, 2>(L, panel, n0, x, y, 0, n0, N);
-      case 3: return tile<BITS, 1, 3>(L, panel, n0, x, y, 0, n0, N);
-      default: return tile<BITS, 1, kCols>(L, panel, n0, x, y, 0, n0, N);
+      case 1: return tile<BITS, 1, 1>(L, panel, f, n0, x, y, 0, n0, N);
+      case 2: return tile<BITS, 1, 2>(L, panel, f, n0, x, y, 0, n0, N);
+      case 3: return tile<BITS, 1, 3>(L, panel, f, n0, x, y, 0, n0, N);
+      default: return tile<BITS, 1, kCols>(L, panel, f, n0, x, y, 0, n0, N);
     }
   }
   for (int64_t j = 0; j < nb; j += 2) {
     for (int64_t m0 = 0; m0 < M; m0 += 2) {
       const bool rows2 = M - m0 >= 2, cols2 = nb - j >= 2;
-      if (rows2 && cols2) tile<BITS, 2, 2>(L, panel, n0, x, y, m0, n0 + j, N);
-      else if (rows2) tile<BITS, 2, 1>(L, panel, n0, x, y, m0, n0 + j, N);
-      else if (cols2) tile<BITS, 1, 2>(L, panel, n0, x, y, m0, n0 + j, N);
-      else tile<BITS, 1, 1>(L, panel, n0, x, y, m0, n0 + j, N);
+      if (rows2 && cols2) tile<BITS, 2, 2>(L, panel, f, n0, x, y, m0, n0 + j, N);
+      else if (rows2) tile<BITS, 2, 1>(L, panel, f, n0, x, y, m0, n0 + j, N);
+      else if (cols2) tile<BITS, 1, 2>(L, panel, f, n0, x, y, m0, n0 + j, N);
+      else tile<BITS, 1, 1>(L, panel, f, n0, x, y, m0, n0 + j, N);
     }
   }
 }
@@ -116,20 +115,23 @@ template <int BITS>
 void run(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(M > kScratchRows ? L.K * kCols : 0);
+    std::vector<float> factors(L.K / 8 * kCols);
+    const float* f = factors.data();
     for (int64_t block = begin; block < end; ++block) {
       const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
+      for (int64_t j = 0; j < nb; ++j) L.row_factors(n0 + j, &factors[j * (L.K / 8)]);
       const float* panel = nullptr;
       if (!scratch.empty()) {
         for (int64_t j = 0; j < nb; ++j) {
           for (int64_t b = 0; b < L.K / 32; ++b) {
             __m256 w[4];
-            dequant32<BITS>(L, n0 + j, b, w);
+            dequant32<BITS>(L, f + j * (L.K / 8), n0 + j, b, w);
             for (int i = 0; i < 4; ++i) _mm256_storeu_ps(&scratch[j * L.K + b * 32 + 8 * i], w[i]);
           }
         }
         panel = scratch.data();
       }
-      run_block<BITS>(L, panel, x, y, M, n0, nb, N);
+      run_block<BITS>(L, panel, f, x, y, M, n0, nb, N);
     }
   });
 }
