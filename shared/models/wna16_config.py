@@ -1,6 +1,6 @@
-"""The quantization_config of an AWQ, GPTQ or compressed-tensors checkpoint, as far as
-unpacking it (wna16.py; FP8: fp8_weights.py) needs: the format, bits, group size, symmetry,
-and the stored parts of a matrix per format.
+"""The quantization_config of an AWQ, GPTQ, compressed-tensors or vLLM `fp8` checkpoint, as
+far as unpacking it (wna16.py; FP8: fp8_weights.py) needs: the format, bits, group size,
+symmetry, FP8 block rows, and the stored parts of a matrix per format.
 
 The one subtle rule: a config is refused here, by name, for anything unpacking cannot do
 exactly; whatever parses is a layout wna16.unpack reads bit for bit.
@@ -34,7 +34,8 @@ _NAMES = {
     QuantFormat.FP8: "c-t fp8",
     QuantFormat.FP8_VLLM: "fp8",
 }
-# the parts of one quantized matrix NAME (stored as NAME.part), the first one marking it
+# the parts of one quantized matrix NAME (stored as NAME.part), the first one marking it (but
+# vLLM's fp8 per tensor: weight_scale; Wna16Config.marker)
 PARTS = {
     QuantFormat.AWQ: ("qweight", "qzeros", "scales"),
     QuantFormat.GPTQ: ("qweight", "qzeros", "scales", "g_idx"),
