@@ -148,15 +148,19 @@ void tile(const Layout& L, const float* panel, const float* f, const float* x, f
     for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
   }
   for (int64_t b = 0; b < K / 32; ++b) {
-    __m512 w0[NB], w1[NB];
-    for (int j = 0; j < NB; ++j) {
-      if (panel) {
-        w0[j] = _mm512_loadu_ps(panel + j * K + b * 32);
-        w1[j] = _mm512_loadu_ps(panel + j * K + b * 32 + kLanes);
-      } else {
-        dequant32<BITS>(L, f + j * (K / 8), n0 + j, b, w0[j], w1[j]);
+    if (panel) {  // one 16-weight half at a time: MR x NB sums + NB weights + x in registers
+      for (int64_t h = 0; h < 2; ++h) {
+        __m512 w[NB];
+        for (int j = 0; j < NB; ++j) w[j] = _mm512_loadu_ps(panel + j * K + b * 32 + h * kLanes);
+        for (int r = 0; r < MR; ++r) {
+          const __m512 xh = _mm512_loadu_ps(x + (m0 + r) * K + b * 32 + h * kLanes);
+          for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_fmadd_ps(w[j], xh, acc[r][j]);
+        }
       }
+      continue;
     }
+    __m512 w0[NB], w1[NB];
+    for (int j = 0; j < NB; ++j) dequant32<BITS>(L, f + j * (K / 8), n0 + j, b, w0[j], w1[j]);
     for (int r = 0; r < MR; ++r) {
       const float* xr = x + (m0 + r) * K + b * 32;
       const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + kLanes);
