@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from shared.models.wna16_config import QuantFormat
+from shared.models.wna16_config import FP8_FORMATS, QuantFormat
 
 AWQ_PACK = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds column AWQ_PACK[i] of 8
 
@@ -246,7 +246,7 @@ def write_quantized(src: Path, dst: Path, scheme: Scheme, dequantized: Path) -> 
             out[name] = floats[name] = w
             continue
         base = name.removesuffix("weight")
-        if scheme.format in (QuantFormat.FP8, QuantFormat.FP8_VLLM):
+        if scheme.format in FP8_FORMATS:
             out |= {base + part: t for part, t in scheme.fp8_parts(w).items()}
             floats[name] = out[base + "weight"].float() * spread(
                 out[base + scheme.fp8_scale_part], *scheme.fp8_block(*w.shape), *w.shape

@@ -67,21 +67,20 @@ struct Layout {
   void row_factors(int64_t n, float* f) const {
     const int64_t G = groups, shift = super_shift;
     float* scale = f;
-    float* offset = f + G;
+    float* offset = f + G;  // the min first
     const float* ss = super_scale + n * supers;
-    for (int64_t g = 0; g < G; ++g) scale[g] = ss[g >> shift];
+    const float* sm = super_min ? super_min + n * supers : nullptr;
+    for (int64_t g = 0; g < G; ++g) {
+      scale[g] = ss[g >> shift];
+      offset[g] = sm ? sm[g >> shift] : 0.f;
+    }
     if (sub_scale) {
       const int8_t* sub = sub_scale + n * G;
       for (int64_t g = 0; g < G; ++g) scale[g] *= static_cast<float>(sub[g]);
     }
-    for (int64_t g = 0; g < G; ++g) offset[g] = 0.f;
-    if (super_min) {
-      const float* sm = super_min + n * supers;
-      for (int64_t g = 0; g < G; ++g) offset[g] = sm[g >> shift];
-      if (sub_min) {
-        const int8_t* sub = sub_min + n * G;
-        for (int64_t g = 0; g < G; ++g) offset[g] *= static_cast<float>(sub[g]);
-      }
+    if (sm && sub_min) {
+      const int8_t* sub = sub_min + n * G;
+      for (int64_t g = 0; g < G; ++g) offset[g] *= static_cast<float>(sub[g]);
     }
     const float z = static_cast<float>(zero);
     for (int64_t g = 0; g < G; ++g) offset[g] = offset[g] - z * scale[g];  // exact (factors)

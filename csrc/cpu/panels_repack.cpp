@@ -1,11 +1,11 @@
 // The panel repacks of 16 columns (group_quant.h): a matrix from the stored layout
 // (linear_group_quant.cpp) for linear_kquant_panels.cpp (repack_kquant_amx, laid out in
-// kquant_panels.h) and for linear_block_panels.cpp (repack_block_panels, laid out there). Each puts the factors in
-// [panel][group or super-block][16 columns]. The one rule: a permutation, every code and factor
-// kept as it is (the same bytes: resident weights do not grow).
+// kquant_panels.h) and for linear_block_panels.cpp (repack_block_panels, laid out there), N
+// a multiple of 16. Each puts the factors in [panel][group or super-block][16 columns]. The
+// one rule: a permutation, every code and factor kept as it is (the same bytes: resident
+// weights do not grow).
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -43,17 +43,17 @@ std::vector<torch::Tensor> outputs(const torch::Tensor& low, const torch::Tensor
 }
 
 // row n's factors (super_scale, sub_scale, super_min, sub_min; absent ones empty) into
-// [panel][group or super-block][w], w the panel's width
+// [panel][group or super-block][16]
 void permute_factors(const std::vector<torch::Tensor>& from, std::vector<torch::Tensor>& out,
-                     int64_t n, int64_t N, int64_t groups, int64_t supers) {
-  const int64_t p = n / kPanel, c = n % kPanel, w = std::min(kPanel, N - p * kPanel);
+                     int64_t n, int64_t groups, int64_t supers) {
+  const int64_t p = n / kPanel, c = n % kPanel;
   for (int64_t t = 0; t < 4; ++t) {
     if (from[t].numel() == 0) continue;
     const int64_t per_row = t % 2 ? groups : supers, size = from[t].element_size();
     const auto* src = static_cast<const uint8_t*>(from[t].data_ptr()) + n * per_row * size;
     auto* dst = static_cast<uint8_t*>(out[2 + t].data_ptr()) + p * kPanel * per_row * size;
     for (int64_t g = 0; g < per_row; ++g) {
-      std::memcpy(dst + (g * w + c) * size, src + g * size, size);
+      std::memcpy(dst + (g * kPanel + c) * size, src + g * size, size);
     }
   }
 }
@@ -102,7 +102,7 @@ std::vector<torch::Tensor> repack_kquant_amx(torch::Tensor low, torch::Tensor hi
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       for (int64_t g = 0; g < K / group; ++g) panel_group(L, n, g, ol, oh);
-      permute_factors(factors, out, n, N, K / group, K / kSuper);
+      permute_factors(factors, out, n, K / group, K / kSuper);
     }
   });
   return out;
@@ -133,7 +133,7 @@ std::vector<torch::Tensor> repack_block_panels(torch::Tensor codes, torch::Tenso
         to[p * kPanel * K + k / 4 * 64 + c * 4 + k % 4] = static_cast<uint8_t>(from[n * K + k]);
       }
       for (int64_t b = 0; !bytes && b < K / 32; ++b) panel_group(L, n, b, to, oh);
-      permute_factors(factors, out, n, N, K / 32, K / 32);
+      permute_factors(factors, out, n, K / 32, K / 32);
     }
   });
   return out;

@@ -32,7 +32,7 @@ from shared.engine.model.checkpoint import gguf_kept_formats
 from shared.engine.resolve import resolve
 from shared.errors import ConfigError
 from shared.models.pull import default_home
-from shared.models.wna16_config import QuantFormat, Wna16Config, read_config
+from shared.models.wna16_config import FP8_FORMATS, QuantFormat, Wna16Config, read_config
 from shared.ports import free_port
 
 GIB = 1 << 30
@@ -59,9 +59,6 @@ def vllm_engine_config(config: WorkerConfig) -> EngineConfig:
     return engine
 
 
-FP8 = (QuantFormat.FP8, QuantFormat.FP8_VLLM)
-
-
 def _refuse_checkpoint(engine: EngineConfig) -> None:
     """ConfigError, before vLLM starts, for a checkpoint vLLM cannot load or run here."""
     kept = gguf_kept_formats(engine.model_dir)
@@ -82,7 +79,7 @@ def _refuse_checkpoint(engine: EngineConfig) -> None:
         )
     if engine.torch_device.type != "cpu":
         return
-    if quant.format in FP8 and quant.per_tensor:
+    if quant.format in FP8_FORMATS and quant.per_tensor:
         raise ConfigError(
             f"{engine.model_dir} holds FP8 weights with one scale per tensor ({quant.label}), "
             "which vLLM's CPU build cannot run (it lacks static_scaled_fp8_quant): serve it "

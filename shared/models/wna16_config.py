@@ -26,6 +26,9 @@ class QuantFormat(IntEnum):
     FP8_VLLM = 6  # vLLM's own `fp8` quant_method: per tensor, or per block (weight_scale_inv)
 
 
+FP8_FORMATS = (QuantFormat.FP8, QuantFormat.FP8_VLLM)  # the values are FP8, not integers
+
+
 _NAMES = {
     QuantFormat.AWQ: "AWQ",
     QuantFormat.GPTQ: "GPTQ",

@@ -177,20 +177,17 @@ def test_group_and_block_scales_unpack_as_compressed_tensors_own_compressor(stra
 
 @pytest.mark.parametrize("block", [(128, 128), (32, 96)])
 def test_vllm_fp8_block_scales_unpack_as_the_reference_block_dequantizer(block):
-    converters = pytest.importorskip("compressed_tensors.entrypoints.convert.converters")
-    from compressed_tensors.entrypoints.convert.converters.fp8block_dequantizer import (
-        FP8BlockDequantizer,
+    reference = pytest.importorskip(
+        "compressed_tensors.entrypoints.convert.converters.fp8block_dequantizer"
     )
-
-    assert converters is not None
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(7)) * 0.05
     values, scale_inv = fp8_quantize(w, *block, dtype=torch.float32)
-    reader = FP8BlockDequantizer(weight_block_size=block, dtype=torch.float32)
-    reference = reader._create_dequantized_weight(values, scale_inv)
+    reader = reference.FP8BlockDequantizer(weight_block_size=block, dtype=torch.float32)
+    dequantized = reader._create_dequantized_weight(values, scale_inv)
     raw = Scheme(QuantFormat.FP8_VLLM, 8, 0, True, strategy="block", block=block).config()
     parsed = parse_config(raw)
     ours = wna16_linear(parsed, {"weight": values, "weight_scale_inv": scale_inv})
-    assert torch.equal(ours.dequantize(), reference)
+    assert torch.equal(ours.dequantize(), dequantized)
     assert ours.format == f"fp8 8-bit block{block[0]}x{block[1]} sym"
     e8m0 = torch.exp2(torch.log2(scale_inv).round()).to(torch.float8_e8m0fnu)  # DeepSeek's ue8m0
     ours = wna16_linear(parsed, {"weight": values, "weight_scale_inv": e8m0})

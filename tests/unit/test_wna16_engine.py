@@ -20,7 +20,7 @@ from shared.engine.model.group_quant import GroupQuantLinear
 from shared.engine.quantization import takes_int8_activations
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import ConfigError
-from shared.models.wna16_config import QuantFormat
+from shared.models.wna16_config import FP8_FORMATS, QuantFormat
 from tests.conftest import write_tiny_model
 from tests.engine_harness import (
     LogitsRecorder,
@@ -44,12 +44,11 @@ SCHEMES = {
     "fp8-block": Scheme(QuantFormat.FP8_VLLM, 8, 0, symmetric=True, strategy="block"),
     "fp8-tensor": Scheme(QuantFormat.FP8_VLLM, 8, 0, symmetric=True, strategy="tensor"),
 }
-FP8 = (QuantFormat.FP8, QuantFormat.FP8_VLLM)
 # docs/quantized-checkpoints.md: the stored weights against the float model's, relative L2
 WEIGHT_BOUND = {"awq-g128": 0.12, "gptq4-g32-act-order": 0.1, "gptq8-channel-sym": 0.01}
 WEIGHT_BOUND["ct4-g128-sym-act-order"] = 0.15
 WEIGHT_BOUND["ct8-w8a8-channel-sym"] = 0.01
-WEIGHT_BOUND |= {name: 0.04 for name, scheme in SCHEMES.items() if scheme.format in FP8}
+WEIGHT_BOUND |= {name: 0.04 for name, scheme in SCHEMES.items() if scheme.format in FP8_FORMATS}
 # (FP8's 3 mantissa bits: ~2.5%)
 # and the prompt's logits, where the tiny random model (which amplifies weight error ~20x)
 # keeps them comparable: 8-bit integers only (FP8's 3 mantissa bits err ~2.5%)
@@ -90,7 +89,7 @@ def test_logits_are_those_of_the_float_model_of_the_stored_weights(root, name):
     error = torch.stack([(stored[key] - original[key]).norm() for key in quantized]).norm()
     error /= torch.stack([original[key].norm() for key in quantized]).norm()
     assert float(error) < WEIGHT_BOUND[name], float(error)
-    if SCHEMES[name].bits == 8 and SCHEMES[name].format not in FP8:
+    if SCHEMES[name].bits == 8 and SCHEMES[name].format not in FP8_FORMATS:
         first = _logits(root / "float", dtype="float32")[0]  # the prompt's: the same context
         assert float((ours[0] - first).norm() / first.norm()) < 0.2
 

@@ -26,12 +26,12 @@ import torch
 from shared.engine.model.group_quant import GroupQuantLinear
 from shared.models.fp8_weights import Fp8Weights, unpack_fp8
 from shared.models.wna16 import IntGroups, unpack
-from shared.models.wna16_config import QuantFormat, Wna16Config
+from shared.models.wna16_config import FP8_FORMATS, Wna16Config
 
 
 def wna16_linear(config: Wna16Config, parts: Mapping[str, torch.Tensor]) -> GroupQuantLinear:
     """A matrix's stored parts -> the kernel's layout; ValueError naming what is wrong."""
-    if config.format in (QuantFormat.FP8, QuantFormat.FP8_VLLM):
+    if config.format in FP8_FORMATS:
         return from_fp8(unpack_fp8(config, parts), config.label)
     return from_int_groups(unpack(config, parts), config.bits, config.label)
 
