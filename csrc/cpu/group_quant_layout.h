@@ -61,9 +61,10 @@ struct Layout {
   }
 
   // Row n's factors of every group g, as factors() gives them (the same operations, so the
-  // same bits): f[g] its scale, f[groups + g] its offset (2 groups <= K / 8 floats); the
+  // same bits): f[g] its scale, f[groups + g] its offset (factor_floats() floats); the
   // vector paths work them out ahead of the loop that dequantizes the row, in passes the
   // compiler vectorizes, not as scalar work per 32 weights beside the vector work
+  int64_t factor_floats() const { return 2 * groups; }  // row_factors' floats a row
   void row_factors(int64_t n, float* f) const {
     const int64_t G = groups, shift = super_shift;
     float* scale = f;

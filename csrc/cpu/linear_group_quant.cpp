@@ -138,7 +138,7 @@ template <int BITS>
 
 // rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: NB dequantized rows of w
 // ([NB, K]), or nullptr to dequantize in registers, 32 weights at a time, with the columns'
-// factors f (Layout::row_factors, K / 8 floats a column)
+// factors f (Layout::row_factors, factor_floats() a column)
 template <int BITS, int MR, int NB>
 void tile(const Layout& L, const float* panel, const float* f, const float* x, float* y,
           int64_t m0, int64_t n0, int64_t N) {
@@ -160,7 +160,9 @@ void tile(const Layout& L, const float* panel, const float* f, const float* x, f
       continue;
     }
     __m512 w0[NB], w1[NB];
-    for (int j = 0; j < NB; ++j) dequant32<BITS>(L, f + j * (K / 8), n0 + j, b, w0[j], w1[j]);
+    for (int j = 0; j < NB; ++j) {
+      dequant32<BITS>(L, f + j * L.factor_floats(), n0 + j, b, w0[j], w1[j]);
+    }
     for (int r = 0; r < MR; ++r) {
       const float* xr = x + (m0 + r) * K + b * 32;
       const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + kLanes);
@@ -192,17 +194,17 @@ template <int BITS>
 void run_avx512(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(M > kScratchRows ? L.K * kCols : 0);
-    std::vector<float> factors(L.K / 8 * kCols);
+    std::vector<float> factors(L.factor_floats() * kCols);
     const float* f = factors.data();
     for (int64_t block = begin; block < end; ++block) {
       const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
-      for (int64_t j = 0; j < nb; ++j) L.row_factors(n0 + j, &factors[j * (L.K / 8)]);
+      for (int64_t j = 0; j < nb; ++j) L.row_factors(n0 + j, &factors[j * L.factor_floats()]);
       const float* panel = nullptr;
       if (M > kScratchRows) {
         for (int64_t j = 0; j < nb; ++j) {
           for (int64_t b = 0; b < L.K / 32; ++b) {
             __m512 w0, w1;
-            dequant32<BITS>(L, f + j * (L.K / 8), n0 + j, b, w0, w1);
+            dequant32<BITS>(L, f + j * L.factor_floats(), n0 + j, b, w0, w1);
             _mm512_storeu_ps(&scratch[j * L.K + b * 32], w0);
             _mm512_storeu_ps(&scratch[j * L.K + b * 32 + kLanes], w1);
           }

@@ -56,7 +56,7 @@ template <int BITS>
 
 // rows m0 .. m0 + MR - 1 times columns n0 .. n0 + NB - 1; panel: the block's dequantized rows
 // ([kCols, K], column n0 - p0 first), or nullptr to dequantize in registers with the block's
-// factors f (Layout::row_factors, K / 8 floats a column, column p0 first)
+// factors f (Layout::row_factors, factor_floats() a column, column p0 first)
 template <int BITS, int MR, int NB>
 void tile(const Layout& L, const float* panel, const float* f, int64_t p0, const float* x,
           float* y, int64_t m0, int64_t n0, int64_t N) {
@@ -72,7 +72,7 @@ void tile(const Layout& L, const float* panel, const float* f, int64_t p0, const
         const float* p = panel + (n0 + j - p0) * K + b * 32;
         for (int i = 0; i < 4; ++i) w[i] = _mm256_loadu_ps(p + 8 * i);
       } else {
-        dequant32<BITS>(L, f + (n0 + j - p0) * (K / 8), n0 + j, b, w);
+        dequant32<BITS>(L, f + (n0 + j - p0) * L.factor_floats(), n0 + j, b, w);
       }
       for (int r = 0; r < MR; ++r) {
         const float* xr = x + (m0 + r) * K + b * 32;
@@ -115,17 +115,17 @@ template <int BITS>
 void run(const Layout& L, const float* x, float* y, int64_t M, int64_t N) {
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(M > kScratchRows ? L.K * kCols : 0);
-    std::vector<float> factors(L.K / 8 * kCols);
+    std::vector<float> factors(L.factor_floats() * kCols);
     const float* f = factors.data();
     for (int64_t block = begin; block < end; ++block) {
       const int64_t n0 = block * kCols, nb = std::min<int64_t>(kCols, N - n0);
-      for (int64_t j = 0; j < nb; ++j) L.row_factors(n0 + j, &factors[j * (L.K / 8)]);
+      for (int64_t j = 0; j < nb; ++j) L.row_factors(n0 + j, &factors[j * L.factor_floats()]);
       const float* panel = nullptr;
       if (!scratch.empty()) {
         for (int64_t j = 0; j < nb; ++j) {
           for (int64_t b = 0; b < L.K / 32; ++b) {
             __m256 w[4];
-            dequant32<BITS>(L, f + j * (L.K / 8), n0 + j, b, w);
+            dequant32<BITS>(L, f + j * L.factor_floats(), n0 + j, b, w);
             for (int i = 0; i < 4; ++i) _mm256_storeu_ps(&scratch[j * L.K + b * 32 + 8 * i], w[i]);
           }
         }
